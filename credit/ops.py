@@ -93,6 +93,12 @@ def masked_whiten(x: ArrayLike, mask: ArrayLike | None = None, *,
   return jnp.where((m > 0) & (count > 1), y, 0.0)
 
 
+def safe_sqrt(x: Array) -> Array:
+  """sqrt with a finite (zero) gradient at 0, so all-equal groups differentiate."""
+  pos = x > 0
+  return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
+
+
 # --------------------------------------------------------------------------
 # Group statistics: [N,G] fast path and segment path.
 # --------------------------------------------------------------------------
@@ -137,7 +143,7 @@ def group_moments(values: ArrayLike, group_id: ArrayLike, num_groups: int,
   c = jnp.where(ok, d - dmean[jnp.clip(seg, 0, num_groups - 1)], 0.0)
   ss = jax.ops.segment_sum(c * c, seg, ns)[:num_groups]
   var = jnp.where(count > 1, ss / jnp.maximum(count - 1.0, 1.0), 0.0)
-  return GroupMoments(count=count, mean=pivot + dmean, std=jnp.sqrt(var))
+  return GroupMoments(count=count, mean=pivot + dmean, std=safe_sqrt(var))
 
 
 def group_moments_dense(values_NG: ArrayLike,
@@ -154,7 +160,7 @@ def group_moments_dense(values_NG: ArrayLike,
   c = jnp.where(ok, d - dmean[..., None], 0.0)
   ss = jnp.sum(c * c, axis=-1)
   var = jnp.where(count > 1, ss / jnp.maximum(count - 1.0, 1.0), 0.0)
-  return GroupMoments(count=count, mean=pivot + dmean, std=jnp.sqrt(var))
+  return GroupMoments(count=count, mean=pivot + dmean, std=safe_sqrt(var))
 
 
 def _centred(values: Array, group_id: Array, num_groups: int, valid: Array | None,
@@ -222,6 +228,9 @@ def group_normalize(values: ArrayLike, group_id: ArrayLike | None = None,
   else:
     raise ValueError(f"singleton must be 'zero' or 'raw', got {singleton!r}")
   ok = count > 0
+  if group_size is None:
+    gid = jnp.asarray(group_id, jnp.int32)
+    ok = ok & (gid >= 0) & (gid < num_groups)
   if valid is not None:
     ok = ok & jnp.asarray(valid, bool)
   return jnp.where(ok, out, 0.0)
@@ -270,7 +279,7 @@ def last_token_mask(response_mask: ArrayLike) -> Array:
   T = m.shape[-1]
   idx = jnp.where(m, jnp.arange(T, dtype=jnp.int32), -1)
   last = jnp.max(idx, axis=-1, keepdims=True)
-  return m & (jnp.arange(T, dtype=jnp.int32) == last)
+  return m & (jnp.arange(T, dtype=jnp.int32)[None, :] == last)
 
 
 def outcome_to_token_rewards(reward: ArrayLike, response_mask: ArrayLike) -> Array:

@@ -1,0 +1,182 @@
+"""Tests of credit.ops: masked reductions, group statistics, recurrences, turns."""
+import chex
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+from hypothesis import given, strategies as st
+
+from credit import ops
+
+N, G, T = 3, 4, 6
+B = N * G
+
+floats = st.floats(-100, 100, allow_nan=False, width=32)
+
+
+def np_group_norm(values, gid, num_groups, valid, scale, eps, singleton):
+  out = np.zeros(len(values), np.float64)
+  for g in range(num_groups):
+    idx = [i for i in range(len(values)) if gid[i] == g and valid[i]]
+    if not idx:
+      continue
+    x = np.asarray(values, np.float64)[idx]
+    if len(idx) == 1:
+      out[idx] = x if singleton == "raw" else 0.0
+      continue
+    mu, sd = x.mean(), x.std(ddof=1)
+    out[idx] = (x - mu) / (sd + eps) if scale else x - mu
+  return out
+
+
+class MaskedTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_masked_mean_var_empty_mask_is_zero(self):
+    x = jnp.array([[1.0, jnp.nan, 3.0]])
+    m = jnp.array([[False, False, False]])
+    mean = self.variant(ops.masked_mean)(x, m)
+    var = self.variant(ops.masked_var)(x, m)
+    np.testing.assert_array_equal(np.asarray(mean), 0.0)
+    np.testing.assert_array_equal(np.asarray(var), 0.0)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_masked_whiten_spec_example(self):
+    # outcome_and_clipping.md §4: valid returns {1,1,0,0,0} -> 1.095445 / -0.730297.
+    x = jnp.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    m = jnp.array([[1, 1, 0], [1, 1, 1]], bool)
+    y = self.variant(ops.masked_whiten)(x, m)
+    np.testing.assert_allclose(y, [[1.095445, 1.095445, 0.0], [-0.730297] * 3], atol=1e-5)
+
+  def test_masked_whiten_single_token_is_zero_not_nan(self):
+    y = ops.masked_whiten(jnp.array([[5.0, 7.0]]), jnp.array([[True, False]]))
+    np.testing.assert_array_equal(y, [[0.0, 0.0]])
+
+  @given(hnp.arrays(np.float32, (4, 5), elements=floats),
+         hnp.arrays(np.bool_, (4, 5)))
+  def test_masked_var_matches_numpy(self, x, m):
+    got = float(ops.masked_var(x, m))
+    sel = x[m].astype(np.float64)
+    want = sel.var(ddof=1) if sel.size > 1 else 0.0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+class GroupTest(parameterized.TestCase):
+
+  @given(hnp.arrays(np.float32, (B,), elements=floats), hnp.arrays(np.bool_, (B,)),
+         st.booleans(), st.sampled_from(["zero", "raw"]))
+  def test_segment_path_equals_dense_path_and_numpy(self, v, valid, scale, singleton):
+    gid = np.repeat(np.arange(N), G).astype(np.int32)
+    seg = ops.group_normalize(v, gid, N, valid=valid, scale=scale, singleton=singleton)
+    dense = ops.group_normalize(v, None, None, valid=valid, scale=scale, singleton=singleton,
+                                group_size=G)
+    want = np_group_norm(v, gid, N, valid, scale, 1e-6, singleton)
+    np.testing.assert_allclose(seg, dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(seg, want, rtol=1e-4, atol=2e-4)
+
+  def test_group_moments_paths_agree(self):
+    v = np.random.default_rng(0).normal(size=B).astype(np.float32)
+    a = ops.group_moments(v, np.repeat(np.arange(N), G), N)
+    b = ops.group_moments_dense(v.reshape(N, G))
+    for x, y in zip(a, b):
+      np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+
+  @parameterized.parameters(
+      ([1.0, 1.0, 1.0, 1.0 + 1e-6],),
+      ([1000.0, 1000.0, 1000.0, 1000.01],),
+      ([1e6, 1e6 + 1, 1e6 + 2, 1e6 + 3],),
+  )
+  def test_no_float32_cancellation(self, rewards):
+    r32 = np.asarray(rewards, np.float32)
+    r64 = r32.astype(np.float64)  # the exact values the float32 input holds
+    want = (r64 - r64.mean()) / (r64.std(ddof=1) + 1e-6)
+    got = ops.group_normalize(r32, np.zeros(4, np.int32), 1)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+  def test_all_equal_group_is_exact_zero(self):
+    got = ops.group_normalize(jnp.full((4,), 0.3), jnp.zeros(4, jnp.int32), 1)
+    np.testing.assert_array_equal(got, 0.0)
+
+  def test_permutation_within_group(self):
+    v = np.random.default_rng(1).normal(size=B).astype(np.float32)
+    gid = np.repeat(np.arange(N), G)
+    perm = np.concatenate([np.random.default_rng(2).permutation(G) + g * G for g in range(N)])
+    a = ops.group_normalize(v, gid, N)
+    b = ops.group_normalize(v[perm], gid[perm], N)
+    np.testing.assert_allclose(np.asarray(a)[perm], b, atol=1e-6)
+
+  def test_out_of_range_group_ids_are_ignored(self):
+    v = jnp.array([1.0, 2.0, 3.0, 100.0])
+    gid = jnp.array([0, 0, 0, 5])
+    out = ops.group_normalize(v, gid, 1)
+    np.testing.assert_allclose(out[:3], [-1, 0, 1], atol=1e-5)
+    assert float(out[3]) == 0.0
+
+  def test_gradients_finite_on_degenerate_groups(self):
+    gid = jnp.array([0, 0, 1, 2])
+    f = lambda v: jnp.sum(ops.group_normalize(v, gid, 3) ** 2)
+    g = jax.grad(f)(jnp.array([1.0, 1.0, 2.0, 3.0]))
+    assert np.all(np.isfinite(g))
+
+
+class RecurrenceTest(parameterized.TestCase):
+
+  @given(hnp.arrays(np.float32, (3, 7), elements=st.floats(-5, 5, width=32)),
+         hnp.arrays(np.bool_, (3, 7)), st.floats(0.0, 1.0))
+  def test_discounted_reverse_cumsum_matches_loop(self, x, m, gamma):
+    got = ops.discounted_reverse_cumsum(x, m, gamma)
+    want = np.zeros_like(x, dtype=np.float64)
+    for b in range(3):
+      run = 0.0
+      for t in reversed(range(7)):
+        if m[b, t]:
+          run = x[b, t] + np.float32(gamma) * run
+          want[b, t] = run
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+  def test_observation_tokens_do_not_reset_or_leak(self):
+    # policy, policy, obs, obs, policy; reward on the last policy token.
+    x = jnp.array([[0.0, 0.0, 9.0, 9.0, 1.0]])
+    m = jnp.array([[1, 1, 0, 0, 1]], bool)
+    got = ops.discounted_reverse_cumsum(x, m, 0.5)
+    np.testing.assert_allclose(got, [[0.25, 0.5, 0.0, 0.0, 1.0]])
+
+  def test_jit_and_vmap_over_gamma(self):
+    x = jnp.ones((2, 4))
+    m = jnp.ones((2, 4), bool)
+    f = jax.jit(jax.vmap(ops.discounted_reverse_cumsum, in_axes=(None, None, 0)))
+    out = f(x, m, jnp.array([1.0, 0.0]))
+    np.testing.assert_allclose(out[0, 0], [4, 3, 2, 1])
+    np.testing.assert_allclose(out[1, 0], [1, 1, 1, 1])
+
+  def test_next_valid_value(self):
+    got = ops.next_valid_value(jnp.arange(5.0)[None], jnp.array([[1, 0, 1, 1, 0]], bool))
+    np.testing.assert_array_equal(got, [[2, 2, 3, 0, 0]])
+
+
+class TokenAndTurnTest(parameterized.TestCase):
+
+  def test_broadcast_and_last_token(self):
+    m = jnp.array([[1, 1, 0], [0, 0, 0], [1, 0, 1]], bool)
+    np.testing.assert_array_equal(ops.broadcast_to_tokens(jnp.array([2.0, 3.0, 4.0]), m),
+                                  [[2, 2, 0], [0, 0, 0], [4, 0, 4]])
+    np.testing.assert_array_equal(ops.last_token_mask(m), [[0, 1, 0], [0, 0, 0], [0, 0, 1]])
+    np.testing.assert_array_equal(ops.outcome_to_token_rewards(jnp.array([1.0, 5.0, 2.0]), m),
+                                  [[0, 1, 0], [0, 0, 0], [0, 0, 2]])
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_turn_reduce_and_broadcast(self):
+    x = jnp.array([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    tid = jnp.array([[0, 0, -1, 1, 1]])
+    s = self.variant(ops.turn_reduce, static_argnums=(2,))(x, tid, 3)
+    np.testing.assert_array_equal(s, [[3, 9, 0]])
+    mean = ops.turn_reduce(x, tid, 3, reduce="mean")
+    np.testing.assert_array_equal(mean, [[1.5, 4.5, 0]])
+    back = self.variant(ops.turn_broadcast)(mean, tid)
+    np.testing.assert_array_equal(back, [[1.5, 1.5, 0, 4.5, 4.5]])
+
+  def test_turn_reduce_bad_mode(self):
+    with pytest.raises(ValueError, match="reduce must be"):
+      ops.turn_reduce(jnp.ones((1, 2)), jnp.zeros((1, 2), jnp.int32), 1, reduce="max")
