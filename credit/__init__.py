@@ -17,7 +17,29 @@ from credit.contract import (CONTRACT, ContractError, Rollout, contiguous_group_
 from credit.registry import (EstimatorSpec, PolicyLossSpec, UnknownNameError, get_estimator,
                              get_policy_loss, list_estimators, list_policy_losses)
 
+from credit import advantages, kl, losses, tasks  # noqa: E402  (registers estimators and losses)
+from credit.advantages.outcome import (DCPOOutput, DCPOState, GAEOutput, dapo_advantages,
+                                       dapo_keep_mask, dapo_overlong_penalty, dcpo_advantages,
+                                       dcpo_init_state, dr_grpo_advantages, gae_advantages,
+                                       gdpo_advantages, gpg_advantages, grpo_advantages,
+                                       grpo_passk_advantages, opo_advantages,
+                                       optimal_token_baseline_advantages,
+                                       reinforce_pp_advantages, reinforce_pp_baseline_advantages,
+                                       remax_advantages, rloo_advantages)
+from credit.kl import kl_in_reward, kl_loss, kl_penalty
+from credit.losses import (AGG_MODES, ImportanceCorrection, LossOutput, aggregate_loss,
+                           dcpo_clip_bounds, entropy_bonus, importance_correction, value_loss)
+
 __all__ = [
+    "advantages", "kl", "losses", "tasks",
+    "DCPOOutput", "DCPOState", "GAEOutput", "dapo_advantages", "dapo_keep_mask",
+    "dapo_overlong_penalty", "dcpo_advantages", "dcpo_init_state", "dr_grpo_advantages",
+    "gae_advantages", "gdpo_advantages", "gpg_advantages", "grpo_advantages",
+    "grpo_passk_advantages", "opo_advantages", "optimal_token_baseline_advantages",
+    "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "remax_advantages",
+    "rloo_advantages", "kl_in_reward", "kl_loss", "kl_penalty", "AGG_MODES",
+    "ImportanceCorrection", "LossOutput", "aggregate_loss", "dcpo_clip_bounds", "entropy_bonus",
+    "importance_correction", "value_loss",
     "CONTRACT", "ContractError", "Rollout", "contiguous_group_size", "validate_fields",
     "validate_rollout", "EstimatorSpec", "PolicyLossSpec", "UnknownNameError",
     "get_estimator", "get_policy_loss", "list_estimators", "list_policy_losses", "ops",

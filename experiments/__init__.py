@@ -1,0 +1,1 @@
+"""Experiment runner, recipes, checkpointing and reporting for `credit`."""

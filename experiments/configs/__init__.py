@@ -1,0 +1,1 @@
+"""Recipe configs: one file per method/task, each with `get_config(arg)`."""

@@ -1,0 +1,91 @@
+"""Shared config pieces: the default fields every recipe has, and variant parsing.
+
+Every field is commented here once; recipes override what they change.
+"""
+import ml_collections
+
+
+def parse_arg(arg: str | None, **defaults):
+  """'tiny,seed=3' -> ConfigDict(tiny=True, seed=3) over `defaults` (big_vision style)."""
+  out = ml_collections.ConfigDict(defaults)
+  for part in (arg or "").split(","):
+    part = part.strip()
+    if not part:
+      continue
+    if "=" in part:
+      k, v = part.split("=", 1)
+      typ = type(out[k]) if k in out else str
+      out[k] = typ(v) if typ is not bool else v.lower() in ("1", "true", "yes")
+    else:
+      out[part] = True
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0                      # PRNG seed for init, data order and sampling.
+  # --- task / data ---
+  c.task = "arithmetic"           # built-in task (credit.tasks.list_tasks()) or "jsonl" / "tfds".
+  c.task_kwargs = ml_collections.ConfigDict({"max_digits": 2})  # task constructor args.
+  c.data_path = ""                # JSONL file or tfds name for task="jsonl"/"tfds".
+  c.prompt_field = "prompt"       # field names in user data.
+  c.answer_field = "answer"
+  c.num_train_examples = 20000    # size of the generated train split (built-in tasks).
+  c.num_eval_examples = 256       # size of the held-out split used for accuracy.
+  c.data_dir = ""                 # tfds data dir; "" = <workdir>/data.
+  # --- policy model ---
+  c.init_from = ""                # local HF checkpoint dir; "" = train a tiny model from scratch.
+  c.model = ml_collections.ConfigDict(dict(
+      hidden_size=128,            # width D.
+      intermediate_size=512,      # SwiGLU width.
+      num_layers=2,               # decoder blocks.
+      num_heads=4,                # query heads.
+      num_kv_heads=2,             # key/value heads (GQA).
+      head_dim=32,                # per-head width.
+      rope_theta=10000.0,         # RoPE base.
+      family="qwen3",             # llama | qwen2 | qwen3 (architecture variant for from-scratch models).
+  ))
+  c.lora_rank = 0                 # >0: train LoRA adapters only (on lora_targets).
+  c.lora_alpha = 16.0             # LoRA scale alpha/rank.
+  c.lora_targets = ("q_proj", "v_proj")  # projections that get adapters.
+  # --- supervised warm-up on task demonstrations ---
+  c.sft_steps = 0                 # number of SFT steps before RL (0 = none).
+  c.sft_batch_size = 64           # demonstrations per SFT step.
+  c.sft_learning_rate = 3e-3      # AdamW lr for SFT (cosine to 10%).
+  # --- rollouts ---
+  c.prompts_per_step = 32         # N prompts per RL step.
+  c.group_size = 8                # G samples per prompt.
+  c.max_new_tokens = 8            # response budget (also the Dr.GRPO constant).
+  c.temperature = 1.0             # sampling temperature.
+  c.top_k = 0                     # 0 = off.
+  c.top_p = 1.0                   # 1.0 = off.
+  c.logprob_old_source = "recompute"  # "recompute" (trainer forward) or "sampler" (sampler's log-probs).
+  # --- credit assignment ---
+  c.estimator = "grpo"            # advantage estimator registry name (credit.list_estimators()).
+  c.estimator_kwargs = ml_collections.ConfigDict()  # its hyperparameters.
+  c.policy_loss = "ppo_clip"      # policy loss registry name (credit.list_policy_losses()).
+  c.loss_kwargs = ml_collections.ConfigDict()       # its hyperparameters (clip eps, agg mode...).
+  c.kl_coef = 0.0                 # β of a KL-to-reference loss term (0 = no reference model).
+  c.kl_kind = "k3"                # KL estimator for that term.
+  c.entropy_coef = 0.0            # entropy bonus coefficient.
+  # --- optimisation ---
+  c.steps = 100                   # RL steps.
+  c.learning_rate = 1e-3          # AdamW peak lr for RL.
+  c.warmup_steps = 5              # linear warm-up, then cosine decay to 10%.
+  c.weight_decay = 0.0            # AdamW weight decay.
+  c.grad_clip = 1.0               # global-norm gradient clipping.
+  c.ppo_epochs = 1                # passes over each rollout batch.
+  c.num_minibatches = 2           # minibatches per epoch.
+  # --- evaluation, checkpoints, output ---
+  c.eval_every = 20               # steps between held-out evaluations (greedy decoding).
+  c.checkpoint_every = 10         # steps between checkpoints (0 = never).
+  c.keep_checkpoints = 2          # checkpoints kept on disk.
+  c.log_every = 1                 # steps between metric lines.
+  c.num_heatmap_samples = 6       # responses drawn in the token-credit heatmap.
+  c.progress = True               # tqdm bar.
+  # --- scale ---
+  c.mesh = "data=-1"              # mesh axes, e.g. "data=2,fsdp=4"; -1 takes the remaining devices.
+  c.scoring_chunk_size = 128      # sequence chunk of memory-bounded log-prob scoring.
+  # --- testing hooks ---
+  c.kill_at_step = -1             # test only: SIGKILL the process after this step completes.
+  return c

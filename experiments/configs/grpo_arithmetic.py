@@ -1,0 +1,34 @@
+"""GRPO on 2-digit arithmetic with a tiny from-scratch policy (the default recipe).
+
+Command:
+  python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir runs/grpo
+Variants: `:tiny` (2 steps, seconds; used by tests).
+Expected: about 10 minutes on 2 CPU cores; held-out accuracy rises from the SFT
+warm-up level to clearly higher after GRPO (see README for measured numbers).
+"""
+from experiments.configs import common
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = common.base_config()
+  c.task = "arithmetic"
+  c.estimator = "grpo"
+  c.policy_loss = "ppo_clip"
+  c.sft_steps = 300
+  c.steps = 60
+  if a.tiny:
+    c.sft_steps = 2
+    c.steps = 2
+    c.prompts_per_step = 4
+    c.group_size = 4
+    c.num_train_examples = 64
+    c.num_eval_examples = 16
+    c.eval_every = 2
+    c.checkpoint_every = 1
+    c.model.hidden_size = 32
+    c.model.intermediate_size = 64
+    c.model.num_layers = 1
+    c.model.head_dim = 8
+    c.progress = False
+  return c

@@ -1,0 +1,92 @@
+"""Experiment runner: `python -m experiments.run --config <recipe>.py[:variant] --workdir DIR`.
+
+One RL step: prompts -> G samples per prompt (KV-cache sampler) -> verifier
+rewards -> the extra forward passes the estimator / loss / KL term need
+(reference model, recomputed old log-probs) -> advantages -> PPO epochs over
+minibatches (one jitted update) -> metrics, periodic eval, checkpoints, plots.
+
+Overrides: `--config.estimator=rloo --config.steps=50 --config.mesh=data=2,fsdp=4`.
+Multi-process: `--coordinator=localhost:PORT --num_processes=2 --process_id=i`.
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe config file[:variant].",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (metrics, plots, checkpoints).")
+_COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process runs).")
+_NPROC = flags.DEFINE_integer("num_processes", 1, "Processes in a multi-process run.")
+_PID = flags.DEFINE_integer("process_id", 0, "This process's index.")
+_LOCAL_DEVICES = flags.DEFINE_integer("local_cpu_devices", 0,
+                                      "Fake CPU devices per process (0 = leave as is).")
+
+
+def main(argv):
+  del argv
+  if _WORKDIR.value is None:
+    raise app.UsageError("--workdir is required")
+  import logging as pylogging
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
+  pylogging.getLogger("absl").setLevel(pylogging.WARNING)
+  import jax
+  if _LOCAL_DEVICES.value:
+    jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
+  if _COORD.value:
+    jax.distributed.initialize(coordinator_address=_COORD.value,
+                               num_processes=_NPROC.value, process_id=_PID.value)
+  from experiments import loop
+  loop.run(_CONFIG.value, _WORKDIR.value)
+
+
+def check_overrides(argv: list[str]) -> str | None:
+  """Returns an error message for an unknown `--config.<key>` override, else None.
+
+  config_flags would raise a bare AttributeError deep in a traceback; this names
+  the key and lists the valid ones before anything starts.
+  """
+  import importlib.util
+  path = None
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      path = a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(argv):
+      path = argv[i + 1]
+  if not path:
+    return None
+  file, _, variant = path.partition(":")
+  spec = importlib.util.spec_from_file_location("_recipe", file)
+  if spec is None:
+    return f"--config: cannot load recipe file {file!r}"
+  mod = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(mod)
+  except FileNotFoundError:
+    return f"--config: recipe file {file!r} does not exist"
+  cfg = mod.get_config(variant or None)
+  for a in argv:
+    if not a.startswith("--config."):
+      continue
+    key = a[len("--config."):].split("=", 1)[0]
+    node = cfg
+    parts = key.split(".")
+    for j, part in enumerate(parts):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(parts[:j]) or "config"
+        valid = sorted(node.keys()) if hasattr(node, "keys") else []
+        return f"unknown config key {key!r} (no {part!r} in {where}); valid keys: {valid}"
+      node = node[part]
+  return None
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  err = check_overrides(sys.argv[1:])
+  if err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
+  app.run(main)
