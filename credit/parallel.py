@@ -57,6 +57,9 @@ def make_mesh(spec: str | Mapping[str, int], devices: Sequence[jax.Device] | Non
     if n % known:
       raise ValueError(f"mesh spec {sizes}: {n} devices are not divisible by {known}")
     sizes[free[0]] = n // known
+  if not free and math.prod(sizes.values()) < n:
+    devices = devices[:math.prod(sizes.values())]  # a sub-mesh, e.g. data=1 for a baseline
+    n = len(devices)
   if math.prod(sizes.values()) != n:
     raise ValueError(f"mesh spec {sizes} has {math.prod(sizes.values())} devices; "
                      f"{n} are available (use -1 for one axis to take the rest)")

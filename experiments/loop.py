@@ -186,8 +186,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if B % (c.num_minibatches * div):
     raise SetupError(f"prompts_per_step*group_size={B} must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
-  if c.prompts_per_step % div:
-    raise SetupError(f"prompts_per_step={N} must be divisible by the batch-parallel size {div}")
   model, mcfg = build_policy(c, data.tokenizer, mesh)
   from credit.models import lora_trainable_mask, shard_model
   shard_model(model, mesh)

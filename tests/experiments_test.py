@@ -1,0 +1,187 @@
+"""End-to-end tests of the runner: tiny recipes, bad input, resume after SIGKILL, meshes,
+multi-process. Runs that must be compared are done in subprocesses with their own device
+counts; the rest call `experiments.loop.run` in-process."""
+import glob
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import loop
+from experiments.run import check_overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "experiments",
+                                                                       "configs", "*_*.py")))
+
+
+def tiny(recipe="grpo_arithmetic", **overrides):
+  mod = importlib.import_module(f"experiments.configs.{recipe}")
+  c = mod.get_config("tiny")
+  c.mesh = "data=1"
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def run_cli(args, env_extra=None, timeout=600):
+  env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  env.update(env_extra or {})
+  return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_tiny_recipe_runs_end_to_end(recipe, tmp_path):
+  wd = str(tmp_path / recipe)
+  summary = loop.run(tiny(recipe), wd)
+  rows = read_metrics(wd)
+  steps = [r["step"] for r in rows]
+  assert steps[0] == 0 and steps[-1] == 2, steps
+  last = rows[-1]
+  for key in ("reward_mean", "accuracy", "loss", "step_time", "time_sampling", "time_update",
+              "eval_accuracy"):
+    assert key in last and np.isfinite(last[key]), key
+  for f in ("curves.png", "token_credit.png", "summary.md"):
+    with open(os.path.join(wd, f), "rb") as fh:
+      head = fh.read(8)
+    assert head.startswith(b"\x89PNG") or f.endswith(".md")
+  assert glob.glob(os.path.join(wd, "tb", "events.*"))
+  assert summary["rows"] == len(rows)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"estimator": "no_such"}, "Known estimators"),
+    ({"policy_loss": "no_such"}, "Known policy loss"),
+    ({"estimator": "gae"}, r"needs \['values'\]"),
+    ({"task": "no_such_task"}, "Known tasks"),
+    ({"init_from": "/nonexistent/model"}, "is not a directory"),
+    ({"mesh": "data=3"}, "devices"),
+])
+def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
+  wd = str(tmp_path / "w")
+  with pytest.raises(Exception, match=match):
+    loop.run(tiny(**change), wd)
+  assert not os.path.exists(wd) or not os.listdir(wd)
+
+
+def test_model_dir_without_weights_or_config(tmp_path):
+  d = tmp_path / "model"
+  d.mkdir()
+  with pytest.raises(loop.SetupError, match="no config.json"):
+    loop.run(tiny(init_from=str(d)), str(tmp_path / "w1"))
+  (d / "config.json").write_text("{}")
+  with pytest.raises(loop.SetupError, match="no \\*.safetensors"):
+    loop.run(tiny(init_from=str(d)), str(tmp_path / "w2"))
+  assert not os.path.exists(tmp_path / "w1") and not os.path.exists(tmp_path / "w2")
+
+
+def test_dataset_without_field_names_file_and_field(tmp_path):
+  data = tmp_path / "d.jsonl"
+  data.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")
+  with pytest.raises(Exception, match=r"d\.jsonl.*prompt|prompt.*d\.jsonl"):
+    loop.run(tiny(task="jsonl", data_path=str(data)), str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_unknown_config_key_and_wrong_type_are_named():
+  cfg = "experiments/configs/grpo_arithmetic.py:tiny"
+  err = check_overrides(["--config", cfg, "--config.stepz=3"])
+  assert "stepz" in err and "'steps'" in err
+  err = check_overrides(["--config", cfg, "--config.model.widht=3"])
+  assert "widht" in err and "hidden_size" in err
+  assert check_overrides(["--config", cfg, "--config.steps=3"]) is None
+  r = run_cli(["--config", os.path.join(ROOT, cfg), "--workdir", "/tmp/never",
+               "--config.steps=abc"], timeout=120)
+  assert r.returncode != 0 and "steps" in r.stderr
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+  cfg = os.path.join(ROOT, "experiments/configs/grpo_arithmetic.py:tiny")
+  common = ["--config", cfg, "--config.steps=4", "--config.mesh=data=1",
+            "--config.eval_every=0"]
+  full = str(tmp_path / "full")
+  r = run_cli(common + ["--workdir", full])
+  assert r.returncode == 0, r.stderr[-3000:]
+  killed = str(tmp_path / "killed")
+  r = run_cli(common + ["--workdir", killed, "--config.kill_at_step=3",
+                        "--config.checkpoint_every=2"])
+  assert r.returncode == -9, r.stderr[-3000:]
+  assert len(read_metrics(killed)) == 4  # steps 0..3 written before the kill
+  r = run_cli(common + ["--workdir", killed, "--config.checkpoint_every=2"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from step 2" in r.stdout
+  a, b = read_metrics(full), read_metrics(killed)
+  assert [x["step"] for x in a] == [x["step"] for x in b] == [0, 1, 2, 3, 4]
+  for x, y in zip(a, b):
+    for k in ("reward_mean", "loss", "pg_loss", "grad_norm", "response_length", "ratio_mean"):
+      if k in x:
+        np.testing.assert_allclose(x[k], y[k], rtol=1e-6, atol=1e-7, err_msg=f"step {x['step']} {k}")
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+COMPARE = ("reward_mean", "loss", "pg_loss", "grad_norm", "response_length", "ratio_mean")
+
+
+def test_mesh_and_multiprocess_runs_match_single_device(tmp_path):
+  cfg = os.path.join(ROOT, "experiments/configs/grpo_arithmetic.py:tiny")
+  common = ["--config", cfg, "--config.steps=2", "--config.eval_every=0",
+            "--config.checkpoint_every=0", "--config.prompts_per_step=8"]
+  runs = {}
+  for name, mesh in (("single", "data=1"), ("mesh", "data=2,fsdp=4")):
+    wd = str(tmp_path / name)
+    r = run_cli(common + ["--workdir", wd, f"--config.mesh={mesh}", "--local_cpu_devices=8"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs[name] = read_metrics(wd)
+  port = _free_port()
+  wd = str(tmp_path / "multi")
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "experiments.run", *common, "--workdir", wd,
+       "--config.mesh=data=2,fsdp=4", "--local_cpu_devices=4", f"--coordinator=localhost:{port}",
+       "--num_processes=2", f"--process_id={i}"], cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1"), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  runs["multi"] = read_metrics(wd)
+  base = runs["single"]
+  for name in ("mesh", "multi"):
+    assert [r["step"] for r in runs[name]] == [r["step"] for r in base]
+    for x, y in zip(base, runs[name]):
+      for k in COMPARE:
+        if k in x:
+          np.testing.assert_allclose(y[k], x[k], rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
+
+
+def test_fsdp_shrinks_per_device_parameter_bytes():
+  from credit import parallel
+  from credit.tasks import CharTokenizer
+  c = tiny()
+  c.model.hidden_size = 64
+  per_device = {}
+  for spec in ("data=8", "fsdp=8", "data=2,fsdp=4"):
+    mesh = parallel.make_mesh(spec)
+    model, _ = loop.build_policy(c, CharTokenizer(), mesh)
+    from credit.models import shard_model
+    from flax import nnx
+    shard_model(model, mesh)
+    leaves = [x for x in __import__("jax").tree.leaves(nnx.state(model, nnx.Param))]
+    per_device[spec] = sum(x.addressable_shards[0].data.nbytes for x in leaves)
+  assert per_device["fsdp=8"] < per_device["data=2,fsdp=4"] < per_device["data=8"], per_device
