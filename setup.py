@@ -21,6 +21,7 @@ CORE = [
     "matplotlib",
     "tensorboardX",
     "math-verify==0.9.0",
+    "jinja2",  # chat templates of HF tokenizers
 ]
 TEST = [
     "pytest==9.2.*",

@@ -17,7 +17,10 @@ from credit.contract import (CONTRACT, ContractError, Rollout, contiguous_group_
 from credit.registry import (EstimatorSpec, PolicyLossSpec, UnknownNameError, get_estimator,
                              get_policy_loss, list_estimators, list_policy_losses)
 
-from credit import advantages, kl, losses, tasks  # noqa: E402  (registers estimators and losses)
+from credit import advantages, kl, losses, models, tasks  # noqa: E402  (registers estimators and losses)
+from credit.models import (DEFAULT_RULES, Decoder, KVCache, LoRAParam, ModelConfig, apply_lora,
+                           from_pretrained, init_cache, load_tokenizer, lora_trainable_mask,
+                           merge_lora, save_pretrained, shard_model)
 from credit.advantages.outcome import (DCPOOutput, DCPOState, GAEOutput, dapo_advantages,
                                        dapo_keep_mask, dapo_overlong_penalty, dcpo_advantages,
                                        dcpo_init_state, dr_grpo_advantages, gae_advantages,
@@ -31,7 +34,10 @@ from credit.losses import (AGG_MODES, ImportanceCorrection, LossOutput, aggregat
                            dcpo_clip_bounds, entropy_bonus, importance_correction, value_loss)
 
 __all__ = [
-    "advantages", "kl", "losses", "tasks",
+    "advantages", "kl", "losses", "models", "tasks",
+    "DEFAULT_RULES", "Decoder", "KVCache", "LoRAParam", "ModelConfig", "apply_lora",
+    "from_pretrained", "init_cache", "load_tokenizer", "lora_trainable_mask", "merge_lora",
+    "save_pretrained", "shard_model",
     "DCPOOutput", "DCPOState", "GAEOutput", "dapo_advantages", "dapo_keep_mask",
     "dapo_overlong_penalty", "dcpo_advantages", "dcpo_init_state", "dr_grpo_advantages",
     "gae_advantages", "gdpo_advantages", "gpg_advantages", "grpo_advantages",

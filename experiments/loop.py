@@ -81,9 +81,12 @@ def build_data(c: ml_collections.ConfigDict) -> Data:
     task = tasks_lib.MathVerifier()
     n_eval = min(c.num_eval_examples, max(1, len(examples) // 10))
     train_ex, eval_ex = examples[n_eval:], examples[:n_eval]
+    train_ex = [dict(e, index=i) for i, e in enumerate(train_ex)]
   else:
     task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
     train_ex = task.generate(np.random.default_rng(c.seed), c.num_train_examples)
+    for i, e in enumerate(train_ex):
+      e["index"] = i  # stable prompt id (keys per-prompt estimator state, e.g. DCPO)
     eval_ex = task.generate(np.random.default_rng(10_000 + c.seed), c.num_eval_examples)
   # +1 for bos; responses get +1 for eos.
   max_prompt = max(len(tok.encode(e["prompt"])) for e in train_ex + eval_ex) + 1
@@ -116,8 +119,8 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
     with jax.set_mesh(mesh):
       model = Decoder(mcfg, rngs=nnx.Rngs(c.seed))
   if c.lora_rank:
-    model = models.add_lora(model, rank=c.lora_rank, alpha=c.lora_alpha,
-                            targets=tuple(c.lora_targets), rngs=nnx.Rngs(c.seed + 1))
+    model = models.apply_lora(model, rank=c.lora_rank, alpha=c.lora_alpha,
+                              targets=tuple(c.lora_targets), rngs=nnx.Rngs(c.seed + 1))
   return model, mcfg
 
 
@@ -329,9 +332,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     batch = {"tokens": arrays["tokens"], "attn_mask": arrays["attn_mask"],
              "response_mask": arrays["response_mask"], "advantages": adv,
              "logprob_old": fields["logprob_old"]}
-    for extra in ("logprob_ref", "logprob_sampler", "group_id"):
+    for extra in ("logprob_ref", "group_id"):
       if extra in fields and (extra in loss_params or (extra == "logprob_ref" and c.kl_coef)):
         batch[extra] = fields[extra]
+    if c.importance_correction:  # truncated IS against the sampler's own log-probs
+      batch["logprob_sampler"] = fields["logprob_sampler"]
     state = state.replace(estimator_state=new_est_state)
     state, upd_metrics = update(state, batch)
     jax.block_until_ready(state.params)

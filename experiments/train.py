@@ -177,7 +177,7 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
   loss_params = inspect.signature(loss_spec.fn).parameters
   agg_mode = loss_kwargs.get("loss_agg_mode", "token-mean")
   extra_fields = [n for n in ("logprob_ref", "logprob_sampler", "entropy", "group_id")
-                  if n in loss_params]
+                  if n in loss_params]  # passed when present in the batch
 
   def loss_fn(params, mb):
     model = merge_model(graphdef, params, rest)

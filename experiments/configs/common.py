@@ -60,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.
   c.logprob_old_source = "recompute"  # "recompute" (trainer forward) or "sampler" (sampler's log-probs).
+  c.importance_correction = False  # pass sampler log-probs to the loss: truncated IS (loss_kwargs is_*).
   # --- credit assignment ---
   c.estimator = "grpo"            # advantage estimator registry name (credit.list_estimators()).
   c.estimator_kwargs = ml_collections.ConfigDict()  # its hyperparameters.

@@ -1,0 +1,40 @@
+"""DCPO (smooth advantage standardisation + dynamic clipping) on the pivotal-decision task.
+
+Exactly one known response position decides the reward, so the token-credit heatmap shows
+where each estimator puts its credit. Exercises a stateful estimator: DCPO's per-prompt
+running reward statistics live in the train state and are checkpointed.
+
+Command:
+  python -m experiments.run --config experiments/configs/dcpo_pivotal.py --workdir runs/dcpo_piv
+Variants: `:tiny` (2 steps, seconds; used by tests).
+"""
+from experiments.configs import common
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = common.base_config()
+  c.task = "pivotal"
+  c.task_kwargs = {"response_len": 6}
+  c.estimator = "dcpo"
+  c.policy_loss = "dcpo"
+  c.max_new_tokens = 8
+  c.num_train_examples = 2000
+  c.sft_steps = 300
+  c.steps = 100
+  c.learning_rate = 3e-4
+  if a.tiny:
+    c.sft_steps = 2
+    c.steps = 2
+    c.prompts_per_step = 4
+    c.group_size = 4
+    c.num_train_examples = 64
+    c.num_eval_examples = 16
+    c.eval_every = 2
+    c.checkpoint_every = 1
+    c.model.hidden_size = 32
+    c.model.intermediate_size = 64
+    c.model.num_layers = 1
+    c.model.head_dim = 8
+    c.progress = False
+  return c

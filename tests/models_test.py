@@ -1,0 +1,255 @@
+"""Tests for credit.models decoder, config and sharding."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from credit.models import (DEFAULT_RULES, Decoder, KVCache, ModelConfig, cache_sharding,
+                           default_positions, init_cache, logical_to_mesh_axes,
+                           logical_to_mesh_sharding, rope_inv_freq, shard_model, tiny_config)
+
+LLAMA3_SCALING = (("factor", 8.0), ("low_freq_factor", 1.0), ("high_freq_factor", 4.0),
+                  ("original_max_position_embeddings", 64))
+CONFIGS = {
+    "llama3": tiny_config("llama", rope_theta=500000.0, rope_scaling=LLAMA3_SCALING),
+    "qwen2": tiny_config("qwen2"),
+    "qwen3_tied": tiny_config("qwen3", tie_embeddings=True),
+}
+B, P, G = 3, 6, 5        # batch, prompt buffer, generated tokens
+PROMPT_LENS = (6, 4, 1)  # left padding 0, 2, 5
+
+
+def _random_model(cfg, seed=0, std=0.3):
+  """Decoder whose every parameter (norms, biases too) is random, so layout bugs cannot hide
+  behind 0s and 1s. Built abstractly and filled from numpy: no per-shape eager compiles."""
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  rng = np.random.RandomState(seed)
+  for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    x = (std * rng.standard_normal(var.shape)).astype(np.float32)
+    var.set_value(jnp.asarray(x, var.dtype))
+  return model
+
+
+def _model(name, **overrides):
+  return _random_model(CONFIGS[name].replace(**overrides))
+
+
+def _batch(seed=0):
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(0, 128, (B, P + G)).astype(np.int32)
+  mask = np.ones((B, P + G), bool)
+  for b, n in enumerate(PROMPT_LENS):
+    mask[b, :P - n] = False
+    tokens[b, :P - n] = 0
+  return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+def _call(model, tokens, mask, cache=None, positions=None, return_hidden=False):
+  return model(tokens, positions, mask_BT=mask, cache=cache, return_hidden=return_hidden)
+
+
+# One jitted entry point for all tests (eager NNX dispatch is ~10x slower on 2 cores).
+_jit_call = nnx.jit(_call, static_argnames="return_hidden")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cached_decode_matches_full_forward(name):
+  """Prefill a left-padded prompt, then decode one token at a time == one full pass."""
+  model = _model(name)
+  tokens, mask = _batch()
+  full, none = _jit_call(model, tokens, mask)
+  assert none is None and full.dtype == jnp.float32
+  chex.assert_shape(full, (B, P + G, 128))
+
+  cache = model.init_cache(B, P + G + 3)
+  pre, cache = _jit_call(model, tokens[:, :P], mask[:, :P], cache)
+  steps = [pre]
+  for t in range(P, P + G):
+    step, cache = _jit_call(model, tokens[:, t:t + 1], mask[:, t:t + 1], cache)
+    steps.append(step)
+  cached = jnp.concatenate(steps, axis=1)
+  m = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(cached)[m], np.asarray(full)[m], atol=2e-5, rtol=1e-5)
+  assert int(cache.index) == P + G
+  np.testing.assert_array_equal(np.asarray(cache.valid[:, :P + G]), m)
+  assert not np.asarray(cache.valid[:, P + G:]).any()
+  assert np.isfinite(np.asarray(cached)).all()  # pad queries stay finite too
+
+
+def test_cache_chunked_prefill_and_explicit_positions():
+  """Two prefill chunks with explicit positions == default positions == full pass (eager)."""
+  model = _model("qwen3_tied")
+  tokens, mask = _batch(1)
+  full, _ = _jit_call(model, tokens, mask)
+  pos = default_positions(mask)
+  np.testing.assert_array_equal(
+      np.asarray(pos), np.maximum(np.cumsum(np.asarray(mask), axis=1) - 1, 0))
+  cache = init_cache(model.config, B, P + G)
+  a, cache = _jit_call(model, tokens[:, :4], mask[:, :4], cache, pos[:, :4])
+  b, cache = _jit_call(model, tokens[:, 4:], mask[:, 4:], cache, pos[:, 4:])
+  m = np.asarray(mask)
+  got = np.asarray(jnp.concatenate([a, b], axis=1))
+  np.testing.assert_allclose(got[m], np.asarray(full)[m], atol=2e-5, rtol=1e-5)
+
+
+def test_padding_invariance_and_rope_shift():
+  """A left-padded row equals the same prompt unpadded; shifting all positions changes nothing."""
+  model = _model("llama3")
+  tokens, mask = _batch(2)
+  full, _ = _jit_call(model, tokens, mask)
+  n = P - PROMPT_LENS[2]
+  alone, _ = _jit_call(model, tokens[2:, n:], None)
+  np.testing.assert_allclose(np.asarray(full[2, n:]), np.asarray(alone[0]), atol=2e-5, rtol=1e-5)
+  # Pad tokens' ids do not leak into real positions.
+  noisy = jnp.where(mask, tokens, jnp.asarray(np.random.RandomState(9).randint(0, 128, mask.shape)))
+  other, _ = _jit_call(model, noisy.astype(jnp.int32), mask)
+  m = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(other)[m], np.asarray(full)[m], atol=1e-6, rtol=1e-6)
+  # RoPE scores depend on position differences only.
+  pos = default_positions(mask)
+  shifted, _ = _jit_call(model, tokens, mask, None, pos + 7)
+  m = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(shifted)[m], np.asarray(full)[m], atol=5e-5, rtol=1e-4)
+  # ... but the model does use positions.
+  doubled, _ = _jit_call(model, tokens, mask, None, pos * 2)
+  assert np.abs(np.asarray(doubled - full)[m]).max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3_tied"])
+def test_hidden_states_times_unembedding_is_logits(name):
+  model = _model(name)
+  tokens, mask = _batch()
+  logits, _ = _jit_call(model, tokens, mask)
+  hidden = nnx.jit(lambda m, t, k: m.hidden_states(t, mask_BT=k))(model, tokens, mask)
+  hidden2, _ = _jit_call(model, tokens, mask, return_hidden=True)
+  chex.assert_shape(hidden, (B, P + G, 64))
+  np.testing.assert_array_equal(np.asarray(hidden), np.asarray(hidden2))
+  w = model.unembedding()
+  chex.assert_shape(w, (64, 128))
+  if model.config.tie_embeddings:
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(model.embed_tokens.embedding[...]).T)
+    assert model.lm_head is None
+  np.testing.assert_allclose(np.asarray(hidden @ w), np.asarray(logits), atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_params_and_compute():
+  """bf16 model: f32 logits, finite, close to the f32 model holding the same (rounded) weights."""
+  m32 = _model("qwen2")
+  m16 = _random_model(m32.config.replace(param_dtype="bfloat16", dtype="bfloat16"))
+  params16 = nnx.state(m16, nnx.Param)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params16))
+  rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(m32, nnx.Param))
+  nnx.update(m16, rounded)
+  nnx.update(m32, jax.tree.map(lambda x: x.astype(jnp.float32), rounded))
+  tokens, mask = _batch()
+  l32, _ = _jit_call(m32, tokens, mask)
+  l16, _ = _jit_call(m16, tokens, mask)
+  assert l16.dtype == jnp.float32
+  assert _jit_call(m16, tokens, mask, return_hidden=True)[0].dtype == jnp.bfloat16
+  m = np.asarray(mask)
+  err = np.abs(np.asarray(l16 - l32))[m]
+  assert np.isfinite(err).all()
+  assert err.max() < 0.1 * np.abs(np.asarray(l32)[m]).max(), err.max()
+  # cached decode in bf16 agrees with the bf16 full pass to bf16 precision
+  cache = m16.init_cache(B, P + G)
+  assert cache.k.dtype == jnp.bfloat16
+  pre, cache = _jit_call(m16, tokens[:, :P], mask[:, :P], cache)
+  nxt, cache = _jit_call(m16, tokens[:, P:P + 1], mask[:, P:P + 1], cache)
+  np.testing.assert_allclose(np.asarray(nxt[:, 0]), np.asarray(l16[:, P]), atol=0.1)
+
+
+def test_rope_inv_freq():
+  cfg = CONFIGS["llama3"]
+  base = rope_inv_freq(cfg.replace(rope_scaling=None))
+  h = cfg.head_dim
+  np.testing.assert_allclose(base, [cfg.rope_theta ** (-2 * i / h) for i in range(h // 2)],
+                             rtol=1e-6)
+  scaled = rope_inv_freq(cfg)
+  sc = dict(LLAMA3_SCALING)
+  ctx = sc["original_max_position_embeddings"]
+  for f, s in zip(base, scaled):  # numpy loop reference of the Llama 3.1 rule
+    wl = 2 * np.pi / f
+    if wl < ctx / sc["high_freq_factor"]:
+      want = f
+    elif wl > ctx / sc["low_freq_factor"]:
+      want = f / sc["factor"]
+    else:
+      a = (ctx / wl - sc["low_freq_factor"]) / (sc["high_freq_factor"] - sc["low_freq_factor"])
+      want = (1 - a) * f / sc["factor"] + a * f
+    np.testing.assert_allclose(s, want, rtol=1e-6)
+  wl = 2 * np.pi / base  # all three regimes are exercised
+  assert (wl < ctx / 4).any() and (wl > ctx).any() and ((wl > ctx / 4) & (wl < ctx)).any()
+
+
+def test_config_validation_and_hashable():
+  cfg = CONFIGS["llama3"]
+  assert hash(cfg) == hash(cfg.replace())
+  jax.jit(lambda x, c: x * c.num_layers, static_argnums=1)(1.0, cfg)
+  with pytest.raises(ValueError, match="family"):
+    tiny_config("gpt2")
+  with pytest.raises(ValueError, match="num_kv_heads"):
+    tiny_config(num_kv_heads=3)
+  with pytest.raises(ValueError, match="dtype"):
+    tiny_config(dtype="float16")
+  c = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
+                  num_kv_heads=1, head_dim=4, eos_token_id=[3, 4],
+                  rope_scaling=dict(LLAMA3_SCALING))
+  assert c.eos_token_ids == (3, 4) and isinstance(c.rope_scaling, tuple)
+  hash(c)
+
+
+def test_init_and_logical_axes():
+  """Decoder's own init (jitted): N(0, 0.02) kernels, zero biases, unit norms, bf16 storage; every
+  parameter names one logical axis per dimension, all known to DEFAULT_RULES."""
+  cfg = CONFIGS["qwen2"].replace(param_dtype="bfloat16", qk_norm=True)
+  model = nnx.jit(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))()
+  attn = model.layers[0].self_attn
+  assert float(jnp.std(attn.q_proj.kernel[...].astype(jnp.float32))) == pytest.approx(0.02, 0.1)
+  assert not np.asarray(attn.k_proj.bias[...], np.float32).any()
+  assert (np.asarray(attn.q_norm.weight[...], np.float32) == 1).all()
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    axes = var.get_metadata().get("out_sharding")
+    assert axes is not None and len(axes) == var.ndim, path
+    assert all(a in dict(DEFAULT_RULES) for a in axes), (path, axes)
+
+
+def test_logical_to_mesh_axes_rules():
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  P = jax.sharding.PartitionSpec
+  assert logical_to_mesh_axes(("embed", "q_heads", "head_dim"), mesh) == P("fsdp", "tensor", None)
+  assert logical_to_mesh_axes(("batch", None), mesh) == P(("data", "fsdp"), None)
+  # not divisible: 1 kv head cannot split over tensor=2 -> replicated
+  assert logical_to_mesh_axes(("embed", "kv_heads"), mesh, shape=(64, 1)) == P("fsdp", None)
+  # batch of 2 over data*fsdp=4 -> keeps data only
+  assert logical_to_mesh_axes(("batch",), mesh, shape=(2,)) == P("data")
+  # a mesh axis shards one dimension only; axes missing from the mesh are dropped
+  rules = (("a", "tensor"), ("b", "tensor"), ("c", "pipeline"))
+  assert logical_to_mesh_axes(("a", "b", "c"), mesh, rules) == P("tensor", None, None)
+
+
+def test_sharded_model_equals_unsharded():
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  model = _model("qwen2")
+  tokens, mask = _batch()
+  tokens = jnp.concatenate([tokens, tokens[:1]], axis=0)  # B=4 divides data*fsdp
+  mask = jnp.concatenate([mask, mask[:1]], axis=0)
+  ref, _ = _jit_call(model, tokens, mask)
+  shardings = logical_to_mesh_sharding(model, mesh)
+  shard_model(model, mesh)
+  q = model.layers[0].self_attn.q_proj.kernel[...]
+  assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+  assert q.sharding == shardings["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
+  cache = model.init_cache(4, P + G)
+  cache = jax.device_put(cache, cache_sharding(cache, mesh))
+  with jax.set_mesh(mesh):
+    got, _ = _jit_call(model, tokens, mask)
+    pre, cache = _jit_call(model, tokens[:, :P], mask[:, :P], cache)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=1e-5)
+  m = np.asarray(mask[:, :P])
+  np.testing.assert_allclose(np.asarray(pre)[m], np.asarray(ref[:, :P])[m], atol=2e-5, rtol=1e-5)
+  assert isinstance(cache, KVCache)
