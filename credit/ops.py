@@ -327,9 +327,12 @@ def discounted_reverse_cumsum(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 
   x = _f32(x)
   m = jnp.asarray(mask).astype(bool)
   chex.assert_equal_shape([x, m])
-  g = _f32(gamma)
-  coef = jnp.where(m, g, 1.0)
-  y = _reverse_linear_recurrence(jnp.where(m, x, 0.0), coef)
+  xs = jnp.where(m, x, 0.0)
+  if isinstance(gamma, (int, float)) and gamma == 1.0:
+    # Undiscounted: skipping masked positions is just a reverse cumulative sum.
+    return jnp.where(m, jax.lax.cumsum(xs, axis=x.ndim - 1, reverse=True), 0.0)
+  coef = jnp.where(m, _f32(gamma), 1.0)
+  y = _reverse_linear_recurrence(xs, coef)
   return jnp.where(m, y, 0.0)
 
 

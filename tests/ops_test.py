@@ -143,6 +143,14 @@ class RecurrenceTest(parameterized.TestCase):
     got = ops.discounted_reverse_cumsum(x, m, 0.5)
     np.testing.assert_allclose(got, [[0.25, 0.5, 0.0, 0.0, 1.0]])
 
+  def test_undiscounted_fast_path_equals_scan(self):
+    x = jnp.array([[1.0, 2.0, 9.0, 3.0, 0.5]])
+    m = jnp.array([[1, 1, 0, 1, 0]], bool)
+    fast = ops.discounted_reverse_cumsum(x, m, 1.0)
+    scan = ops.discounted_reverse_cumsum(x, m, jnp.float32(1.0))
+    np.testing.assert_allclose(fast, [[6.0, 5.0, 0.0, 3.0, 0.0]])
+    np.testing.assert_allclose(fast, scan)
+
   def test_jit_and_vmap_over_gamma(self):
     x = jnp.ones((2, 4))
     m = jnp.ones((2, 4), bool)
