@@ -17,9 +17,9 @@ def get_config(arg=None):
   c.policy_loss = "ppo_clip"
   c.sft_steps = 800
   c.steps = 150
-  c.learning_rate = 3e-4
-  c.ppo_epochs = 2
-  c.num_minibatches = 4
+  c.learning_rate = 1e-4
+  c.ppo_epochs = 1
+  c.num_minibatches = 2
   c.eval_every = 25
   if a.tiny:
     c.sft_steps = 2
