@@ -382,7 +382,8 @@ def _finish_outputs(workdir, c, data: Data, heat, reporting) -> dict[str, Any]:
     for i in rows:
       m = host["response_mask"][i]
       ids = host["tokens"][i][m]
-      toks.append([data.tokenizer.decode([int(t)]) or repr(int(t)) for t in ids])
+      toks.append(["<eos>" if int(t) == data.tokenizer.eos_id else
+                   (data.tokenizer.decode([int(t)]) or f"<{int(t)}>") for t in ids])
       advs.append(adv[i][m])
       labels.append(f"r={reward[i]:.0f}")
     reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
