@@ -29,7 +29,10 @@ from credit.advantages.outcome import (DCPOOutput, DCPOState, GAEOutput, dapo_ad
                                        optimal_token_baseline_advantages,
                                        reinforce_pp_advantages, reinforce_pp_baseline_advantages,
                                        remax_advantages, rloo_advantages)
-from credit.kl import kl_in_reward, kl_loss, kl_penalty
+from credit.kl import KL_KINDS, kl_in_reward, kl_loss, kl_penalty
+from credit import sampling, scoring  # noqa: E402
+from credit.sampling import (SampleOutput, Sampler, SamplingParams, SamplingState, make_sampler,
+                             sample, sampling_params)
 from credit.losses import (AGG_MODES, ImportanceCorrection, LossOutput, aggregate_loss,
                            dcpo_clip_bounds, entropy_bonus, importance_correction, value_loss)
 
@@ -45,7 +48,8 @@ __all__ = [
     "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "remax_advantages",
     "rloo_advantages", "kl_in_reward", "kl_loss", "kl_penalty", "AGG_MODES",
     "ImportanceCorrection", "LossOutput", "aggregate_loss", "dcpo_clip_bounds", "entropy_bonus",
-    "importance_correction", "value_loss",
+    "importance_correction", "value_loss", "KL_KINDS", "sampling", "scoring", "SampleOutput",
+    "Sampler", "SamplingParams", "SamplingState", "make_sampler", "sample", "sampling_params",
     "CONTRACT", "ContractError", "Rollout", "contiguous_group_size", "validate_fields",
     "validate_rollout", "EstimatorSpec", "PolicyLossSpec", "UnknownNameError",
     "get_estimator", "get_policy_loss", "list_estimators", "list_policy_losses", "ops",

@@ -57,7 +57,8 @@ KL_KINDS = tuple(sorted(set(_ESTIMATORS) | set(_ALIASES)
 
 
 def _resolve_kind(kind: str) -> tuple[Callable[[Array], Array], bool]:
-  base, straight = (kind[:-1], True) if isinstance(kind, str) and kind.endswith("+") else (kind, False)
+  straight = isinstance(kind, str) and kind.endswith("+")
+  base = kind[:-1] if straight else kind
   base = _ALIASES.get(base, base)
   if base not in _ESTIMATORS:
     raise ValueError(f"Unknown KL kind {kind!r}; known: {list(KL_KINDS)}")

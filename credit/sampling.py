@@ -34,7 +34,8 @@ TopK -> TopP -> MinP; each rule checked against the warper classes in
   5. sample from softmax of the kept s (Gumbel-max via `jax.random.categorical`).
 
 With top-k set, steps 3-5 run inside the k candidates (no sort of the vocabulary). Top-p without
-top-k sorts the vocabulary (`lax.top_k` with k = V).
+top-k finds the nucleus threshold by a 32-step bisection over [B,V] (`_nucleus_threshold`), also
+without a sort (a [16, 32000] sort costs ~100 ms per step on XLA:CPU).
 
 Randomness: row b at new-token index t uses `fold_in(fold_in(key, b), t)`. The index t counts new
 tokens of this call (not buffer columns), so the draw is independent of how much left padding a
@@ -173,6 +174,32 @@ def _categorical(key_B: Array, s_BK: Array) -> Array:
   return _argmax(s_BK + g_BK)
 
 
+def _nucleus_threshold(p_BV: Array, top_p: Array) -> Array:
+  """Per row, the smallest probability τ* among the tokens with M(p_i) < top_p, where
+  M(x) = Σ_{p_j > x} p_j is the mass strictly above x. The nucleus is then {i : p_i >= τ*}, the
+  same set as "keep i iff the mass ranked before it is < top_p" over a descending sort.
+
+  M is non-increasing and only steps at the p_j, so the smallest x with M(x) < top_p is τ*
+  itself. It is found by bisection over the bit patterns of non-negative float32 values (which
+  order like the floats): 32 masked sums over [B,V] instead of a sort of the vocabulary, which
+  XLA:CPU runs ~15x slower. Invariant: M(lo) >= top_p (lo starts at 0.0, M = 1), M(hi) < top_p
+  (hi starts at max p, M = 0).
+  """
+  lo_B = jnp.zeros(p_BV.shape[:1], jnp.int32)
+  hi_B = jax.lax.bitcast_convert_type(jnp.max(p_BV, axis=-1), jnp.int32)
+
+  def body(_, carry):
+    lo_B, hi_B = carry
+    mid_B = lo_B + (hi_B - lo_B) // 2
+    x_B = jax.lax.bitcast_convert_type(mid_B, jnp.float32)
+    above_B = jnp.sum(jnp.where(p_BV > x_B[:, None], p_BV, 0.0), axis=-1)
+    ok_B = above_B < top_p
+    return jnp.where(ok_B, lo_B, mid_B), jnp.where(ok_B, mid_B, hi_B)
+
+  _, hi_B = jax.lax.fori_loop(0, 32, body, (lo_B, hi_B))
+  return jax.lax.bitcast_convert_type(hi_B, jnp.float32)
+
+
 def filtered_scores(logits_BV: ArrayLike, params: SamplingParams) -> tuple[Array, Array | None]:
   """Steps 1-4 of the module docstring: tempered, filtered scores.
 
@@ -181,16 +208,16 @@ def filtered_scores(logits_BV: ArrayLike, params: SamplingParams) -> tuple[Array
     params: `SamplingParams`.
 
   Returns:
-    (scores_BK, ids_BK): s = z/τ with −∞ on filtered candidates. With top-k or top-p on, the K
-    candidates are the top-k (K = min(k, V)) or all V tokens sorted by descending logit and
-    `ids_BK` maps them to vocabulary ids; otherwise K = V in vocabulary order and `ids_BK` is None.
+    (scores_BK, ids_BK): s = z/τ with −∞ on filtered candidates. With top-k on, the K = min(k, V)
+    candidates are the top-k sorted by descending logit and `ids_BK` maps them to vocabulary ids;
+    otherwise K = V in vocabulary order and `ids_BK` is None.
   """
   logits_BV = jnp.asarray(logits_BV, jnp.float32)
   chex.assert_rank(logits_BV, 2)
   V = logits_BV.shape[-1]
-  sorted_ = params.top_k > 0 or params.use_top_p
+  sorted_ = params.top_k > 0
   if sorted_:
-    k = min(params.top_k, V) if params.top_k > 0 else V
+    k = min(params.top_k, V)
     # The barrier keeps XLA:CPU's TopK custom call: otherwise the slice of the decomposed
     # sort can be fused into its consumers, leaving a full stable sort of [B,V] per step.
     vals_BK, ids_BK = jax.lax.optimization_barrier(jax.lax.top_k(logits_BV, k))
@@ -200,10 +227,12 @@ def filtered_scores(logits_BV: ArrayLike, params: SamplingParams) -> tuple[Array
   s_BK = vals_BK / tau
   if params.use_top_p:
     p_BK = jax.nn.softmax(s_BK, axis=-1)
-    before_BK = jnp.cumsum(p_BK, axis=-1) - p_BK  # mass ranked strictly before each candidate
-    keep_BK = ((before_BK < params.top_p) | (params.top_p >= 1.0)
-               | (jnp.arange(s_BK.shape[-1]) == 0)[None, :])
-    s_BK = jnp.where(keep_BK, s_BK, -jnp.inf)
+    if sorted_:  # candidates sorted descending: exclusive cumulative mass
+      before_BK = jnp.cumsum(p_BK, axis=-1) - p_BK
+      keep_BK = (before_BK < params.top_p) | (jnp.arange(s_BK.shape[-1]) == 0)[None, :]
+    else:  # no sort of the vocabulary: threshold by bisection
+      keep_BK = p_BK >= _nucleus_threshold(p_BK, params.top_p)[:, None]
+    s_BK = jnp.where(keep_BK | (params.top_p >= 1.0), s_BK, -jnp.inf)
   if params.use_min_p:
     smax_B1 = s_BK[:, :1] if sorted_ else jnp.max(s_BK, axis=-1, keepdims=True)
     log_min_p = jnp.log(jnp.maximum(params.min_p, 1e-38))

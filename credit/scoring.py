@@ -42,6 +42,8 @@ from jax.typing import ArrayLike
 Array = jax.Array
 
 DEFAULT_CHUNK_SIZE = 128
+# Vocabulary block of the backward pass when no vocab_chunk_size is given (see _core_bwd).
+BACKWARD_VOCAB_BLOCK = 32768
 _NEG_INIT = -0.5 * float(np.finfo(np.float32).max)  # finite "−∞" for online maxima.
 
 
@@ -118,7 +120,7 @@ def _vocab_chunk(w_DV: Array, i, cv: int, v: int, nv: int):
 def _logits(h_BcD: Array, w_DV: Array, inv_tau, precision) -> Array:
   z = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32,
                  precision=precision)
-  return z * inv_tau
+  return z if inv_tau is None else z * inv_tau
 
 
 # --------------------------------------------------------------------------
@@ -132,11 +134,12 @@ def _chunk_fwd(h, w_DV, tok_BcK, inv_tau, cfg):
   if nv == 1:
     z = _logits(h, w_DV, inv_tau, cfg.precision)
     m = jnp.max(z, axis=-1, keepdims=True)
-    e = jnp.exp(z - m)
-    s = jnp.sum(e, axis=-1)
-    lse = m[..., 0] + jnp.log(s)
-    # H = log s − Σ e (z − m) / s  (shifted form: no cancellation against a large lse).
-    ent = jnp.log(s) - jnp.sum(e * (z - m), axis=-1) / s
+    lse = m + jnp.log(jnp.sum(jnp.exp(z - m), axis=-1, keepdims=True))
+    # H = −Σ p ℓ with ℓ = z − lse. Written as its own reduction over z (not reusing z − m or
+    # e^{z−m}) so that XLA fuses each pass into one loop and holds only z: [B,c,V] once.
+    lp = z - lse
+    ent = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+    lse = lse[..., 0]
     tgt = jnp.take_along_axis(z, tok_BcK, axis=-1)
     return lse, tgt, ent
 
@@ -203,7 +206,7 @@ def _chunk_bwd(h, w_DV, tok, lse, ent, g_lp, g_ent, inv_tau, cfg):
       dtz = dtz + jnp.sum(gz * z)
     # Fold the 1/τ of z = h·W/τ into ḡ_z here, so the W̄ accumulator is returned as is (XLA
     # can then use the loop buffer as the output: no second [D,V] float32 array).
-    gzc = (gz * inv_tau).astype(cdt)
+    gzc = (gz if inv_tau is None else gz * inv_tau).astype(cdt)
     if cfg.need_h:
       dh = dh + jnp.einsum("bcv,dv->bcd", gzc, w, preferred_element_type=jnp.float32,
                            precision=cfg.precision)
@@ -241,8 +244,10 @@ def _core(cfg, h_BTD, w_DV, tok_BTK, inv_tau):
 
 
 def _core_fwd(cfg, h_BTD, w_DV, tok_BTK, inv_tau):
-  need = _Static(h=h_BTD.perturbed, w=w_DV.perturbed, tau=inv_tau.perturbed)
-  h_BTD, w_DV, tok_BTK, inv_tau = h_BTD.value, w_DV.value, tok_BTK.value, inv_tau.value
+  need = _Static(h=h_BTD.perturbed, w=w_DV.perturbed,
+                 tau=inv_tau is not None and inv_tau.perturbed)
+  h_BTD, w_DV, tok_BTK = h_BTD.value, w_DV.value, tok_BTK.value
+  inv_tau = None if inv_tau is None else inv_tau.value
   lse, lp, ent = _core_fwd_impl(cfg, h_BTD, w_DV, tok_BTK, inv_tau)
   return (lp, ent), (h_BTD, w_DV, tok_BTK, inv_tau, lse, ent, need)
 
@@ -255,8 +260,14 @@ def _core_bwd(cfg, res, cts):
   b, t, d = h_BTD.shape
   tok_ct = np.zeros(tok_BTK.shape, jax.dtypes.float0)
   if (g_lp is None and g_ent is None) or not (need.h or need.w or need.tau):
-    return (jnp.zeros_like(h_BTD), jnp.zeros_like(w_DV), tok_ct, jnp.zeros_like(inv_tau))
-  bcfg = _Static(**cfg.__dict__, need_h=need.h, need_w=need.w, need_tau=need.tau)
+    return (jnp.zeros_like(h_BTD), jnp.zeros_like(w_DV), tok_ct,
+            None if inv_tau is None else jnp.zeros_like(inv_tau))
+  bcfg = dict(cfg.__dict__, need_h=need.h, need_w=need.w, need_tau=need.tau)
+  if cfg.nv == 1 and need.w and cfg.v > BACKWARD_VOCAB_BLOCK:
+    # W̄ += hᵀ ḡ_z over the whole vocabulary would allocate a [D,V] f32 product per chunk
+    # (XLA cannot accumulate a dot in place on CPU); vocabulary blocks keep it [D,block].
+    bcfg["cv"], bcfg["nv"] = _resolve_chunk(cfg.v, BACKWARD_VOCAB_BLOCK)
+  bcfg = _Static(**bcfg)
   c, n = cfg.c, cfg.n
   xs = dict(h=_to_chunks(h_BTD, c, n), tok=_to_chunks(tok_BTK, c, n),
             lse=_to_chunks(lse, c, n), ent=_to_chunks(ent, c, n))
@@ -270,12 +281,12 @@ def _core_bwd(cfg, res, cts):
     block = _chunk_bwd(x["h"], w_DV, x["tok"], x["lse"], x["ent"], x.get("g_lp"),
                        x.get("g_ent"), inv_tau, bcfg)
     dh = jnp.zeros(x["h"].shape, jnp.float32) if bcfg.need_h else None
-    if cfg.nv == 1:
+    if bcfg.nv == 1:
       dh, dw, dtz = block(0, dh, dw, dtz)
     else:
       def vbody(vc, i):
         return block(i, *vc), None
-      (dh, dw, dtz), _ = jax.lax.scan(vbody, (dh, dw, dtz), jnp.arange(cfg.nv))
+      (dh, dw, dtz), _ = jax.lax.scan(vbody, (dh, dw, dtz), jnp.arange(bcfg.nv))
     if dh is not None:
       dh = dh.astype(h_BTD.dtype)
     return (dw, dtz), dh
@@ -285,7 +296,10 @@ def _core_bwd(cfg, res, cts):
   dh = _from_chunks(dh_n, t) if need.h else jnp.zeros_like(h_BTD)
   dw = dw.astype(w_DV.dtype) if need.w else jnp.zeros_like(w_DV)
   # z = inv_tau·(h W): ∂L/∂inv_tau = Σ ḡ_z (h W) = Σ ḡ_z z / inv_tau.
-  dinv = (dtz / inv_tau).astype(inv_tau.dtype) if need.tau else jnp.zeros_like(inv_tau)
+  if inv_tau is None:
+    dinv = None
+  else:
+    dinv = (dtz / inv_tau).astype(inv_tau.dtype) if need.tau else jnp.zeros_like(inv_tau)
   return dh, dw, tok_ct, dinv
 
 
@@ -301,7 +315,11 @@ def _make_cfg(t: int, v: int, chunk_size: int, vocab_chunk_size: int | None, pre
   return _Static(c=c, n=n, v=v, cv=cv, nv=nv, precision=precision)
 
 
-def _inv_temperature(temperature) -> Array:
+def _inv_temperature(temperature) -> Array | None:
+  """1/τ as a float32 scalar, or None for a static τ = 1 (no rescaling pass at all)."""
+  if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) \
+      and temperature == 1:
+    return None
   return 1.0 / jnp.asarray(temperature, jnp.float32)
 
 
@@ -425,7 +443,8 @@ def token_topk(
   cfg = _make_cfg(t, v, chunk_size, vocab_chunk_size, precision)
   if cfg.nv > 1 and cfg.cv < k:
     raise ValueError(f"vocab_chunk_size ({cfg.cv}) must be >= k ({k})")
-  inv_tau = jax.lax.stop_gradient(_inv_temperature(temperature))
+  inv_tau = _inv_temperature(temperature)
+  inv_tau = None if inv_tau is None else jax.lax.stop_gradient(inv_tau)
 
   def chunk(_, h):
     if cfg.nv == 1:

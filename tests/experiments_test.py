@@ -17,7 +17,8 @@ from experiments.run import check_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "experiments",
-                                                                       "configs", "*_*.py")))
+                                                                       "configs", "*_*.py"))
+                 if not os.path.basename(p).startswith("_"))
 
 
 def tiny(recipe="grpo_arithmetic", **overrides):

@@ -197,6 +197,18 @@ def test_processing_matches_transformers_warpers():
     np.testing.assert_allclose(ours, hf, atol=1e-6, err_msg=str(cfg))
 
 
+def test_nucleus_without_top_k_matches_sorted_reference():
+  """The sort-free top-p path (bisection threshold) keeps exactly the tokens of the sorted rule
+  on a larger vocabulary, for several top_p values passed as traced arrays (one compile)."""
+  rng = np.random.default_rng(1)
+  logits = (1.5 * rng.standard_normal((8, 500))).astype(np.float32)
+  f = jax.jit(lambda x, p: sampling.processed_logprobs(x, sampling.sampling_params(top_p=p)))
+  for top_p in (0.05, 0.3, 0.5, 0.9, 0.99, 1.0):
+    got = np.isfinite(np.asarray(f(logits, jnp.float32(top_p))))
+    want = np.stack([_reference_probs(row, top_p=top_p) > 0 for row in logits])
+    np.testing.assert_array_equal(got, want, err_msg=f"top_p={top_p}")
+
+
 def test_traced_temperature_zero_is_greedy_and_top_k_one_is_greedy():
   logits = jnp.asarray(np.random.default_rng(3).standard_normal((5, 8)), jnp.float32)
   keys = jax.random.split(jax.random.key(0), 5)
