@@ -68,7 +68,8 @@ def test_tiny_recipe_runs_end_to_end(recipe, tmp_path):
     ({"estimator": "gae"}, r"needs \['values'\]"),
     ({"task": "no_such_task"}, "Known tasks"),
     ({"init_from": "/nonexistent/model"}, "is not a directory"),
-    ({"mesh": "data=3"}, "devices"),
+    ({"mesh": "data=9"}, "devices"),
+    ({"mesh": "data=3"}, "divisible"),
 ])
 def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
   wd = str(tmp_path / "w")
