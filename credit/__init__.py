@@ -30,7 +30,10 @@ from credit.advantages.outcome import (DCPOOutput, DCPOState, GAEOutput, dapo_ad
                                        reinforce_pp_advantages, reinforce_pp_baseline_advantages,
                                        remax_advantages, rloo_advantages)
 from credit.kl import KL_KINDS, kl_in_reward, kl_loss, kl_penalty
-from credit import sampling, scoring  # noqa: E402
+from credit import divergences, sampling, scoring  # noqa: E402
+from credit.scoring import (TokenScores, score_tokens, score_with_context,
+                            token_logprobs_and_entropy, token_topk)
+from credit.divergences import model_divergence, token_divergence, topk_divergence
 from credit.sampling import (SampleOutput, Sampler, SamplingParams, SamplingState, make_sampler,
                              sample, sampling_params)
 from credit.losses import (AGG_MODES, ImportanceCorrection, LossOutput, aggregate_loss,
@@ -48,7 +51,9 @@ __all__ = [
     "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "remax_advantages",
     "rloo_advantages", "kl_in_reward", "kl_loss", "kl_penalty", "AGG_MODES",
     "ImportanceCorrection", "LossOutput", "aggregate_loss", "dcpo_clip_bounds", "entropy_bonus",
-    "importance_correction", "value_loss", "KL_KINDS", "sampling", "scoring", "SampleOutput",
+    "importance_correction", "value_loss", "KL_KINDS", "sampling", "scoring", "divergences",
+    "TokenScores", "score_tokens", "score_with_context", "token_logprobs_and_entropy",
+    "token_topk", "model_divergence", "token_divergence", "topk_divergence", "SampleOutput",
     "Sampler", "SamplingParams", "SamplingState", "make_sampler", "sample", "sampling_params",
     "CONTRACT", "ContractError", "Rollout", "contiguous_group_size", "validate_fields",
     "validate_rollout", "EstimatorSpec", "PolicyLossSpec", "UnknownNameError",

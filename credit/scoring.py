@@ -4,8 +4,12 @@ Scoring a batch the obvious way, ``log_softmax(hidden @ W)[tokens]``, materialis
 logits ``[B,T,V]``: at T=32k, V=152k that is 20 GB per sequence. Everything here instead walks
 over the sequence in chunks of ``chunk_size`` positions (``jax.lax.scan``), and optionally over
 the vocabulary in chunks of ``vocab_chunk_size`` columns with an online log-sum-exp, so the
-largest live float32 array is ``[B, chunk_size, vocab_chunk_size or V]``, in the forward *and*
-in the backward pass.
+largest live float32 array is ``[B, chunk_size, vocab_chunk_size or V]`` in the forward pass
+and ``[B, chunk_size, min(vocab_chunk_size or V, BACKWARD_VOCAB_BLOCK)]`` in the backward pass
+(plus the float32 [D,V] gradient accumulator of the unembedding, which is the output buffer).
+
+Measured (benchmarks/scoring.py, CPU, B=4, T=1024, V=151,936, D=896, chunk_size=128): XLA
+temp memory 3% (fwd+bwd) / 13% (fwd) of the full-logits version, and 0.5× / 0.6× its time.
 
 The backward pass is a hand-written ``jax.custom_vjp``: the forward keeps only the per-position
 log-normaliser and entropy ([B,T]); the backward recomputes each chunk's logits once and forms
@@ -364,7 +368,8 @@ def token_logprobs_and_entropy(
     tokens_BT: [B,T] int ids to score; or [B,T,K] to score K ids per position (e.g. a teacher's
       top-k set), in which case logprob is [B,T,K].
     chunk_size: positions per chunk (static). Larger is faster up to a point; the float32 working
-      set is about 3·B·chunk_size·V·4 bytes.
+      set is about B·chunk_size·V·4 bytes forward and 2·B·chunk_size·min(V, 32768)·4 backward.
+      Aim for B·chunk_size of a few hundred rows (the matmul's M dimension).
     vocab_chunk_size: columns per vocabulary chunk (static), or None for the whole vocabulary.
     temperature: τ > 0 (may be a traced scalar; it receives a gradient).
     return_entropy: if False, `entropy` is None (its gradient work is skipped either way when
