@@ -90,3 +90,23 @@ def base_config() -> ml_collections.ConfigDict:
   # --- testing hooks ---
   c.kill_at_step = -1             # test only: SIGKILL the process after this step completes.
   return c
+
+
+def apply_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The `:tiny` variant shared by every recipe: 2 steps of a 1-layer model, for tests."""
+  c.sft_steps = 2
+  c.steps = 2
+  c.prompts_per_step = 4
+  c.group_size = 4
+  c.num_train_examples = 64
+  c.num_eval_examples = 16
+  c.eval_every = 2
+  c.checkpoint_every = 1
+  c.model.hidden_size = 32
+  c.model.intermediate_size = 64
+  c.model.num_layers = 1
+  c.model.head_dim = 8
+  c.progress = False
+  c.ppo_epochs = 1
+  c.num_minibatches = 2
+  return c
