@@ -22,19 +22,5 @@ def get_config(arg=None):
   c.num_minibatches = 2
   c.eval_every = 25
   if a.tiny:
-    c.sft_steps = 2
-    c.steps = 2
-    c.prompts_per_step = 4
-    c.group_size = 4
-    c.num_train_examples = 64
-    c.num_eval_examples = 16
-    c.eval_every = 2
-    c.ppo_epochs = 1
-    c.num_minibatches = 2
-    c.checkpoint_every = 1
-    c.model.hidden_size = 32
-    c.model.intermediate_size = 64
-    c.model.num_layers = 1
-    c.model.head_dim = 8
-    c.progress = False
+    common.apply_tiny(c)
   return c
