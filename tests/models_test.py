@@ -253,3 +253,44 @@ def test_sharded_model_equals_unsharded():
   m = np.asarray(mask[:, :P])
   np.testing.assert_allclose(np.asarray(pre)[m], np.asarray(ref[:, :P])[m], atol=2e-5, rtol=1e-5)
   assert isinstance(cache, KVCache)
+
+
+def test_kv_cache_overflow_is_an_error_outside_jit():
+  """An eager write past the cache end raises instead of clamping onto the last slots."""
+  model = _model("qwen2")
+  tokens, mask = _batch(3)
+  cache = model.init_cache(B, P + 1)
+  _, cache = model(tokens[:, :P], mask_BT=mask[:, :P], cache=cache)
+  _, cache = model(tokens[:, P:P + 1], mask_BT=mask[:, P:P + 1], cache=cache)  # exactly full
+  assert int(cache.index) == P + 1
+  with pytest.raises(ValueError, match="KV cache overflow: index 7 \\+ 1"):
+    model(tokens[:, P + 1:P + 2], mask_BT=mask[:, P + 1:P + 2], cache=cache)
+  with pytest.raises(ValueError, match="do not fit a KV cache of 3 slots"):
+    model(tokens[:, :4], mask_BT=mask[:, :4], cache=model.init_cache(B, 3))
+
+
+def test_remat_keeps_values_and_gradients_and_cuts_saved_activations():
+  """config.remat recomputes blocks in the backward: same loss and grads, smaller residuals."""
+  tokens, mask = _batch(4)
+  cfg = CONFIGS["llama3"].replace(num_layers=3)
+
+  def loss(model):
+    logits, _ = model(tokens, mask_BT=mask)
+    return jnp.sum(jnp.where(mask[..., None], jax.nn.log_softmax(logits), 0.0)[..., :8])
+
+  grads, temp_bytes = {}, {}
+  for remat in (False, True):
+    model = _random_model(cfg.replace(remat=remat), seed=5)
+    graphdef, params = nnx.split(model)
+
+    def pure_loss(p, graphdef=graphdef):
+      return loss(nnx.merge(graphdef, p))
+
+    fn = jax.jit(jax.value_and_grad(pure_loss))
+    val, g = fn(params)
+    grads[remat] = (float(val), jax.tree.leaves(g))
+    temp_bytes[remat] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
+  np.testing.assert_allclose(grads[True][0], grads[False][0], rtol=1e-6)
+  for a, b in zip(grads[True][1], grads[False][1]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+  assert temp_bytes[True] < temp_bytes[False], temp_bytes

@@ -36,6 +36,9 @@ class ModelConfig:
     family: "llama" | "qwen2" | "qwen3", used for Hugging Face export.
     bos_token_id, eos_token_id, pad_token_id: special ids recorded from / for config.json.
       eos_token_id may be an int or a tuple of ints.
+    remat: rematerialise each block in the backward pass of a cache-free forward (activation
+      checkpointing, `nnx.remat`): only the [B,T,D] block inputs are kept for the backward, at
+      the cost of one more forward per block. Values and gradients are unchanged. Not exported.
   """
   vocab_size: int
   hidden_size: int
@@ -57,6 +60,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: int | tuple | None = None
   pad_token_id: int | None = None
+  remat: bool = False
 
   def __post_init__(self):
     if self.family not in FAMILIES:

@@ -295,6 +295,12 @@ class Embed(nnx.Module):
     return jnp.take(self.embedding[...], tokens_BT, axis=0).astype(self.dtype)
 
 
+@nnx.remat
+def _remat_block(layer: "DecoderLayer", x_BTD: Array, positions_BT: Array, mask_BTS: Array):
+  """One cache-free block whose activations are recomputed in the backward pass."""
+  return layer(x_BTD, positions_BT, mask_BTS)[0]
+
+
 def default_positions(mask_BT: Array, cache: KVCache | None = None) -> Array:
   """RoPE positions ``cumsum(mask) - 1`` clipped at 0, offset by the valid slots already cached."""
   pos_BT = jnp.cumsum(mask_BT.astype(jnp.int32), axis=1) - 1
@@ -344,6 +350,11 @@ class Decoder(nnx.Module):
     else:
       chex.assert_shape(cache.valid, (b, None))
       s = cache.size
+      if t > s:
+        raise ValueError(f"{t} new tokens do not fit a KV cache of {s} slots")
+      if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > s:
+        raise ValueError(f"KV cache overflow: index {int(cache.index)} + {t} new tokens > "
+                         f"{s} slots (allocate a larger cache with init_cache)")
       index = cache.index.astype(jnp.int32)
       valid_BS = jax.lax.dynamic_update_slice(cache.valid, mask_BT, (0, index))
       slot_T = index + jnp.arange(t, dtype=jnp.int32)
@@ -353,7 +364,9 @@ class Decoder(nnx.Module):
 
     x_BTD = self.embed_tokens(tokens_BT)
     for i, layer in enumerate(self.layers):
-      if cache is None:
+      if cache is None and self.config.remat:
+        x_BTD = _remat_block(layer, x_BTD, positions_BT, mask_BTS)
+      elif cache is None:
         x_BTD, _ = layer(x_BTD, positions_BT, mask_BTS)
       else:
         x_BTD, (k_all, v_all) = layer(x_BTD, positions_BT, mask_BTS, kv=(k_all, v_all, i, index))
@@ -376,8 +389,10 @@ class Decoder(nnx.Module):
         with a cache it becomes ``cache.valid`` of the written slots.
       cache: None for a plain causal pass over the T tokens; else the T tokens are written at
         slots [index, index+T), queries read the valid slots up to their own, index advances by T.
-        The caller keeps index + T <= cache size (jax.lax.dynamic_update_slice would clamp the
-        start and silently overwrite the last slots).
+        Outside jit an overflowing write (index + T > cache size) is a ValueError; under jit the
+        index is traced and cannot be checked, so the caller keeps index + T <= cache size
+        (jax.lax.dynamic_update_slice would clamp the start and overwrite the last slots);
+        `credit.sampling.Sampler` sizes its cache and checks this before tracing.
       return_hidden: return the final-normed hidden states [B,T,D] (compute dtype) instead of
         logits.
 

@@ -31,6 +31,7 @@ from safetensors.numpy import save_file
 from credit.models.config import DTYPES, ModelConfig
 from credit.models.decoder import Decoder
 from credit.models.sharding import DEFAULT_RULES, logical_sharding
+from credit.parallel import to_host
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
@@ -270,7 +271,8 @@ def _iter_tensors(entries, index: dict[str, Path]) -> Iterator[tuple[Entry, np.n
 
 def from_pretrained(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None,
                     rules=None, dtype: str | None = None,
-                    param_dtype: str | None = None) -> tuple[Decoder, ModelConfig]:
+                    param_dtype: str | None = None,
+                    remat: bool = False) -> tuple[Decoder, ModelConfig]:
   """Load a local Hugging Face checkpoint directory into a Decoder.
 
   Reads config.json and the safetensors weights (single file or sharded with an index) tensor by
@@ -284,6 +286,7 @@ def from_pretrained(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None =
     rules: logical-to-mesh rules (default `DEFAULT_RULES`).
     dtype: compute dtype ("float32" | "bfloat16"); default param_dtype.
     param_dtype: storage dtype; default the checkpoint's dtype (float16 -> float32).
+    remat: activation checkpointing per block in training forwards (`ModelConfig.remat`).
 
   Returns:
     (model, config).
@@ -295,6 +298,7 @@ def from_pretrained(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None =
   if not cfg_file.exists():
     raise FileNotFoundError(f"config.json not found in {path}")
   config = config_from_hf(json.loads(cfg_file.read_text()), dtype=dtype, param_dtype=param_dtype)
+  config = config.replace(remat=bool(remat))
   index = _weight_index(path)
   rules = DEFAULT_RULES if rules is None else rules
 
@@ -337,11 +341,16 @@ def save_pretrained(model: Decoder, config: ModelConfig, path: str | os.PathLike
   Tensors are written in the model's parameter dtype. Weights above `max_shard_bytes` are split
   over `model-0000i-of-0000n.safetensors` files with `model.safetensors.index.json`; at most one
   shard is held on host at a time. A LoRA model must be merged first (`merge_lora`).
+
+  Multi-host: every process must call this (each tensor is all-gathered across processes, a
+  collective); only process 0 writes files, so `path` may be a shared or a local directory.
   """
   if any(hasattr(node, "lora_a") for _, node in nnx.iter_graph(model)):
     raise ValueError("model has LoRA adapters: call credit.models.merge_lora(model) first")
   path = Path(path)
-  path.mkdir(parents=True, exist_ok=True)
+  writer = jax.process_index() == 0
+  if writer:
+    path.mkdir(parents=True, exist_ok=True)
 
   # First pass sizes, to name files "-of-N" and keep one shard in memory at a time.
   entries = param_mapping(config)
@@ -366,12 +375,15 @@ def save_pretrained(model: Decoder, config: ModelConfig, path: str | os.PathLike
   for fname, group in zip(names, groups):
     tensors = {}
     for our_path, hf_name, _, to_hf in group:
-      arr = np.asarray(jax.device_get(_get_path(model, our_path)[...]))
+      arr = to_host(_get_path(model, our_path)[...])
       tensors[hf_name] = np.ascontiguousarray(to_hf(arr, config))
       weight_map[hf_name] = fname
       total += tensors[hf_name].nbytes
-    save_file(tensors, str(path / fname), metadata=metadata)
+    if writer:
+      save_file(tensors, str(path / fname), metadata=metadata)
     del tensors
+  if not writer:
+    return
   if len(groups) > 1:
     (path / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
