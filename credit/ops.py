@@ -293,21 +293,65 @@ def outcome_to_token_rewards(reward: ArrayLike, response_mask: ArrayLike) -> Arr
 # --------------------------------------------------------------------------
 
 
+# Block length of the two-level scan in `_reverse_linear_recurrence` (rows of >= 32² positions).
+RECURRENCE_BLOCK = 32
+
+
 def _reverse_linear_recurrence(x_BT: Array, coef_BT: Array) -> Array:
-  """y_t = x_t + coef_t · y_{t+1} with y_T = 0, as a parallel associative scan.
+  """y_t = x_t + coef_t · y_{t+1} with y_T = 0, along the last axis.
 
-  Each position is the affine map y -> coef_t·y + x_t; y_t is the composition
-  of the maps t..T-1 applied to 0, i.e. a reverse scan over O(log T) passes.
+  Short rows: a parallel associative scan (each position is the affine map
+  y -> coef_t·y + x_t; O(log T) passes). Rows of RECURRENCE_BLOCK² positions and
+  more: a two-level blocked scan, which XLA CPU runs 2-3x faster at B·T = 4M
+  (benchmarks/estimators.py, GAE λ<1):
+    1. inside every block of c positions, all blocks at once (a `lax.scan` of c
+       steps over [..., T/c] slices): the local return assuming nothing after
+       the block, and the product of the coefficients to the block's end;
+    2. across blocks (a scan of T/c steps): the return entering each block;
+    3. y = local + product · (return after the block).
+  Same recurrence, different rounding order (products of coefficients are
+  formed left to right inside a block).
   """
+  t = x_BT.shape[-1]
+  c = RECURRENCE_BLOCK
+  if t < c * c:
+    def compose(left, right):  # left = later position's accumulated map
+      a_l, b_l = left
+      a_r, b_r = right
+      return a_l * a_r, b_r + a_r * b_l
 
-  def compose(left, right):  # left = later position's accumulated map
-    a_l, b_l = left
-    a_r, b_r = right
-    return a_l * a_r, b_r + a_r * b_l
+    _, y = jax.lax.associative_scan(compose, (coef_BT, x_BT), reverse=True,
+                                    axis=x_BT.ndim - 1)
+    return y
 
-  _, y = jax.lax.associative_scan(compose, (coef_BT, x_BT), reverse=True,
-                                  axis=x_BT.ndim - 1)
-  return y
+  lead = x_BT.shape[:-1]
+  nb = -(-t // c)
+  pad = nb * c - t
+  if pad:  # trailing positions with x = 0, coef = 1 leave every return unchanged
+    widths = [(0, 0)] * (x_BT.ndim - 1) + [(0, pad)]
+    x_BT = jnp.pad(x_BT, widths)
+    coef_BT = jnp.pad(coef_BT, widths, constant_values=1.0)
+  # [..., nb, c] -> [c, ..., nb]: step k of the scan handles offset k of every block.
+  xk = jnp.moveaxis(x_BT.reshape(lead + (nb, c)), -1, 0)
+  ak = jnp.moveaxis(coef_BT.reshape(lead + (nb, c)), -1, 0)
+
+  def local(carry, xa):
+    y, prod = carry
+    x, a = xa
+    y, prod = x + a * y, a * prod
+    return (y, prod), (y, prod)
+
+  zero = jnp.zeros(lead + (nb,), x_BT.dtype)
+  _, (y_loc, prod) = jax.lax.scan(local, (zero, jnp.ones_like(zero)), (xk, ak), reverse=True)
+
+  def across(after, yp):  # `after`: the return entering the block that follows
+    y0, p0 = yp
+    return y0 + p0 * after, after
+
+  heads = (jnp.moveaxis(y_loc[0], -1, 0), jnp.moveaxis(prod[0], -1, 0))  # [nb, ...]
+  _, after_blocks = jax.lax.scan(across, jnp.zeros(lead, x_BT.dtype), heads, reverse=True)
+  y = y_loc + prod * jnp.moveaxis(after_blocks, 0, -1)[None]
+  return jnp.moveaxis(y, 0, -1).reshape(lead + (nb * c,))[..., :t]
 
 
 def discounted_reverse_cumsum(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 1.0) -> Array:
