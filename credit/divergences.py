@@ -251,7 +251,7 @@ def token_divergence(
     beta: ArrayLike = 0.5,
     squared: bool = True,
     mask_BT: ArrayLike | None = None,
-    chunk_size: int = scoring.DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = scoring.DEFAULT_CHUNK_SIZE,
     vocab_chunk_size: int | None = None,
     temperature: ArrayLike = 1.0,
     teacher_temperature: ArrayLike | None = None,
@@ -295,7 +295,7 @@ def token_divergence(
   if stop_teacher_gradient:
     ht, wt = jax.lax.stop_gradient(ht), jax.lax.stop_gradient(wt)
   b, t = hs.shape[:2]
-  base = scoring._make_cfg(t, ws.shape[1], chunk_size, vocab_chunk_size, precision)
+  base = scoring._make_cfg(b, t, ws.shape[1], chunk_size, vocab_chunk_size, precision)
   cfg = scoring._Static(**base.__dict__, stop_teacher=stop_teacher_gradient)
   inv_s = scoring._inv_temperature(temperature)
   inv_t = scoring._inv_temperature(temperature if teacher_temperature is None

@@ -45,7 +45,12 @@ from jax.typing import ArrayLike
 
 Array = jax.Array
 
-DEFAULT_CHUNK_SIZE = 128
+# Default sequence chunk: `chunk_size=None` picks ROWS_PER_CHUNK // B positions per chunk, so the
+# float32 working set is ~ROWS_PER_CHUNK·V·4 bytes whatever the batch (155 MB at V=151,936) and
+# the logit matmul keeps an M dimension of a few hundred rows. 256 rows was the fastest of
+# 128/256/512 in benchmarks/scoring.py (CPU); it is also a multiple of the TPU MXU tile.
+ROWS_PER_CHUNK = 256
+DEFAULT_CHUNK_SIZE = None
 # Vocabulary block of the backward pass when no vocab_chunk_size is given (see _core_bwd).
 BACKWARD_VOCAB_BLOCK = 32768
 _NEG_INIT = -0.5 * float(np.finfo(np.float32).max)  # finite "−∞" for online maxima.
@@ -80,6 +85,11 @@ class _Static:
 
   def __eq__(self, other):
     return isinstance(other, _Static) and self.__dict__ == other.__dict__
+
+
+def auto_chunk_size(batch: int, length: int, rows: int = ROWS_PER_CHUNK) -> int:
+  """Positions per chunk so that one chunk holds about `rows` (batch × positions) rows."""
+  return max(1, min(max(length, 1), rows // max(batch, 1)))
 
 
 def _resolve_chunk(t: int, chunk_size: int) -> tuple[int, int]:
@@ -310,7 +320,10 @@ def _core_bwd(cfg, res, cts):
 _core.defvjp(_core_fwd, _core_bwd, symbolic_zeros=True)
 
 
-def _make_cfg(t: int, v: int, chunk_size: int, vocab_chunk_size: int | None, precision) -> _Static:
+def _make_cfg(b: int, t: int, v: int, chunk_size: int | None, vocab_chunk_size: int | None,
+              precision) -> _Static:
+  if chunk_size is None:
+    chunk_size = auto_chunk_size(b, t)
   c, n = _resolve_chunk(t, chunk_size)
   if vocab_chunk_size is None or vocab_chunk_size >= v:
     cv, nv = v, 1
@@ -337,7 +350,7 @@ def token_logprobs_and_entropy(
     unembed_DV: ArrayLike,
     tokens_BT: ArrayLike,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     vocab_chunk_size: int | None = None,
     temperature: ArrayLike = 1.0,
     return_entropy: bool = True,
@@ -367,9 +380,11 @@ def token_logprobs_and_entropy(
     unembed_DV: [D,V] unembedding, logits = hidden @ unembed.
     tokens_BT: [B,T] int ids to score; or [B,T,K] to score K ids per position (e.g. a teacher's
       top-k set), in which case logprob is [B,T,K].
-    chunk_size: positions per chunk (static). Larger is faster up to a point; the float32 working
-      set is about B·chunk_size·V·4 bytes forward and 2·B·chunk_size·min(V, 32768)·4 backward.
-      Aim for B·chunk_size of a few hundred rows (the matmul's M dimension).
+    chunk_size: positions per chunk (static), or None for `auto_chunk_size(B, T)` (about
+      ROWS_PER_CHUNK = 256 rows of B·chunk_size). The float32 working set is about
+      B·chunk_size·V·4 bytes forward and 2·B·chunk_size·min(V, 32768)·4 backward. Chunks keep
+      the batch axis whole (positions are chunked, rows are not), so a batch sharded over a mesh
+      stays sharded inside every chunk and B here is the global batch.
     vocab_chunk_size: columns per vocabulary chunk (static), or None for the whole vocabulary.
     temperature: τ > 0 (may be a traced scalar; it receives a gradient).
     return_entropy: if False, `entropy` is None (its gradient work is skipped either way when
@@ -397,7 +412,7 @@ def token_logprobs_and_entropy(
   chex.assert_equal_shape_prefix([hidden_BTD, tokens], 2)
   squeeze = tokens.ndim == 2
   tok_BTK = (tokens[..., None] if squeeze else tokens).astype(jnp.int32)
-  cfg = _make_cfg(t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
+  cfg = _make_cfg(b, t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
   lp, ent = _core(cfg, hidden_BTD, unembed_DV, tok_BTK, _inv_temperature(temperature))
   if squeeze:
     lp = lp[..., 0]
@@ -416,7 +431,7 @@ def token_topk(
     unembed_DV: ArrayLike,
     k: int,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     vocab_chunk_size: int | None = None,
     temperature: ArrayLike = 1.0,
     precision: Any = None,
@@ -445,7 +460,7 @@ def token_topk(
   chex.assert_shape(unembed_DV, (d, None))
   if not 1 <= k <= v:
     raise ValueError(f"k must be in [1, V={v}], got {k}")
-  cfg = _make_cfg(t, v, chunk_size, vocab_chunk_size, precision)
+  cfg = _make_cfg(b, t, v, chunk_size, vocab_chunk_size, precision)
   if cfg.nv > 1 and cfg.cv < k:
     raise ValueError(f"vocab_chunk_size ({cfg.cv}) must be >= k ({k})")
   inv_tau = _inv_temperature(temperature)
@@ -549,7 +564,7 @@ def score_tokens(
     mask_BT: ArrayLike | None = None,
     *,
     positions: ArrayLike | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     vocab_chunk_size: int | None = None,
     temperature: ArrayLike = 1.0,
     return_entropy: bool = True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import time
 from typing import Any
@@ -100,7 +101,8 @@ def build_model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
                      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                      rope_theta=m.rope_theta, family=m.family, qk_norm=m.family == "qwen3",
                      qkv_bias=m.family == "qwen2", tie_embeddings=False,
-                     eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id)
+                     eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
+                     remat=bool(m.remat))
 
 
 def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, ModelConfig]:
@@ -113,7 +115,7 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
       raise SetupError(f"init_from={c.init_from!r} has no config.json")
     if not any(f.endswith(".safetensors") for f in os.listdir(c.init_from)):
       raise SetupError(f"init_from={c.init_from!r} has no *.safetensors weights")
-    model, mcfg = models.from_pretrained(c.init_from, mesh=mesh)
+    model, mcfg = models.from_pretrained(c.init_from, mesh=mesh, remat=bool(c.model.remat))
   else:
     mcfg = build_model_config(c, tok)
     with jax.set_mesh(mesh):
@@ -203,6 +205,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       raise SetupError(f"policy loss {loss_spec.name!r} has no argument {k!r}; valid: "
                        f"{[p for p in loss_params if p not in loss_spec.needs]}")
   need_ref = c.kl_coef != 0.0 or "logprob_ref" in est_spec.needs or "logprob_ref" in loss_spec.needs
+  if c.scoring_chunk_size < 0:
+    raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
+  chunk = c.scoring_chunk_size or None  # None: credit.scoring.auto_chunk_size
   # ---- 2. outputs ----
   from experiments import checkpointing, reporting
   os.makedirs(workdir, exist_ok=True)
@@ -246,7 +251,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                     warmup_steps=min(10, c.sft_steps // 10),
                                     weight_decay=0.0, grad_clip=c.grad_clip, trainable=trainable)
       _, so_sh = train.state_shardings(sft_tx, params, sft_tx.init(params), mesh)
-      sft_step = jax.jit(train.make_sft_step(graphdef, rest, sft_tx, c.scoring_chunk_size),
+      sft_step = jax.jit(train.make_sft_step(graphdef, rest, sft_tx, chunk),
                          out_shardings=(p_sh, so_sh, rep), donate_argnums=(0, 1))
       p = jax.tree.map(jnp.copy, params)
       o = jax.jit(sft_tx.init, out_shardings=so_sh)(params)
@@ -263,13 +268,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     ckpt.save(0, state={"train": state, "ref_params": ref_params},
               meta={"loader": loader.get_state()}, force=True)
   # ---- 3. jitted steps ----
-  scorer = jax.jit(train.make_scorer(graphdef, rest, c.scoring_chunk_size))
+  scorer = jax.jit(train.make_scorer(graphdef, rest, chunk))
   adv_fn = jax.jit(train.make_advantage_fn(est_spec, est_static),
                    out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state))
   update = jax.jit(train.make_rl_update(
       graphdef, rest, tx, loss_spec=loss_spec, loss_kwargs=loss_kwargs, kl_coef=c.kl_coef,
       kl_kind=c.kl_kind, entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
-      num_minibatches=c.num_minibatches, chunk_size=c.scoring_chunk_size),
+      num_minibatches=c.num_minibatches, chunk_size=chunk),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   metrics_writer = reporting.MetricsWriter(workdir, resume_step=start if restored else None) \
       if is_main else None
@@ -363,11 +368,30 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       os.kill(os.getpid(), signal.SIGKILL)
   bar.close()
   ckpt.close()
+  if c.export_hf:  # every process takes part (save_pretrained all-gathers); process 0 writes
+    export_policy(train.merge_model(graphdef, state.params, rest), mcfg,
+                  os.path.join(workdir, "hf_policy"), init_from=c.init_from)
   summary = {}
   if is_main and metrics_writer:
     metrics_writer.close()
     summary = _finish_outputs(workdir, c, data, heat, reporting)
   return summary
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt")
+
+
+def export_policy(model: Decoder, mcfg: ModelConfig, out_dir: str, *, init_from: str = "") -> None:
+  """The trained policy as a Hugging Face directory (LoRA merged): safetensors + config.json,
+  plus the tokenizer files of `init_from` when the policy came from a checkpoint."""
+  from credit import models
+  models.save_pretrained(models.merge_lora(model, inplace=True), mcfg.replace(remat=False), out_dir)
+  if init_from and jax.process_index() == 0:
+    for name in TOKENIZER_FILES:
+      src = os.path.join(init_from, name)
+      if os.path.exists(src):
+        shutil.copyfile(src, os.path.join(out_dir, name))
 
 
 def _finish_outputs(workdir, c, data: Data, heat, reporting) -> dict[str, Any]:

@@ -91,7 +91,7 @@ def merge_model(graphdef, params, rest) -> nnx.Module:
 # --------------------------------------------------------------------------
 
 
-def make_sft_step(graphdef, rest, tx: optax.GradientTransformation, chunk_size: int) -> Callable:
+def make_sft_step(graphdef, rest, tx: optax.GradientTransformation, chunk_size: int | None) -> Callable:
   """Returns sft_step(params, opt_state, batch) -> (params, opt_state, metrics).
 
   batch: tokens [B,T] (prompt + demonstration, right-padded), attn_mask [B,T]
@@ -166,7 +166,7 @@ def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> 
 def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
                    loss_spec: credit.PolicyLossSpec, loss_kwargs: Mapping[str, Any],
                    kl_coef: float, kl_kind: str, entropy_coef: float,
-                   ppo_epochs: int, num_minibatches: int, chunk_size: int) -> Callable:
+                   ppo_epochs: int, num_minibatches: int, chunk_size: int | None) -> Callable:
   """Returns update(state, batch) -> (state, metrics).
 
   batch holds [B,...] arrays: tokens, attn_mask, response_mask, advantages,
@@ -236,7 +236,7 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
   return update
 
 
-def make_scorer(graphdef, rest, chunk_size: int) -> Callable:
+def make_scorer(graphdef, rest, chunk_size: int | None) -> Callable:
   """score(params, tokens, attn_mask) -> (logprob [B,T], entropy [B,T]) without gradients."""
 
   def score(params, tokens, attn_mask):

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -60,6 +61,18 @@ def test_tiny_recipe_runs_end_to_end(recipe, tmp_path):
     assert head.startswith(b"\x89PNG") or f.endswith(".md")
   assert glob.glob(os.path.join(wd, "tb", "events.*"))
   assert summary["rows"] == len(rows)
+  if recipe == RECIPES[0]:  # the exported policy is a transformers model with the same logits
+    import torch
+    import transformers
+    from credit.models import from_pretrained
+    hf_dir = os.path.join(wd, "hf_policy")
+    ours, _ = from_pretrained(hf_dir)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tokens = np.random.default_rng(0).integers(3, ours.config.vocab_size, (2, 12))
+    with torch.no_grad():
+      want = theirs(torch.tensor(tokens)).logits.numpy()
+    got, _ = ours(jnp.asarray(tokens, jnp.int32))
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("change,match", [
@@ -163,6 +176,14 @@ def test_mesh_and_multiprocess_runs_match_single_device(tmp_path):
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
   runs["multi"] = read_metrics(wd)
+  # The exported policy (save_pretrained all-gathers FSDP shards; process 0 writes) is the same.
+  from safetensors.numpy import load_file
+  exported = {n: load_file(str(tmp_path / n / "hf_policy" / "model.safetensors"))
+              for n in ("single", "mesh", "multi")}
+  assert sorted(exported["multi"]) == sorted(exported["single"])
+  for name in ("mesh", "multi"):
+    for k, v in exported["single"].items():
+      np.testing.assert_allclose(exported[name][k], v, rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
   base = runs["single"]
   for name in ("mesh", "multi"):
     assert [r["step"] for r in runs[name]] == [r["step"] for r in base]

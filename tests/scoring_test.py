@@ -383,6 +383,29 @@ class MemoryTest(parameterized.TestCase):
     self.assertLess(chunked, btv4 / 4)
     self.assertLess(vchunked, btv4 / 10)
 
+  def test_auto_chunk_bounds_forward_memory_whatever_the_batch(self):
+    """chunk_size=None keeps ~ROWS_PER_CHUNK rows per chunk: the forward's temp memory stays
+    near ROWS_PER_CHUNK·V·4 bytes for a batch of 2 or of 64 rows."""
+    self.assertEqual(scoring.auto_chunk_size(4, 1024), 64)
+    self.assertEqual(scoring.auto_chunk_size(1024, 1024), 1)
+    self.assertEqual(scoring.auto_chunk_size(1, 10), 10)
+    v, d, t = 32000, 32, 512
+    rows_bytes = scoring.ROWS_PER_CHUNK * v * 4
+    for b in (2, 64):
+      args = (jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+              jax.ShapeDtypeStruct((d, v), jnp.float32), jax.ShapeDtypeStruct((b, t), jnp.int32))
+      fwd = jax.jit(lambda h, w, y: tuple(scoring.token_logprobs_and_entropy(h, w, y)))
+      temp = fwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
+      self.assertLess(temp, 1.5 * rows_bytes, msg=f"b={b}")
+      self.assertLess(temp, b * t * v * 4 / 3, msg=f"b={b}")
+
+  def test_auto_chunk_equals_explicit(self):
+    h, w, y, _, _ = _inputs(3)
+    auto = scoring.token_logprobs_and_entropy(h, w, y)
+    want = _naive(h, w, y)
+    np.testing.assert_allclose(auto.logprob, want[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(auto.entropy, want[1], atol=1e-5, rtol=1e-5)
+
 
 if __name__ == "__main__":
   from absl.testing import absltest

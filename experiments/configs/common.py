@@ -44,6 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
       head_dim=32,                # per-head width.
       rope_theta=10000.0,         # RoPE base.
       family="qwen3",             # llama | qwen2 | qwen3 (architecture variant for from-scratch models).
+      remat=False,                # activation checkpointing per block (also for init_from models).
   ))
   c.lora_rank = 0                 # >0: train LoRA adapters only (on lora_targets).
   c.lora_alpha = 16.0             # LoRA scale alpha/rank.
@@ -81,12 +82,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 20               # steps between held-out evaluations (greedy decoding).
   c.checkpoint_every = 10         # steps between checkpoints (0 = never).
   c.keep_checkpoints = 2          # checkpoints kept on disk.
+  c.export_hf = True              # write the final policy to <workdir>/hf_policy (HF safetensors).
   c.log_every = 1                 # steps between metric lines.
   c.num_heatmap_samples = 6       # responses drawn in the token-credit heatmap.
   c.progress = True               # tqdm bar.
   # --- scale ---
   c.mesh = "data=-1"              # mesh axes, e.g. "data=2,fsdp=4"; -1 takes the remaining devices.
-  c.scoring_chunk_size = 128      # sequence chunk of memory-bounded log-prob scoring.
+  c.scoring_chunk_size = 0        # positions per scoring chunk; 0 = auto (~256 rows of B x chunk).
   # --- testing hooks ---
   c.kill_at_step = -1             # test only: SIGKILL the process after this step completes.
   return c
