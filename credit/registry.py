@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 # Names of inputs that are not plain rollout fields but require work from the
 # runner: extra forward passes or samples.
@@ -34,6 +34,9 @@ class EstimatorSpec:
     static_argnames: hyperparameters that change shapes/control flow (jit static).
     stateful: True when the function takes and returns explicit estimator state.
     returns_output: True when it returns a NamedTuple with an `advantages` field.
+    optional_needs: (field, switch) pairs for inputs the function takes only in some settings:
+      `field` is needed when the hyperparameter `switch` is set to a truthy value (e.g.
+      REINFORCE++ takes `logprob_ref` when `kl_coef` != 0). `needs_for(hyper)` resolves them.
   """
   name: str
   fn: Callable[..., Any]
@@ -43,6 +46,12 @@ class EstimatorSpec:
   static_argnames: tuple[str, ...] = ()
   stateful: bool = False
   returns_output: bool = False
+  optional_needs: tuple[tuple[str, str], ...] = ()
+
+  def needs_for(self, hyper: Mapping[str, Any] | None = None) -> frozenset[str]:
+    """`needs` plus the optional inputs switched on by the hyperparameters in `hyper`."""
+    hyper = hyper or {}
+    return self.needs | {f for f, switch in self.optional_needs if hyper.get(switch)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +84,29 @@ def _unknown(kind: str, name: str, known: dict) -> UnknownNameError:
   return UnknownNameError(f"Unknown {kind} {name!r}.{hint} Known {kind}s: {sorted(known)}")
 
 
+def _check_unique(kind: str, name: str, fn, table: dict) -> None:
+  """Two different functions may not share a name; the same function registered again (its
+  module re-imported, e.g. by a doctest runner or importlib.reload) replaces its entry."""
+  old = table.get(name)
+  if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__,
+                                                                     fn.__qualname__):
+    raise ValueError(f"{kind} {name!r} registered twice: {old.fn.__module__}."
+                     f"{old.fn.__qualname__} and {fn.__module__}.{fn.__qualname__}")
+
+
 def register_estimator(name: str, *, needs, paper: str, family: str = "outcome",
                        static_argnames=(), stateful: bool = False,
-                       returns_output: bool = False):
-  """Decorator registering `fn` under `name` (names must be unique)."""
+                       returns_output: bool = False, optional_needs=()):
+  """Decorator registering `fn` under `name` (names must be unique).
+
+  `optional_needs`: a {field: switch} mapping or (field, switch) pairs, see `EstimatorSpec`.
+  """
+  opt = tuple(sorted(dict(optional_needs).items()))
 
   def deco(fn):
-    if name in _ESTIMATORS:
-      raise ValueError(f"estimator {name!r} registered twice")
+    _check_unique("estimator", name, fn, _ESTIMATORS)
     _ESTIMATORS[name] = EstimatorSpec(name, fn, frozenset(needs), paper, family,
-                                      tuple(static_argnames), stateful, returns_output)
+                                      tuple(static_argnames), stateful, returns_output, opt)
     return fn
 
   return deco
@@ -92,8 +114,7 @@ def register_estimator(name: str, *, needs, paper: str, family: str = "outcome",
 
 def register_policy_loss(name: str, *, needs, paper: str, static_argnames=()):
   def deco(fn):
-    if name in _POLICY_LOSSES:
-      raise ValueError(f"policy loss {name!r} registered twice")
+    _check_unique("policy loss", name, fn, _POLICY_LOSSES)
     _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, frozenset(needs), paper,
                                           tuple(static_argnames))
     return fn

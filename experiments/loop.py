@@ -44,7 +44,8 @@ def check_method(c: ml_collections.ConfigDict):
   loss = credit.get_policy_loss(c.policy_loss)
   for kind, spec in (("estimator", est), ("policy loss", loss)):
     produced = train.LOOP_FIELDS | ({"advantages"} if kind == "policy loss" else set())
-    missing = sorted(set(spec.needs) - produced)
+    needs = spec.needs_for(dict(c.estimator_kwargs)) if kind == "estimator" else spec.needs
+    missing = sorted(set(needs) - produced)
     if missing:
       raise SetupError(
           f"{kind} {spec.name!r} needs {missing}, which this single-turn loop cannot produce "
@@ -194,7 +195,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   model, mcfg = build_policy(c, data.tokenizer, mesh)
   from credit.models import lora_trainable_mask, shard_model
   shard_model(model, mesh)
-  dummy = {n: None for n in est_spec.needs}
+  est_needs = est_spec.needs_for(dict(c.estimator_kwargs))  # + optional inputs switched on
+  dummy = {n: None for n in est_needs}
   _, est_static = train.estimator_arguments(est_spec, dummy, dict(c.estimator_kwargs),
                                             num_groups=N, group_size=G)
   loss_kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(c.loss_kwargs).items()}
@@ -204,7 +206,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if k not in loss_params:
       raise SetupError(f"policy loss {loss_spec.name!r} has no argument {k!r}; valid: "
                        f"{[p for p in loss_params if p not in loss_spec.needs]}")
-  need_ref = c.kl_coef != 0.0 or "logprob_ref" in est_spec.needs or "logprob_ref" in loss_spec.needs
+  need_ref = c.kl_coef != 0.0 or "logprob_ref" in est_needs or "logprob_ref" in loss_spec.needs
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
   chunk = c.scoring_chunk_size or None  # None: credit.scoring.auto_chunk_size
@@ -264,7 +266,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       state = state.replace(params=p, opt_state=place_opt(p))
       print(f"[credit] SFT warm-up: {c.sft_steps} steps, loss {float(m['sft_loss']):.4f}, "
             f"{timer.t['sft']:.1f}s")
-    ref_params = state.params if need_ref else None
+    # A copy: the update donates state.params, which would delete buffers shared with it.
+    ref_params = jax.tree.map(jnp.copy, state.params) if need_ref else None
     ckpt.save(0, state={"train": state, "ref_params": ref_params},
               meta={"loader": loader.get_state()}, force=True)
   # ---- 3. jitted steps ----
@@ -319,7 +322,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                   turn_id=jnp.where(arrays["response_mask"], 0, -1).astype(jnp.int32),
                   prompt_id=jnp.asarray(np.repeat(np.asarray(ex.get("index", np.arange(N))), G),
                                         jnp.int32))
-    if "reward_baseline" in est_spec.needs:  # ReMax: reward of the greedy response per prompt
+    if "reward_baseline" in est_needs:  # ReMax: reward of the greedy response per prompt
       greedy = sampler(model_state(state.params), prompt_tokens=toks, prompt_mask=pmask,
                        key=key, max_new_tokens=c.max_new_tokens, temperature=0.0)
       gh = parallel.to_host({"tokens": greedy.tokens, "response_mask": greedy.response_mask})
@@ -331,7 +334,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       fields["logprob_ref"], _ = scorer(ref_params, arrays["tokens"], arrays["attn_mask"])
     jax.block_until_ready(fields["logprob_old"])
     t0 = timer.add("scoring", t0)
-    est_arrays = {n: fields[n] for n in est_spec.needs
+    est_arrays = {n: fields[n] for n in est_needs
                   if n in inspect.signature(est_spec.fn).parameters}
     adv, new_est_state = adv_fn(est_arrays, state.estimator_state)
     batch = {"tokens": arrays["tokens"], "attn_mask": arrays["attn_mask"],

@@ -126,7 +126,8 @@ def estimator_arguments(spec: credit.EstimatorSpec, fields: Mapping[str, Any],
   `num_groups` / `group_size` are passed when the function takes them.
   """
   params = inspect.signature(spec.fn).parameters
-  arrays = {n: fields[n] for n in spec.needs if n in params}
+  needs = spec.needs_for(hyper)
+  arrays = {n: fields[n] for n in needs if n in params}
   static = dict(hyper)
   if "num_groups" in params:
     static["num_groups"] = num_groups
@@ -134,7 +135,7 @@ def estimator_arguments(spec: credit.EstimatorSpec, fields: Mapping[str, Any],
     static["group_size"] = group_size
   for k, v in list(static.items()):
     if k not in params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-      valid = [p for p in params if p not in spec.needs]
+      valid = [p for p in params if p not in needs]
       raise ValueError(f"estimator {spec.name!r} has no hyperparameter {k!r}; valid: {valid}")
     if isinstance(v, list):
       static[k] = tuple(v)

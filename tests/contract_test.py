@@ -63,3 +63,39 @@ def test_unknown_names_list_known_ones():
     credit.get_estimator("no-such-estimator")
   with pytest.raises(credit.UnknownNameError, match="Known policy losss|Known policy loss"):
     credit.get_policy_loss("no-such-loss")
+
+
+def test_registry_reimport_is_idempotent_but_name_clashes_are_errors():
+  from credit import registry
+
+  def make():  # a fresh function object per call, same module and qualname: a re-import
+    def my_estimator(**_):
+      return None
+    return my_estimator
+
+  first, second = make(), make()
+  try:
+    registry.register_estimator("_test_reimport", needs=("reward",), paper="")(first)
+    registry.register_estimator("_test_reimport", needs=("reward",), paper="")(second)
+    assert registry.get_estimator("_test_reimport").fn is second
+
+    def other(**_):
+      return None
+
+    with pytest.raises(ValueError, match="'_test_reimport' registered twice"):
+      registry.register_estimator("_test_reimport", needs=(), paper="")(other)
+    assert registry.get_estimator("_test_reimport").fn is second
+    with pytest.raises(ValueError, match="'grpo' registered twice"):
+      registry.register_estimator("grpo", needs=(), paper="")(other)
+  finally:
+    registry._ESTIMATORS.pop("_test_reimport", None)
+
+
+def test_optional_needs_are_switched_on_by_hyperparameters():
+  spec = credit.get_estimator("reinforce_pp")
+  assert spec.needs_for({}) == {"reward", "response_mask"}
+  assert spec.needs_for({"kl_coef": 0.0}) == {"reward", "response_mask"}
+  assert spec.needs_for({"kl_coef": 0.05}) == {"reward", "response_mask", "logprob_old",
+                                               "logprob_ref"}
+  assert credit.get_estimator("grpo").needs_for({"kl_coef": 1.0}) == credit.get_estimator(
+      "grpo").needs

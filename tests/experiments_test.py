@@ -91,6 +91,23 @@ def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
   assert not os.path.exists(wd) or not os.listdir(wd)
 
 
+def test_optional_estimator_inputs_reach_the_estimator(tmp_path):
+  """REINFORCE++ with its KL-in-reward switched on gets logprob_old/logprob_ref (a reference
+  pass the loop adds because the estimator's optional needs ask for it); a KL-to-reference loss
+  term on top uses the same frozen copy (the update donates the live parameters)."""
+  c = tiny(estimator="reinforce_pp", steps=2, kl_coef=0.01)
+  c.estimator_kwargs = {"kl_coef": 0.05}
+  wd = str(tmp_path / "rpp")
+  loop.run(c, wd)
+  last = read_metrics(wd)[-1]
+  assert last["step"] == 2 and np.isfinite(last["loss"]) and np.isfinite(last["adv_abs_mean"])
+  c = tiny(estimator="reinforce_pp", steps=1)
+  c.estimator_kwargs = {"kl_coeff": 0.05}
+  with pytest.raises(ValueError, match="no hyperparameter 'kl_coeff'"):
+    loop.run(c, str(tmp_path / "typo"))
+  assert not os.path.exists(tmp_path / "typo")
+
+
 def test_model_dir_without_weights_or_config(tmp_path):
   d = tmp_path / "model"
   d.mkdir()

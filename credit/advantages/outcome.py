@@ -370,7 +370,8 @@ def _token_rewards(fn, reward_B, mask_BT, logprob_old, logprob_ref, token_reward
 
 
 @register_estimator("reinforce_pp", needs=("reward", "response_mask"), paper=_P_RPP,
-                    static_argnames=("whiten",))
+                    static_argnames=("whiten",),
+                    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"})
 def reinforce_pp_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
                             logprob_old: ArrayLike | None = None,
                             logprob_ref: ArrayLike | None = None,
@@ -392,7 +393,8 @@ def reinforce_pp_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
   here masked positions are skipped (ops.discounted_reverse_cumsum), as spec §0
   asks for multi-turn. Identical for right-padded single-turn responses.
   `logprob_old`/`logprob_ref`/`token_reward` are optional (the registry lists
-  only `reward, response_mask`); the KL term needs both log-probs.
+  `reward, response_mask` as needs and the two log-probs as optional needs switched on by
+  `kl_coef`); the KL term needs both log-probs.
 
   With outcome reward only, the return has a closed form
   `G_t = R·γ^{(valid tokens after t)}` (one reverse cumsum instead of a scan),
@@ -724,7 +726,8 @@ class GAEOutput(NamedTuple):
 
 
 @register_estimator("gae", needs=("reward", "values", "response_mask"), paper=_P_GAE,
-                    static_argnames=("whiten",), returns_output=True)
+                    static_argnames=("whiten",), returns_output=True,
+                    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"})
 def gae_advantages(*, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLike,
                    logprob_old: ArrayLike | None = None, logprob_ref: ArrayLike | None = None,
                    token_reward: ArrayLike | None = None, gamma: float = 1.0, lam: float = 1.0,
