@@ -78,15 +78,13 @@ STATE_FACTORIES: dict[str, Callable[[int, int], Any]] = {
 
 # Non-default configurations worth timing too (they take other code paths):
 # name -> [(label, hyperparameters, extra optional data fields)].
-EXTRA_CONFIGS: dict[str, list[tuple[str, dict, tuple[str, ...]]]] = {
-    "gae": [("lam=.95", dict(gamma=0.99, lam=0.95), ()),
-            ("kl,γ=λ=1", dict(kl_coef=0.001), ("logprob_old", "logprob_ref"))],
-    "reinforce_pp": [("γ=.99", dict(gamma=0.99), ()),
-                     ("kl,γ=.99", dict(gamma=0.99, kl_coef=0.001),
-                      ("logprob_old", "logprob_ref")),
-                     ("kl,γ=1", dict(kl_coef=0.001), ("logprob_old", "logprob_ref"))],
-    "optimal_token_baseline": [("tir", dict(align="valid_index"), ())],
-    "grpo_passk": [("analytic", dict(method="analytic", k=4), ())],
+# Extra inputs switched on by a setting come from the spec (`EstimatorSpec.needs_for`).
+EXTRA_CONFIGS: dict[str, list[tuple[str, dict]]] = {
+    "gae": [("lam=.95", dict(gamma=0.99, lam=0.95)), ("kl,γ=λ=1", dict(kl_coef=0.001))],
+    "reinforce_pp": [("γ=.99", dict(gamma=0.99)), ("kl,γ=.99", dict(gamma=0.99, kl_coef=0.001)),
+                     ("kl,γ=1", dict(kl_coef=0.001))],
+    "optimal_token_baseline": [("tir", dict(align="valid_index"))],
+    "grpo_passk": [("analytic", dict(method="analytic", k=4))],
 }
 
 
@@ -142,9 +140,9 @@ def build_calls(batch: int, seq: int, group: int):
       yield name, "-", None, f"no input factory for {missing}"
       continue
     paths = [("fast", group), ("segment", None)] if "group_size" in params else [("", None)]
-    configs = [("", {}, ())] + EXTRA_CONFIGS.get(name, [])
-    for label, hyper, extra in configs:
-      cdata = dict(data, **{f: get(f) for f in extra})
+    configs = [("", {})] + EXTRA_CONFIGS.get(name, [])
+    for label, hyper in configs:
+      cdata = dict(data, **{f: get(f) for f in spec.needs_for(hyper) - spec.needs})
       for path, gs in paths[:1] if label else paths:
         kw = dict(static, **hyper)
         if "group_size" in params:

@@ -1,7 +1,7 @@
 """Model FLOPs utilisation of scoring and of a train step, against this machine's matmul peak.
 
     python benchmarks/flops.py [--size tiny|small|qwen05] [--B 8] [--T 256] [--repeats 5]
-                               [--chunk-size 128] [--peak-n 4096]
+                               [--chunk-size 0] [--peak-n 4096]
 
 1. Peak: the FLOP/s of one large float32 matmul (n × n @ n × n, 2n³ FLOPs), median of
    `--repeats` calls, measured in this run (it is the roofline the others are divided by).
@@ -80,7 +80,7 @@ def main() -> None:
   p.add_argument("--B", type=int, default=8)
   p.add_argument("--T", type=int, default=256)
   p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--chunk-size", type=int, default=128)
+  p.add_argument("--chunk-size", type=int, default=0, help="0 = auto (chunk_size=None)")
   p.add_argument("--peak-n", type=int, default=4096)
   args = p.parse_args()
 
@@ -105,14 +105,14 @@ def main() -> None:
 
   @nnx.jit
   def score(model, tokens, mask):
-    return scoring.score_tokens(model, tokens, mask, chunk_size=args.chunk_size)
+    return scoring.score_tokens(model, tokens, mask, chunk_size=args.chunk_size or None)
 
   optimizer = nnx.Optimizer(model, optax.adamw(1e-4), wrt=nnx.Param)
 
   @nnx.jit
   def train_step(model, optimizer, tokens, mask):
     def loss_fn(model):
-      out = scoring.score_tokens(model, tokens, mask, chunk_size=args.chunk_size,
+      out = scoring.score_tokens(model, tokens, mask, chunk_size=args.chunk_size or None,
                                  return_entropy=False)
       return -jnp.sum(out.logprob) / n_tok
     loss, grads = nnx.value_and_grad(loss_fn)(model)

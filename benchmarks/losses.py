@@ -21,27 +21,15 @@ long-running trainer's heap would be); `--system-malloc` keeps glibc's defaults.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
 
 
-def _tune_malloc() -> bool:
-  """Keeps freed blocks in the heap (no mmap/munmap per call). glibc only."""
-  try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:
-    return False
-  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8
-  return (bool(libc.mallopt(m_arena_max, 1)) and bool(libc.mallopt(m_mmap_max, 0))
-          and bool(libc.mallopt(m_trim_threshold, 2**30)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _malloc import tune_unless_asked_not_to  # noqa: E402
 
-
-if __name__ == "__main__" and "--system-malloc" not in sys.argv:
-  _MALLOC_TUNED = _tune_malloc()
-else:
-  _MALLOC_TUNED = False
+_MALLOC_TUNED = tune_unless_asked_not_to(__name__ == "__main__")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
