@@ -168,6 +168,40 @@ def _argmax(x_BK: Array) -> Array:
   return jnp.minimum(jnp.min(idx_BK, axis=-1), K - 1).astype(jnp.int32)
 
 
+TOP_K_BLOCK = 64  # vocabulary block of `top_k_exact`'s preselection
+
+
+def _top_k(x: Array, k: int) -> tuple[Array, Array]:
+  # The barrier keeps XLA:CPU's TopK custom call: otherwise the slice of the decomposed sort can
+  # be fused into its consumers, leaving a full stable sort of the last axis.
+  return jax.lax.optimization_barrier(jax.lax.top_k(x, k))
+
+
+def top_k_exact(x_BV: Array, k: int, block: int = TOP_K_BLOCK) -> tuple[Array, Array]:
+  """`jax.lax.top_k` over the last axis, the same values and ids (ties: lower id first).
+
+  For k·block much smaller than V, the candidates are preselected by blocks: the maximum of
+  every block of `block` ids, the k best blocks (in id order), then top-k of their k·block
+  entries. Exact: under the order (value desc, id asc) each of the k best entries lies in a
+  block whose best entry ranks at least as high, and fewer than k blocks can rank above it.
+  XLA:CPU: 0.15 ms instead of 0.55 ms for k=10 over [16, 32000] (the TopK call costs about
+  linear time in V per row, with a large constant; the block maximum is one vectorised pass).
+  """
+  B, V = x_BV.shape
+  if V < 4 * k * block:
+    return _top_k(x_BV, k)
+  nb = -(-V // block)
+  if nb * block != V:  # pad with −∞ at the end: a padded id loses every tie to a real one
+    x_BV = jnp.pad(x_BV, ((0, 0), (0, nb * block - V)), constant_values=-jnp.inf)
+  x_BNC = x_BV.reshape(B, nb, block)
+  _, blk_BK = _top_k(jnp.max(x_BNC, axis=-1), k)
+  blk_BK = jnp.sort(blk_BK, axis=-1)  # candidates in id order keep lax.top_k's tie-breaking
+  cand_BKC = jnp.take_along_axis(x_BNC, blk_BK[:, :, None], axis=1)
+  ids_BKC = blk_BK[:, :, None] * block + jnp.arange(block, dtype=blk_BK.dtype)[None, None, :]
+  vals_BK, j_BK = _top_k(cand_BKC.reshape(B, k * block), k)
+  return vals_BK, jnp.take_along_axis(ids_BKC.reshape(B, k * block), j_BK, axis=-1)
+
+
 def _categorical(key_B: Array, s_BK: Array) -> Array:
   """Gumbel-max draw per row: argmax_k (s_k + g_k), g ~ Gumbel(0,1) from the row's key."""
   g_BK = jax.vmap(lambda k: jax.random.gumbel(k, s_BK.shape[-1:], jnp.float32))(key_B)
@@ -218,9 +252,7 @@ def filtered_scores(logits_BV: ArrayLike, params: SamplingParams) -> tuple[Array
   sorted_ = params.top_k > 0
   if sorted_:
     k = min(params.top_k, V)
-    # The barrier keeps XLA:CPU's TopK custom call: otherwise the slice of the decomposed
-    # sort can be fused into its consumers, leaving a full stable sort of [B,V] per step.
-    vals_BK, ids_BK = jax.lax.optimization_barrier(jax.lax.top_k(logits_BV, k))
+    vals_BK, ids_BK = top_k_exact(logits_BV, k)
   else:
     vals_BK, ids_BK = logits_BV, None
   tau = jnp.where(params.temperature > 0, params.temperature, 1.0)

@@ -431,3 +431,22 @@ def test_sample_under_caller_jit_with_traced_numbers():
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_array_equal(got.logprob_sampler, 0.0)
   np.testing.assert_allclose(got.logprob_raw, want.logprob_raw, atol=1e-5)
+
+
+@pytest.mark.parametrize("v,k,block", [(32000, 10, 64), (5000, 7, 16), (4099, 3, 32), (100, 10, 64)])
+def test_top_k_exact_equals_lax_top_k_with_ties_and_padding(v, k, block):
+  """Block preselection returns exactly lax.top_k's values and ids (ties: lower id first),
+  also with a partial last block, heavy ties and −∞ entries (filtered tokens)."""
+  rng = np.random.default_rng(v + k)
+  cases = [rng.standard_normal((5, v)).astype(np.float32),
+           np.round(rng.standard_normal((5, v)) * 2).astype(np.float32),  # many equal values
+           np.zeros((2, v), np.float32)]                                  # all tied
+  x = rng.standard_normal((3, v)).astype(np.float32)
+  x[:, : v - 2] = -np.inf  # only two finite entries: the rest of the top-k are −∞ ties
+  cases.append(x)
+  fn = jax.jit(lambda z: sampling.top_k_exact(z, k, block))
+  for z in cases:
+    want_v, want_i = jax.lax.top_k(jnp.asarray(z), k)
+    got_v, got_i = fn(jnp.asarray(z))
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
