@@ -499,6 +499,63 @@ def token_topk(
   return TopK(_from_chunks(ids_n, t), _from_chunks(lp_n, t))
 
 
+def token_sum_pi_squared(
+    hidden_BTD: ArrayLike,
+    unembed_DV: ArrayLike,
+    *,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+    vocab_chunk_size: int | None = None,
+    temperature: ArrayLike = 1.0,
+    precision: Any = None,
+) -> Array:
+  """Σ_v π(v)² at every position (the collision probability of π = softmax(h·W/τ)), no gradient.
+
+  The behaviour-policy statistic of the Optimal Token Baseline (arXiv 2602.07078; verl computes
+  it from the full logits as ``exp(logsumexp(2z) − 2·logsumexp(z))``). Chunked like
+  `token_logprobs_and_entropy`; with vocabulary chunks an online pass keeps the running maximum
+  m, s = Σ e^{z−m} and s₂ = Σ e^{2(z−m)} (rescaled by α and α² when m grows), and
+  Σπ² = s₂ / s². The output is under `stop_gradient` (it weights a baseline; it is not a loss).
+
+  Returns:
+    [B,T] float32 in [1/V, 1].
+  """
+  hidden_BTD = jax.lax.stop_gradient(jnp.asarray(hidden_BTD))
+  unembed_DV = jax.lax.stop_gradient(jnp.asarray(unembed_DV))
+  chex.assert_rank(hidden_BTD, 3)
+  chex.assert_rank(unembed_DV, 2)
+  b, t, d = hidden_BTD.shape
+  v = unembed_DV.shape[1]
+  chex.assert_shape(unembed_DV, (d, None))
+  cfg = _make_cfg(b, t, v, chunk_size, vocab_chunk_size, precision)
+  inv_tau = _inv_temperature(temperature)
+  inv_tau = None if inv_tau is None else jax.lax.stop_gradient(inv_tau)
+
+  def chunk(_, h):
+    if cfg.nv == 1:
+      z = _logits(h, unembed_DV, inv_tau, precision)
+      lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
+      return None, jnp.sum(jnp.exp(2.0 * (z - lse)), axis=-1)
+
+    def body(carry, i):
+      m, s1, s2 = carry
+      w, _, valid = _vocab_chunk(unembed_DV, i, cfg.cv, v, cfg.nv)
+      z = jnp.where(valid, _logits(h, w, inv_tau, precision), -jnp.inf)
+      m_new = jnp.maximum(m, jnp.max(z, axis=-1))
+      alpha = jnp.exp(m - m_new)
+      e = jnp.exp(z - m_new[..., None])
+      return (m_new, alpha * s1 + jnp.sum(e, axis=-1),
+              alpha * alpha * s2 + jnp.sum(e * e, axis=-1)), None
+
+    bb, c = h.shape[:2]
+    init = (jnp.full((bb, c), _NEG_INIT, jnp.float32), jnp.zeros((bb, c), jnp.float32),
+            jnp.zeros((bb, c), jnp.float32))
+    (_, s1, s2), _ = jax.lax.scan(body, init, jnp.arange(cfg.nv))
+    return None, s2 / (s1 * s1)
+
+  _, out_n = jax.lax.scan(chunk, None, _to_chunks(hidden_BTD, cfg.c, cfg.n))
+  return _from_chunks(out_n, t)
+
+
 # --------------------------------------------------------------------------
 # Model-level scoring (rollout contract alignment).
 # --------------------------------------------------------------------------
@@ -609,6 +666,35 @@ def score_tokens(
   return score_hidden(hidden_BTD, unembed_DV, tokens_BT, mask_BT, chunk_size=chunk_size,
                       vocab_chunk_size=vocab_chunk_size, temperature=temperature,
                       return_entropy=return_entropy, precision=precision)
+
+
+def score_sum_pi_squared(
+    model: Any,
+    tokens_BT: ArrayLike,
+    mask_BT: ArrayLike | None = None,
+    *,
+    positions: ArrayLike | None = None,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+    vocab_chunk_size: int | None = None,
+    temperature: ArrayLike = 1.0,
+    precision: Any = None,
+) -> Array:
+  """Σ_v π(v)² of the distribution that produced each token, aligned like `score_tokens`.
+
+  ``out[:, t]`` belongs to the prediction of ``tokens[:, t]`` from the valid tokens before it
+  (the contract field ``sum_pi_squared``); 0 where `score_tokens` gives 0. No gradient.
+  """
+  tokens_BT = jnp.asarray(tokens_BT)
+  chex.assert_rank(tokens_BT, 2)
+  if mask_BT is not None:
+    mask_BT = jnp.asarray(mask_BT).astype(jnp.bool_)
+    chex.assert_equal_shape([tokens_BT, mask_BT])
+  hidden_BTD = model.hidden_states(tokens_BT, positions, mask_BT=mask_BT)
+  h_pred, valid_BT = next_token_hidden(hidden_BTD, mask_BT)
+  out = token_sum_pi_squared(h_pred, model.unembedding().astype(hidden_BTD.dtype),
+                             chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size,
+                             temperature=temperature, precision=precision)
+  return jnp.where(valid_BT, out, 0.0)
 
 
 def concat_context(context_tokens: ArrayLike, context_mask: ArrayLike | None,

@@ -19,13 +19,13 @@ import credit
 from credit import ops
 from credit.kl import kl_penalty
 from credit.losses import aggregate_loss
-from credit.scoring import score_tokens
+from credit.scoring import score_sum_pi_squared, score_tokens
 
 # Inputs the single-turn loop produces for estimators and losses.
 LOOP_FIELDS = frozenset({
     "tokens", "response_mask", "group_id", "reward", "logprob", "logprob_old",
     "logprob_ref", "logprob_sampler", "entropy", "obs_mask", "turn_id", "prompt_id",
-    "reward_baseline",
+    "reward_baseline", "sum_pi_squared",
 })
 
 
@@ -245,3 +245,13 @@ def make_scorer(graphdef, rest, chunk_size: int | None) -> Callable:
     return score_tokens(model, tokens, attn_mask, chunk_size=chunk_size, return_entropy=True)
 
   return score
+
+
+def make_sum_pi_squared(graphdef, rest, chunk_size: int | None) -> Callable:
+  """spi(params, tokens, attn_mask) -> Σ_v π(v)² [B,T] of the policy at each token's prediction."""
+
+  def spi(params, tokens, attn_mask):
+    model = merge_model(graphdef, params, rest)
+    return score_sum_pi_squared(model, tokens, attn_mask, chunk_size=chunk_size)
+
+  return spi

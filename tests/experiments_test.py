@@ -108,6 +108,14 @@ def test_optional_estimator_inputs_reach_the_estimator(tmp_path):
   assert not os.path.exists(tmp_path / "typo")
 
 
+def test_optimal_token_baseline_gets_sum_pi_squared(tmp_path):
+  """OTB's Σπ² of the behaviour policy is scored by the loop (an extra chunked pass)."""
+  wd = str(tmp_path / "otb")
+  loop.run(tiny(estimator="optimal_token_baseline", steps=2), wd)
+  last = read_metrics(wd)[-1]
+  assert last["step"] == 2 and np.isfinite(last["loss"]) and last["adv_abs_mean"] >= 0
+
+
 def test_model_dir_without_weights_or_config(tmp_path):
   d = tmp_path / "model"
   d.mkdir()

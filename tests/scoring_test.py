@@ -357,6 +357,42 @@ class ScoreTokensTest(parameterized.TestCase):
     self.assertGreater(float(jnp.max(jnp.abs(a.logprob - b.logprob))), 1e-3)
 
 
+class SumPiSquaredTest(parameterized.TestCase):
+
+  @parameterized.parameters((None, None, 1.0), (5, 300, 1.0), (7, 1000, 0.7), (4, None, 1.3))
+  def test_matches_full_softmax(self, chunk, vchunk, tau):
+    """Σπ² of softmax(hW/τ), chunked (and online over vocabulary chunks, the last one
+    overlapping), equals the full-softmax value and exp(lse(2z) − 2 lse(z))."""
+    h, w, _, _, _ = _inputs(5, scale=1.5)
+    got = jax.jit(lambda h, w: scoring.token_sum_pi_squared(
+        h, w, chunk_size=chunk, vocab_chunk_size=vchunk, temperature=tau))(h, w)
+    p = jax.nn.softmax(jnp.einsum("btd,dv->btv", h, w) / tau, axis=-1)
+    np.testing.assert_allclose(got, jnp.sum(p * p, axis=-1), rtol=2e-5, atol=1e-7)
+    z = jnp.einsum("btd,dv->btv", h, w) / tau
+    verl = jnp.exp(jax.nn.logsumexp(2 * z, -1) - 2 * jax.nn.logsumexp(z, -1))
+    np.testing.assert_allclose(got, verl, rtol=2e-5, atol=1e-7)
+    assert float(jnp.min(got)) >= 1.0 / V - 1e-7 and float(jnp.max(got)) <= 1.0 + 1e-6
+
+  def test_no_gradient_and_model_alignment(self):
+    h, w, _, _, _ = _inputs(6)
+    g = jax.grad(lambda w: jnp.sum(scoring.token_sum_pi_squared(h, w)))(w)
+    assert not np.asarray(g).any()
+    model = Decoder(tiny_config("qwen3"), rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 9), 0, 128)
+    mask = jnp.array([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0, 0]], bool)
+    got = scoring.score_sum_pi_squared(model, tokens, mask)
+    logits, _ = model(tokens, mask_BT=mask)
+    p = jax.nn.softmax(logits, axis=-1)
+    want_BT = jnp.sum(p * p, axis=-1)  # prediction made at t−1 for token t
+    lp = scoring.score_tokens(model, tokens, mask).logprob
+    m = np.asarray(lp != 0)
+    assert m.sum() == 6 + 5  # each row's first real token has no prediction
+    want = np.zeros((2, 9))
+    want[:, 1:] = np.asarray(want_BT)[:, :-1]
+    np.testing.assert_allclose(np.asarray(got)[m], want[m], rtol=1e-5)
+    assert not np.asarray(got)[~m].any()
+
+
 class MemoryTest(parameterized.TestCase):
   """Compiled fwd+bwd temp memory stays far below one [B,T,V] float32 array."""
 
