@@ -427,6 +427,20 @@ def token_logprobs(hidden_BTD: ArrayLike, unembed_DV: ArrayLike, tokens_BT: Arra
                                     **kwargs).logprob
 
 
+def _frozen_inputs(hidden_BTD, unembed_DV, temperature, chunk_size, vocab_chunk_size,
+                   precision) -> tuple[Array, Array, Array | None, _Static]:
+  """Checked, stop-gradient inputs of a no-gradient chunked pass: (h, W, 1/τ or None, cfg)."""
+  hidden_BTD = jax.lax.stop_gradient(jnp.asarray(hidden_BTD))
+  unembed_DV = jax.lax.stop_gradient(jnp.asarray(unembed_DV))
+  chex.assert_rank(hidden_BTD, 3)
+  chex.assert_rank(unembed_DV, 2)
+  b, t, d = hidden_BTD.shape
+  chex.assert_shape(unembed_DV, (d, None))
+  cfg = _make_cfg(b, t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
+  inv_tau = _inv_temperature(temperature)
+  return hidden_BTD, unembed_DV, (None if inv_tau is None else jax.lax.stop_gradient(inv_tau)), cfg
+
+
 def token_topk(
     hidden_BTD: ArrayLike,
     unembed_DV: ArrayLike,
@@ -452,20 +466,13 @@ def token_topk(
   Returns:
     TopK(ids [B,T,k] int32, logprob [B,T,k] float32), sorted by decreasing log-prob.
   """
-  hidden_BTD = jax.lax.stop_gradient(jnp.asarray(hidden_BTD))
-  unembed_DV = jax.lax.stop_gradient(jnp.asarray(unembed_DV))
-  chex.assert_rank(hidden_BTD, 3)
-  chex.assert_rank(unembed_DV, 2)
-  b, t, d = hidden_BTD.shape
-  v = unembed_DV.shape[1]
-  chex.assert_shape(unembed_DV, (d, None))
+  hidden_BTD, unembed_DV, inv_tau, cfg = _frozen_inputs(
+      hidden_BTD, unembed_DV, temperature, chunk_size, vocab_chunk_size, precision)
+  t, v = hidden_BTD.shape[1], unembed_DV.shape[1]
   if not 1 <= k <= v:
     raise ValueError(f"k must be in [1, V={v}], got {k}")
-  cfg = _make_cfg(b, t, v, chunk_size, vocab_chunk_size, precision)
   if cfg.nv > 1 and cfg.cv < k:
     raise ValueError(f"vocab_chunk_size ({cfg.cv}) must be >= k ({k})")
-  inv_tau = _inv_temperature(temperature)
-  inv_tau = None if inv_tau is None else jax.lax.stop_gradient(inv_tau)
 
   def chunk(_, h):
     if cfg.nv == 1:
@@ -519,16 +526,9 @@ def token_sum_pi_squared(
   Returns:
     [B,T] float32 in [1/V, 1].
   """
-  hidden_BTD = jax.lax.stop_gradient(jnp.asarray(hidden_BTD))
-  unembed_DV = jax.lax.stop_gradient(jnp.asarray(unembed_DV))
-  chex.assert_rank(hidden_BTD, 3)
-  chex.assert_rank(unembed_DV, 2)
-  b, t, d = hidden_BTD.shape
-  v = unembed_DV.shape[1]
-  chex.assert_shape(unembed_DV, (d, None))
-  cfg = _make_cfg(b, t, v, chunk_size, vocab_chunk_size, precision)
-  inv_tau = _inv_temperature(temperature)
-  inv_tau = None if inv_tau is None else jax.lax.stop_gradient(inv_tau)
+  hidden_BTD, unembed_DV, inv_tau, cfg = _frozen_inputs(
+      hidden_BTD, unembed_DV, temperature, chunk_size, vocab_chunk_size, precision)
+  t, v = hidden_BTD.shape[1], unembed_DV.shape[1]
 
   def chunk(_, h):
     if cfg.nv == 1:
@@ -616,6 +616,29 @@ def score_hidden(
   return TokenScores(lp, ent)
 
 
+def sum_pi_squared_hidden(hidden_BTD: ArrayLike, unembed_DV: ArrayLike,
+                          mask_BT: ArrayLike | None = None, **kwargs) -> Array:
+  """Next-token Σπ² from hidden states, aligned (and zeroed) exactly like `score_hidden`.
+
+  Keyword arguments go to `token_sum_pi_squared`. Lets a caller that already has the hidden
+  states (for `score_hidden`) get Σπ² without running the model again.
+  """
+  h_pred, valid_BT = next_token_hidden(hidden_BTD, mask_BT)
+  return jnp.where(valid_BT, token_sum_pi_squared(h_pred, unembed_DV, **kwargs), 0.0)
+
+
+def model_hidden(model: Any, tokens_BT: ArrayLike, mask_BT: ArrayLike | None = None,
+                 positions: ArrayLike | None = None) -> tuple[Array, Array, Array | None]:
+  """One model pass for scoring: (hidden [B,T,D], unembedding [D,V] in its dtype, bool mask)."""
+  tokens_BT = jnp.asarray(tokens_BT)
+  chex.assert_rank(tokens_BT, 2)
+  if mask_BT is not None:
+    mask_BT = jnp.asarray(mask_BT).astype(jnp.bool_)
+    chex.assert_equal_shape([tokens_BT, mask_BT])
+  hidden_BTD = model.hidden_states(tokens_BT, positions, mask_BT=mask_BT)
+  return hidden_BTD, model.unembedding().astype(hidden_BTD.dtype), mask_BT
+
+
 def score_tokens(
     model: Any,
     tokens_BT: ArrayLike,
@@ -656,13 +679,7 @@ def score_tokens(
   Returns:
     TokenScores(logprob [B,T] float32, entropy [B,T] float32 or None).
   """
-  tokens_BT = jnp.asarray(tokens_BT)
-  chex.assert_rank(tokens_BT, 2)
-  if mask_BT is not None:
-    mask_BT = jnp.asarray(mask_BT).astype(jnp.bool_)
-    chex.assert_equal_shape([tokens_BT, mask_BT])
-  hidden_BTD = model.hidden_states(tokens_BT, positions, mask_BT=mask_BT)
-  unembed_DV = model.unembedding().astype(hidden_BTD.dtype)
+  hidden_BTD, unembed_DV, mask_BT = model_hidden(model, tokens_BT, mask_BT, positions)
   return score_hidden(hidden_BTD, unembed_DV, tokens_BT, mask_BT, chunk_size=chunk_size,
                       vocab_chunk_size=vocab_chunk_size, temperature=temperature,
                       return_entropy=return_entropy, precision=precision)
@@ -683,18 +700,13 @@ def score_sum_pi_squared(
 
   ``out[:, t]`` belongs to the prediction of ``tokens[:, t]`` from the valid tokens before it
   (the contract field ``sum_pi_squared``); 0 where `score_tokens` gives 0. No gradient.
+  To get it together with the log-probs from one model pass, call `model_hidden` once and then
+  `score_hidden` and `sum_pi_squared_hidden`.
   """
-  tokens_BT = jnp.asarray(tokens_BT)
-  chex.assert_rank(tokens_BT, 2)
-  if mask_BT is not None:
-    mask_BT = jnp.asarray(mask_BT).astype(jnp.bool_)
-    chex.assert_equal_shape([tokens_BT, mask_BT])
-  hidden_BTD = model.hidden_states(tokens_BT, positions, mask_BT=mask_BT)
-  h_pred, valid_BT = next_token_hidden(hidden_BTD, mask_BT)
-  out = token_sum_pi_squared(h_pred, model.unembedding().astype(hidden_BTD.dtype),
-                             chunk_size=chunk_size, vocab_chunk_size=vocab_chunk_size,
-                             temperature=temperature, precision=precision)
-  return jnp.where(valid_BT, out, 0.0)
+  hidden_BTD, unembed_DV, mask_BT = model_hidden(model, tokens_BT, mask_BT, positions)
+  return sum_pi_squared_hidden(hidden_BTD, unembed_DV, mask_BT, chunk_size=chunk_size,
+                               vocab_chunk_size=vocab_chunk_size, temperature=temperature,
+                               precision=precision)
 
 
 def concat_context(context_tokens: ArrayLike, context_mask: ArrayLike | None,

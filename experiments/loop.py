@@ -272,8 +272,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
               meta={"loader": loader.get_state()}, force=True)
   # ---- 3. jitted steps ----
   scorer = jax.jit(train.make_scorer(graphdef, rest, chunk))
-  spi_fn = (jax.jit(train.make_sum_pi_squared(graphdef, rest, chunk))
-            if "sum_pi_squared" in est_needs else None)
+  need_spi = "sum_pi_squared" in est_needs  # Σπ² of the behaviour policy (OTB), same pass
+  policy_scorer = (jax.jit(train.make_scorer(graphdef, rest, chunk, sum_pi_squared=True))
+                   if need_spi else scorer)
   adv_fn = jax.jit(train.make_advantage_fn(est_spec, est_static),
                    out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state))
   update = jax.jit(train.make_rl_update(
@@ -313,7 +314,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     arrays = parallel.shard_batch({"tokens": host["tokens"], "attn_mask": attn,
                                    "response_mask": host["response_mask"], "reward": reward,
                                    "group_id": np.repeat(np.arange(N, dtype=np.int32), G)}, mesh)
-    lp_cur, ent = scorer(state.params, arrays["tokens"], arrays["attn_mask"])
+    lp_cur, ent, *spi = policy_scorer(state.params, arrays["tokens"], arrays["attn_mask"])
     if c.logprob_old_source == "sampler":
       lp_old = jnp.where(arrays["response_mask"], out.logprob_raw, 0.0)
     else:
@@ -334,8 +335,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       fields["reward_baseline"] = parallel.shard_batch(np.repeat(base, G), mesh)
     if need_ref:
       fields["logprob_ref"], _ = scorer(ref_params, arrays["tokens"], arrays["attn_mask"])
-    if spi_fn is not None:  # Σπ² of the behaviour policy (Optimal Token Baseline)
-      fields["sum_pi_squared"] = spi_fn(state.params, arrays["tokens"], arrays["attn_mask"])
+    if need_spi:
+      fields["sum_pi_squared"] = spi[0]
     jax.block_until_ready(fields["logprob_old"])
     t0 = timer.add("scoring", t0)
     est_arrays = {n: fields[n] for n in est_needs

@@ -19,7 +19,7 @@ import credit
 from credit import ops
 from credit.kl import kl_penalty
 from credit.losses import aggregate_loss
-from credit.scoring import score_sum_pi_squared, score_tokens
+from credit.scoring import model_hidden, score_hidden, score_tokens, sum_pi_squared_hidden
 
 # Inputs the single-turn loop produces for estimators and losses.
 LOOP_FIELDS = frozenset({
@@ -91,7 +91,8 @@ def merge_model(graphdef, params, rest) -> nnx.Module:
 # --------------------------------------------------------------------------
 
 
-def make_sft_step(graphdef, rest, tx: optax.GradientTransformation, chunk_size: int | None) -> Callable:
+def make_sft_step(graphdef, rest, tx: optax.GradientTransformation,
+                  chunk_size: int | None) -> Callable:
   """Returns sft_step(params, opt_state, batch) -> (params, opt_state, metrics).
 
   batch: tokens [B,T] (prompt + demonstration, right-padded), attn_mask [B,T]
@@ -237,21 +238,17 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
   return update
 
 
-def make_scorer(graphdef, rest, chunk_size: int | None) -> Callable:
-  """score(params, tokens, attn_mask) -> (logprob [B,T], entropy [B,T]) without gradients."""
+def make_scorer(graphdef, rest, chunk_size: int | None, *,
+                sum_pi_squared: bool = False) -> Callable:
+  """score(params, tokens, attn_mask) -> (logprob [B,T], entropy [B,T]) without gradients; with
+  `sum_pi_squared`, (logprob, entropy, Σπ² [B,T]) from the same model pass."""
 
   def score(params, tokens, attn_mask):
     model = merge_model(graphdef, params, rest)
-    return score_tokens(model, tokens, attn_mask, chunk_size=chunk_size, return_entropy=True)
+    hidden, unembed, mask = model_hidden(model, tokens, attn_mask)
+    out = score_hidden(hidden, unembed, tokens, mask, chunk_size=chunk_size, return_entropy=True)
+    if not sum_pi_squared:
+      return out
+    return (*out, sum_pi_squared_hidden(hidden, unembed, mask, chunk_size=chunk_size))
 
   return score
-
-
-def make_sum_pi_squared(graphdef, rest, chunk_size: int | None) -> Callable:
-  """spi(params, tokens, attn_mask) -> Σ_v π(v)² [B,T] of the policy at each token's prediction."""
-
-  def spi(params, tokens, attn_mask):
-    model = merge_model(graphdef, params, rest)
-    return score_sum_pi_squared(model, tokens, attn_mask, chunk_size=chunk_size)
-
-  return spi
