@@ -57,8 +57,8 @@ class KVCache:
   """Key/value cache of all layers.
 
   Attributes:
-    k: [L, B, S, K, H] keys after RoPE (and k_norm), in the cache dtype.
-    v: [L, B, S, K, H] values.
+    k: [L, B, K, S, H] keys after RoPE (and k_norm), in the cache dtype.
+    v: [L, B, K, H, S] values (slots last: the layout of the attention-weighted sum).
     valid: [B, S] bool, slots holding real (non-pad) tokens.
     index: [] int32, next slot to write; the same for every row.
   """
@@ -69,14 +69,15 @@ class KVCache:
 
   @property
   def size(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
 
 def init_cache(config: ModelConfig, batch_size: int, cache_size: int, dtype=None) -> KVCache:
   """An empty cache: zeros, no valid slot, index 0. dtype defaults to the compute dtype."""
   dtype = config.jnp_dtype if dtype is None else (DTYPES[dtype] if isinstance(dtype, str) else dtype)
-  shape = (config.num_layers, batch_size, cache_size, config.num_kv_heads, config.head_dim)
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+  l, k, h = config.num_layers, config.num_kv_heads, config.head_dim
+  return KVCache(k=jnp.zeros((l, batch_size, k, cache_size, h), dtype),
+                 v=jnp.zeros((l, batch_size, k, h, cache_size), dtype),
                  valid=jnp.zeros((batch_size, cache_size), jnp.bool_),
                  index=jnp.zeros((), jnp.int32))
 
@@ -228,25 +229,32 @@ class Attention(nnx.Module):
     q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
 
+    # Keys as [B,K,S,H] and values as [B,K,H,S]: the operand layouts of the two batched dots
+    # below, so that reading the cache needs no transpose (with [B,S,K,H] XLA:CPU copied the
+    # whole layer cache into these layouts on every decode step).
     if kv is None:
-      k_BSKH, v_BSKH, new_kv = k_BTKH, v_BTKH, None
+      k_BKSH = jnp.swapaxes(k_BTKH, 1, 2)
+      v_BKHS = jnp.transpose(v_BTKH, (0, 2, 3, 1))
+      new_kv = None
     else:
       k_all, v_all, layer, index = kv
-      start = (layer, 0, index, 0, 0)
-      k_all = jax.lax.dynamic_update_slice(k_all, k_BTKH[None].astype(k_all.dtype), start)
-      v_all = jax.lax.dynamic_update_slice(v_all, v_BTKH[None].astype(v_all.dtype), start)
-      k_BSKH = k_all[layer].astype(c.jnp_dtype)
-      v_BSKH = v_all[layer].astype(c.jnp_dtype)
+      k_all = jax.lax.dynamic_update_slice(
+          k_all, jnp.swapaxes(k_BTKH, 1, 2)[None].astype(k_all.dtype), (layer, 0, 0, index, 0))
+      v_all = jax.lax.dynamic_update_slice(
+          v_all, jnp.transpose(v_BTKH, (0, 2, 3, 1))[None].astype(v_all.dtype),
+          (layer, 0, 0, 0, index))
+      k_BKSH = k_all[layer].astype(c.jnp_dtype)
+      v_BKHS = v_all[layer].astype(c.jnp_dtype)
       new_kv = (k_all, v_all)
 
     b, t, n, h = q_BTNH.shape
     kh = c.num_kv_heads
     q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
-    s_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+    s_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
                          preferred_element_type=jnp.float32) * (h ** -0.5)
     s_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], s_BKGTS, _MASK_VALUE)
     p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(c.jnp_dtype)
-    o_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", p_BKGTS, v_BSKH)
+    o_BTKGH = jnp.einsum("BKGTS,BKHS->BTKGH", p_BKGTS, v_BKHS)
     out_BTD = self.o_proj(o_BTKGH.reshape(b, t, n, h))
     return out_BTD, new_kv
 

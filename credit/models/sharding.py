@@ -34,7 +34,8 @@ DEFAULT_RULES: tuple = (
     ("lora_rank", None),
 )
 
-CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+CACHE_K_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+CACHE_V_AXES = ("layers", "batch", "kv_heads", "head_dim", "cache_seq")
 
 
 def _as_tuple(axes) -> tuple:
@@ -111,8 +112,9 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Sequence[tuple] = DEFAULT_
 
 
 def cache_sharding(cache, mesh: Mesh, rules: Sequence[tuple] = DEFAULT_RULES):
-  """A KVCache of NamedShardings: k/v over (layers, batch, cache_seq, kv_heads, head_dim)."""
-  kv = logical_sharding(mesh, CACHE_AXES, rules, cache.k.shape)
-  return type(cache)(k=kv, v=kv,
+  """A KVCache of NamedShardings: k over (layers, batch, kv_heads, cache_seq, head_dim), v over
+  (layers, batch, kv_heads, head_dim, cache_seq)."""
+  return type(cache)(k=logical_sharding(mesh, CACHE_K_AXES, rules, cache.k.shape),
+                     v=logical_sharding(mesh, CACHE_V_AXES, rules, cache.v.shape),
                      valid=logical_sharding(mesh, ("batch", "cache_seq"), rules, cache.valid.shape),
                      index=NamedSharding(mesh, PartitionSpec()))
