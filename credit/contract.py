@@ -11,69 +11,105 @@ bad input into errors that name the argument, instead of silent NaNs inside jit.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import jax
 import numpy as np
 from flax import struct
 
-# Field name -> (shape letters, dtype kind). Letters: B batch, T tokens, K turns/steps.
-# dtype kinds: "i" integer, "b" bool (or 0/1 numeric mask), "f" floating.
-CONTRACT: dict[str, tuple[str, str]] = {
-    "tokens": ("BT", "i"),
-    "response_mask": ("BT", "b"),
-    "obs_mask": ("BT", "b"),
-    "turn_id": ("BT", "i"),
-    "group_id": ("B", "i"),
-    "reward": ("B", "f"),
-    "step_reward": ("BK", "f"),
-    "step_mask": ("BK", "b"),
-    "logprob": ("BT", "f"),
-    "logprob_old": ("BT", "f"),
-    "logprob_ref": ("BT", "f"),
-    "logprob_teacher": ("BT", "f"),
-    "logprob_sampler": ("BT", "f"),
-    "entropy": ("BT", "f"),
-    "values": ("BT", "f"),
-    "values_old": ("BT", "f"),
-    "advantages": ("BT", "f"),
-    "returns": ("BT", "f"),
-    "token_reward": ("BT", "f"),
+
+class Field(NamedTuple):
+  """One row of the contract table.
+
+  shape: letters, one per axis (B batch, T tokens, K turns/steps, R reward components,
+    k top-k entries); fields sharing a letter must agree on its size.
+  dtype: "i" integer, "b" bool (or a 0/1 numeric mask), "f" floating.
+  meaning: what the array holds.
+  finite: values must be finite where used (under `response_mask` for [B,T..] fields,
+    under `step_mask` for `step_reward`); checked by `validate_fields`.
+  """
+  shape: str
+  dtype: str
+  meaning: str
+  finite: bool = False
+
+
+# The one table of rollout fields. `Rollout`, the finite checks, the registry's check of
+# `needs` and the runner's producible fields all derive from it.
+CONTRACT: dict[str, Field] = {
+    # --- tokens and masks ---
+    "tokens": Field("BT", "i", "prompt then response tokens, right-padded"),
+    "response_mask": Field("BT", "b", "tokens the policy generated (policy-gradient targets)"),
+    "obs_mask": Field("BT", "b", "tokens from an environment / tool; never policy-gradient "
+                      "targets"),
+    "turn_id": Field("BT", "i", "agent turn of each token, -1 outside turns"),
+    "step_id": Field("BT", "i", "reasoning step / segment of each token, -1 outside"),
+    # --- groups and prompts ---
+    "group_id": Field("B", "i", "which prompt group a sample answers"),
+    "prompt_id": Field("B", "i", "stable id of the prompt across steps (per-prompt state)"),
+    # --- rewards ---
+    "reward": Field("B", "f", "outcome reward", True),
+    "reward_baseline": Field("B", "f", "reward of a baseline response to the same prompt "
+                             "(ReMax: the greedy decode)", True),
+    "reward_components": Field("BR", "f", "several reward signals per sample", True),
+    "step_reward": Field("BK", "f", "per-turn / per-step rewards (process, progress, judge)",
+                         True),
+    "step_mask": Field("BK", "b", "valid entries of step_reward"),
+    "token_reward": Field("BT", "f", "dense per-token rewards", True),
+    "sample_weight": Field("B", "f", "per-sample loss weight", True),
+    # --- log-probs and model statistics ---
+    "logprob": Field("BT", "f", "current policy log-prob of the sampled token (differentiated)",
+                     True),
+    "logprob_old": Field("BT", "f", "behaviour policy log-prob of the sampled token", True),
+    "logprob_ref": Field("BT", "f", "frozen reference model log-prob", True),
+    "logprob_teacher": Field("BT", "f", "teacher model log-prob of the student's token", True),
+    "logprob_sampler": Field("BT", "f", "log-prob reported by the rollout engine", True),
+    "logprob_alt": Field("BT", "f", "the same tokens scored under another context "
+                         "(answer-conditioned, counterfactual, privileged)", True),
+    "teacher_topk_logprob": Field("BTk", "f", "top-k teacher log-probs (last entry: tail "
+                                  "bucket)"),
+    "teacher_topk_ids": Field("BTk", "i", "token ids of teacher_topk_logprob (tail: -1)"),
+    "entropy": Field("BT", "f", "policy entropy at each position", True),
+    "sum_pi_squared": Field("BT", "f", "Σ_v π(v)² of the behaviour policy at each position",
+                            True),
+    "is_weights": Field("BT", "f", "truncated rollout importance weights", True),
+    # --- critic and targets ---
+    "values": Field("BT", "f", "critic values", True),
+    "values_old": Field("BT", "f", "critic values at rollout time", True),
+    "advantages": Field("BT", "f", "what an estimator returns and a policy loss consumes",
+                        True),
+    "returns": Field("BT", "f", "value targets", True),
+    # --- trees and asynchronous rollouts ---
+    "parent_id": Field("B", "i", "tree rollouts: the row a branch continues (-1: a root)"),
+    "prefix_len": Field("B", "i", "tree rollouts: position where the branch departs"),
+    "policy_version": Field("B", "i", "asynchronous rollouts: parameter version that sampled "
+                            "the row"),
 }
 
-# Fields whose values must be finite where they are used.
-_FINITE = {"reward", "step_reward", "logprob", "logprob_old", "logprob_ref",
-           "logprob_teacher", "logprob_sampler", "entropy", "values", "values_old",
-           "advantages", "returns", "token_reward"}
+_REQUIRED = ("tokens", "response_mask")
 
 
-@struct.dataclass
-class Rollout:
-  """One batch of rollouts, right-padded to T (see DESIGN.md, "The rollout contract").
+def _make_rollout():
+  """A class with one annotated attribute per contract field, for `struct.dataclass`."""
+  ns = {k: v for k, v in vars(_RolloutMethods).items() if k not in ("__dict__", "__weakref__")}
+  ns["__annotations__"] = {n: Any for n in CONTRACT}
+  ns["__annotations__"]["extras"] = Mapping[str, Any]
+  ns["__annotations__"] = {n: ns["__annotations__"][n] for n in
+                           list(_REQUIRED) + [n for n in CONTRACT if n not in _REQUIRED]
+                           + ["extras"]}
+  for n in CONTRACT:
+    if n not in _REQUIRED:
+      ns[n] = None
+  ns["extras"] = dataclasses.field(default_factory=dict)
+  return type("Rollout", (), ns)
 
-  Attributes follow `CONTRACT`; absent fields are None. `extras` carries
-  estimator-specific arrays (e.g. `sub_rewards`, `prompt_id`) by name.
+
+class _RolloutMethods:
+  """One batch of rollouts, right-padded to T (DESIGN.md, "The rollout contract").
+
+  One attribute per `CONTRACT` field (absent fields are None; `tokens` and
+  `response_mask` are required); `extras` carries other arrays by name.
   """
-  tokens: jax.Array
-  response_mask: jax.Array
-  group_id: jax.Array | None = None
-  reward: jax.Array | None = None
-  obs_mask: jax.Array | None = None
-  turn_id: jax.Array | None = None
-  step_reward: jax.Array | None = None
-  step_mask: jax.Array | None = None
-  logprob: jax.Array | None = None
-  logprob_old: jax.Array | None = None
-  logprob_ref: jax.Array | None = None
-  logprob_teacher: jax.Array | None = None
-  logprob_sampler: jax.Array | None = None
-  entropy: jax.Array | None = None
-  values: jax.Array | None = None
-  values_old: jax.Array | None = None
-  advantages: jax.Array | None = None
-  returns: jax.Array | None = None
-  token_reward: jax.Array | None = None
-  extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def batch_size(self) -> int:
@@ -84,28 +120,23 @@ class Rollout:
     return self.tokens.shape[1]
 
   def get(self, name: str) -> Any:
-    if hasattr(self, name) and name != "extras":
-      return getattr(self, name)
-    return self.extras.get(name)
+    value = getattr(self, name) if name in CONTRACT else None
+    return self.extras.get(name) if value is None else value
 
   def fields(self, names: Iterable[str]) -> dict[str, Any]:
     """The named fields as a kwargs dict; raises if one is missing."""
-    out = {}
-    missing = []
-    for n in names:
-      v = self.get(n)
-      if v is None:
-        missing.append(n)
-      out[n] = v
+    out = {n: self.get(n) for n in names}
+    missing = sorted(n for n, v in out.items() if v is None)
     if missing:
-      raise ValueError(f"Rollout lacks field(s) {sorted(missing)} (present: "
-                       f"{sorted(self.present())})")
+      raise ValueError(f"Rollout lacks field(s) {missing} (present: {sorted(self.present())})")
     return out
 
   def present(self) -> list[str]:
-    names = [f.name for f in dataclasses.fields(self) if f.name != "extras"
-             and getattr(self, f.name) is not None]
-    return names + list(self.extras)
+    return [n for n in CONTRACT if getattr(self, n) is not None] + list(self.extras)
+
+
+Rollout = struct.dataclass(_make_rollout())
+Rollout.__module__ = __name__
 
 
 class ContractError(ValueError):
@@ -126,9 +157,9 @@ def _kind_ok(arr: np.ndarray, kind: str) -> bool:
 def validate_fields(fields: Mapping[str, Any], *, num_groups: int | None = None,
                     where: str = "input", require_nonempty_mask: bool = True,
                     dims: Mapping[str, int] | None = None) -> dict[str, int]:
-  """Checks contract fields eagerly; returns the resolved dimensions {B, T, K}.
+  """Checks contract fields eagerly; returns the resolved dimensions (letters -> sizes).
 
-  Checks: rank and shape agreement across fields (B, T, K), dtype kinds, 0/1
+  Checks: rank and shape agreement across fields (B, T, K, ...), dtype kinds, 0/1
   masks, finite floats (only where `response_mask` selects, for [B,T] fields),
   group ids in [0, num_groups), and that `response_mask` selects at least one
   token. Unknown names are ignored (estimator-specific extras are checked by
@@ -147,7 +178,7 @@ def validate_fields(fields: Mapping[str, Any], *, num_groups: int | None = None,
     except Exception as e:  # tracers cannot be validated eagerly
       raise ContractError(f"{where}: `{name}` must be a concrete array to validate "
                           f"(call validate_* outside jit): {e}") from None
-    letters, kind = CONTRACT[name]
+    letters, kind = CONTRACT[name].shape, CONTRACT[name].dtype
     if arr.ndim != len(letters):
       raise ContractError(
           f"{where}: `{name}` must have shape [{','.join(letters)}] (rank {len(letters)}), "
@@ -172,11 +203,11 @@ def validate_fields(fields: Mapping[str, Any], *, num_groups: int | None = None,
     if require_nonempty_mask and not mask_b.any():
       raise ContractError(f"{where}: `response_mask` selects no token; nothing to train on")
   for name, arr in arrays.items():
-    if name not in _FINITE:
+    if not CONTRACT[name].finite:
       continue
-    letters = CONTRACT[name][0]
+    letters = CONTRACT[name].shape
     sel = arr
-    if letters == "BT" and mask is not None:
+    if letters.startswith("BT") and mask is not None:
       sel = arr[mask.astype(bool)]
     elif name == "step_reward" and "step_mask" in arrays:
       sel = arr[arrays["step_mask"].astype(bool)]

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from credit import scoring
+from credit import ops, scoring
+from credit._checks import lookup
 
 Array = jax.Array
 DivergenceKind = Literal["forward_kl", "reverse_kl", "js", "hellinger", "tv"]
@@ -92,16 +93,10 @@ _TERMS: dict[str, Callable[..., Array]] = {
 }
 
 
-def _safe_sqrt(x: Array) -> Array:
-  pos = x > 0
-  return jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
-
-
 def _resolve(kind: str, squared: bool) -> tuple[Callable[..., Array], Callable[[Array], Array]]:
-  if kind not in _TERMS:
-    raise ValueError(f"unknown divergence kind {kind!r}; known: {sorted(_TERMS)}")
-  finish = _safe_sqrt if (kind == "hellinger" and not squared) else (lambda x: x)
-  return _TERMS[kind], finish
+  terms = lookup(_TERMS, kind, "divergence kind")
+  finish = ops.safe_sqrt if (kind == "hellinger" and not squared) else (lambda x: x)
+  return terms, finish
 
 
 def list_divergences() -> list[str]:

@@ -1,24 +1,93 @@
-"""Name -> function registries for advantage estimators and policy losses.
+"""Name -> spec registries for advantage estimators and policy losses.
 
-The runner picks a method by name and reads from its spec which rollout
-fields and extra passes it needs. Lookups of unknown names raise with the list
-of known names. Registration happens at import of each family module.
+A method registers itself where it is defined, with the contract fields it needs, its
+paper, and (for stateful estimators) how to build its state::
+
+    @register_estimator("grpo", needs=("reward", "group_id", "response_mask"), paper=...,
+                        static_argnames=("num_groups", "group_size", "scale", "singleton"))
+    def grpo_advantages(*, reward, group_id, response_mask, num_groups, ...): ...
+
+What the registry derives instead of being told:
+
+* the family, from the defining module: `credit/advantages/<family>/<name>.py` is family
+  `<family>` (one of `FAMILIES`); a function defined outside `credit.advantages` (a
+  user's own estimator) is family "user";
+* the confidence, from the docstring: it must name one of `CONFIDENCE_TAGS`
+  ("code-verified", "paper-equation", "inferred") — registration of a library method
+  without one fails;
+* the data arguments and hyperparameters, from the signature (computed once): `needs` must
+  be contract fields (`credit.contract.CONTRACT`) the function takes as keywords.
+
+Lookups of unknown names raise `UnknownNameError` listing the known names.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
-from typing import Any, Callable, Mapping
+import inspect
+import re
+from typing import Any, Callable, Iterable, Mapping
 
-# Names of inputs that are not plain rollout fields but require work from the
-# runner: extra forward passes or samples.
-EXTRA_PASSES = frozenset({
-    "logprob_ref",          # forward pass of the frozen reference model
-    "logprob_teacher",      # forward pass of a teacher model
-    "rescore_under_context",  # re-score the sampled tokens under another context
-    "branch_samples",       # continuations from shared prefixes
-    "values",               # a critic
-})
+from credit._checks import UnknownNameError, unknown
+from credit.contract import CONTRACT
+
+__all__ = [
+    "FAMILIES", "CONFIDENCE_TAGS", "EstimatorSpec", "PolicyLossSpec", "UnknownNameError",
+    "register_estimator", "register_policy_loss", "get_estimator", "list_estimators",
+    "list_families", "get_policy_loss", "list_policy_losses", "confidence_of",
+]
+
+# Estimator families, one package each under credit/advantages/.
+FAMILIES = ("outcome", "token", "implicit", "turn", "distill", "tree", "shaping")
+CONFIDENCE_TAGS = ("code-verified", "paper-equation", "inferred")
+_USER = "user"
+_ADV_PREFIX = "credit.advantages."
+
+# Arguments the runner supplies from the batch layout rather than from fields.
+_LAYOUT_ARGS = ("num_groups", "group_size")
+
+
+def confidence_of(doc: str | None) -> str | None:
+  """The first confidence tag named in a docstring, or None."""
+  doc = (doc or "").lower()
+  found = [(doc.find(t), t) for t in CONFIDENCE_TAGS if t in doc]
+  return min(found)[1] if found else None
+
+
+def _family_of(fn: Callable) -> str:
+  mod = getattr(fn, "__module__", "") or ""
+  if not mod.startswith(_ADV_PREFIX):
+    return _USER
+  family = mod[len(_ADV_PREFIX):].split(".")[0]
+  if family not in FAMILIES:
+    raise ValueError(f"estimator module {mod!r} is not inside a family package "
+                     f"credit/advantages/<family>/ with family in {list(FAMILIES)}")
+  return family
+
+
+def _is_library(fn: Callable) -> bool:
+  return (getattr(fn, "__module__", "") or "").startswith("credit.")
+
+
+def _check_needs(kind: str, name: str, fn: Callable, needs: Iterable[str],
+                 params: Mapping[str, inspect.Parameter]) -> None:
+  bad = sorted(n for n in needs if n not in CONTRACT)
+  if bad:
+    raise ValueError(f"{kind} {name!r} needs {bad}, which are not contract fields; add them to "
+                     f"credit.contract.CONTRACT (known: {sorted(CONTRACT)})")
+  missing = sorted(n for n in needs if n not in params)
+  if missing:
+    raise ValueError(f"{kind} {name!r}: {fn.__qualname__} takes no argument(s) {missing} "
+                     "that it declares in `needs`")
+
+
+def _confidence(kind: str, name: str, fn: Callable, doc: str | None) -> str:
+  tag = confidence_of(doc)
+  if tag is None:
+    if _is_library(fn):
+      raise ValueError(f"{kind} {name!r}: the docstring of {fn.__qualname__} must state its "
+                       f"confidence, one of {list(CONFIDENCE_TAGS)}")
+    return "unstated"
+  return tag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,95 +97,190 @@ class EstimatorSpec:
   Attributes:
     name: registry key.
     fn: the pure function; keyword-only data arguments named by the contract.
-    needs: rollout fields (and extra passes) the function takes as data.
-    paper: citation (title, arXiv id) for the docstring and reports.
-    family: "outcome", "token", "implicit", "turn", "distill", "tree".
+    needs: contract fields the function always takes as data.
+    paper: citation (title, arXiv id).
+    family: derived from the defining package (`FAMILIES`, or "user").
+    confidence: "code-verified" | "paper-equation" | "inferred", from the docstring.
     static_argnames: hyperparameters that change shapes/control flow (jit static).
-    stateful: True when the function takes and returns explicit estimator state.
     returns_output: True when it returns a NamedTuple with an `advantages` field.
     optional_needs: (field, switch) pairs for inputs the function takes only in some settings:
-      `field` is needed when the hyperparameter `switch` is set to a truthy value (e.g.
-      REINFORCE++ takes `logprob_ref` when `kl_coef` != 0). `needs_for(hyper)` resolves them.
+      `field` is needed when the hyperparameter `switch` is truthy (REINFORCE++ takes
+      `logprob_ref` when `kl_coef` != 0). `needs_for(hyper)` resolves them.
+    init_state: for stateful estimators, `init_state(num_prompts) -> state`; the function
+      then takes `state=` and returns a NamedTuple with `advantages` and `state`.
+    params: the function's keyword parameters (from its signature, computed once).
   """
   name: str
   fn: Callable[..., Any]
   needs: frozenset[str]
   paper: str
-  family: str = "outcome"
+  family: str
+  confidence: str
   static_argnames: tuple[str, ...] = ()
-  stateful: bool = False
   returns_output: bool = False
   optional_needs: tuple[tuple[str, str], ...] = ()
+  init_state: Callable[[int], Any] | None = None
+  params: tuple[str, ...] = ()
+
+  @property
+  def stateful(self) -> bool:
+    return self.init_state is not None
+
+  @property
+  def module(self) -> str:
+    return self.fn.__module__
+
+  @property
+  def hyperparameters(self) -> tuple[str, ...]:
+    """Keyword parameters that are neither contract data nor layout/state arguments."""
+    return tuple(p for p in self.params if p not in CONTRACT and p not in _LAYOUT_ARGS
+                 and p != "state")
 
   def needs_for(self, hyper: Mapping[str, Any] | None = None) -> frozenset[str]:
     """`needs` plus the optional inputs switched on by the hyperparameters in `hyper`."""
     hyper = hyper or {}
     return self.needs | {f for f, switch in self.optional_needs if hyper.get(switch)}
 
+  def split_arguments(self, hyper: Mapping[str, Any] | None = None, *,
+                      num_groups: int | None = None,
+                      group_size: int | None = None) -> tuple[tuple[str, ...], dict]:
+    """(data argument names, static keyword arguments) for a call with `hyper`.
+
+    Layout arguments (`num_groups`, `group_size`) are added when the function takes them;
+    lists become tuples (hashable). Raises ValueError naming the valid hyperparameters
+    for one the function does not take.
+    """
+    hyper = dict(hyper or {})
+    for k in hyper:
+      if k not in self.params or k in CONTRACT or k in _LAYOUT_ARGS or k == "state":
+        raise ValueError(f"estimator {self.name!r} has no hyperparameter {k!r}; valid: "
+                         f"{list(self.hyperparameters)}")
+    static = {k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()}
+    if "num_groups" in self.params:
+      static["num_groups"] = num_groups
+    if "group_size" in self.params:
+      static["group_size"] = group_size
+    data = tuple(sorted(n for n in self.needs_for(hyper) if n in self.params))
+    return data, static
+
+  def advantages(self, out: Any) -> Any:
+    """The [B,T] advantages of whatever `fn` returned."""
+    return out.advantages if (self.returns_output or self.stateful) else out
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossSpec:
-  """A registered policy loss: fn(*, logprob, logprob_old, advantages, response_mask, ...)
+  """A registered policy loss.
 
-  returns a `LossOutput(loss, metrics)`; `needs` lists the contract fields it uses.
+  Attributes:
+    name: registry key (`--config.policy_loss`).
+    fn: the full loss, `fn(*, logprob, logprob_old, advantages, response_mask, <hyper>,
+      <reduction arguments>) -> LossOutput(loss, metrics)`.
+    token_fn: the per-token term, `token_fn(*, <needs>, <hyper>) -> TokenLoss(loss [B,T],
+      metrics)`; `fn` is `token_fn` followed by `credit.losses.reduce_policy_loss`.
+    needs: contract fields the loss takes as data.
+    paper: citation.
+    confidence: from the per-token function's docstring.
+    static_argnames: arguments that change shapes/control flow (jit static).
+    batch_coupled: the per-token value depends on statistics of the whole (micro-)batch
+      (e.g. covariance top-k selection), so micro-batch sums differ from the full batch.
+    params: the full function's keyword parameters.
   """
   name: str
   fn: Callable[..., Any]
+  token_fn: Callable[..., Any]
   needs: frozenset[str]
   paper: str
+  confidence: str
   static_argnames: tuple[str, ...] = ()
+  batch_coupled: bool = False
+  params: tuple[str, ...] = ()
+
+  @property
+  def module(self) -> str:
+    return self.token_fn.__module__
+
+  @property
+  def hyperparameters(self) -> tuple[str, ...]:
+    return tuple(p for p in self.params if p not in CONTRACT)
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
 _POLICY_LOSSES: dict[str, PolicyLossSpec] = {}
 
 
-class UnknownNameError(KeyError):
-  """An unknown estimator or loss name; the message lists the known ones."""
-
-  def __str__(self) -> str:  # KeyError quotes its message otherwise
-    return str(self.args[0])
-
-
-def _unknown(kind: str, name: str, known: dict) -> UnknownNameError:
-  close = difflib.get_close_matches(name, list(known), n=3)
-  hint = f" Did you mean {close}?" if close else ""
-  return UnknownNameError(f"Unknown {kind} {name!r}.{hint} Known {kind}s: {sorted(known)}")
-
-
 def _check_unique(kind: str, name: str, fn, table: dict) -> None:
   """Two different functions may not share a name; the same function registered again (its
   module re-imported, e.g. by a doctest runner or importlib.reload) replaces its entry."""
   old = table.get(name)
-  if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__,
-                                                                     fn.__qualname__):
-    raise ValueError(f"{kind} {name!r} registered twice: {old.fn.__module__}."
-                     f"{old.fn.__qualname__} and {fn.__module__}.{fn.__qualname__}")
+  if old is None:
+    return
+  old_fn = getattr(old, "token_fn", old.fn)
+  if (old_fn.__module__, old_fn.__qualname__) != (fn.__module__, fn.__qualname__):
+    raise ValueError(f"{kind} {name!r} registered twice: {old_fn.__module__}."
+                     f"{old_fn.__qualname__} and {fn.__module__}.{fn.__qualname__}")
 
 
-def register_estimator(name: str, *, needs, paper: str, family: str = "outcome",
-                       static_argnames=(), stateful: bool = False,
-                       returns_output: bool = False, optional_needs=()):
-  """Decorator registering `fn` under `name` (names must be unique).
+def _keyword_params(fn: Callable) -> dict[str, inspect.Parameter]:
+  return {k: p for k, p in inspect.signature(fn).parameters.items()
+          if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
-  `optional_needs`: a {field: switch} mapping or (field, switch) pairs, see `EstimatorSpec`.
+
+def register_estimator(name: str, *, needs: Iterable[str], paper: str,
+                       static_argnames: Iterable[str] = (), returns_output: bool = False,
+                       optional_needs: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+                       init_state: Callable[[int], Any] | None = None):
+  """Decorator registering an estimator under `name` (names are unique).
+
+  Args:
+    name: registry key.
+    needs: contract fields the function always takes.
+    paper: citation.
+    static_argnames: arguments that change shapes or control flow.
+    returns_output: the function returns a NamedTuple with `advantages`.
+    optional_needs: {field: switching hyperparameter}, see `EstimatorSpec`.
+    init_state: `init_state(num_prompts) -> state` for stateful estimators.
   """
   opt = tuple(sorted(dict(optional_needs).items()))
+  if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+    raise ValueError(f"estimator name {name!r}: use lower_snake_case")
 
   def deco(fn):
+    params = _keyword_params(fn)
+    _check_needs("estimator", name, fn, list(needs) + [f for f, _ in opt], params)
+    if init_state is not None and "state" not in params:
+      raise ValueError(f"estimator {name!r} has init_state but {fn.__qualname__} takes no "
+                       "`state` argument")
     _check_unique("estimator", name, fn, _ESTIMATORS)
-    _ESTIMATORS[name] = EstimatorSpec(name, fn, frozenset(needs), paper, family,
-                                      tuple(static_argnames), stateful, returns_output, opt)
+    _ESTIMATORS[name] = EstimatorSpec(
+        name=name, fn=fn, needs=frozenset(needs), paper=paper, family=_family_of(fn),
+        confidence=_confidence("estimator", name, fn, fn.__doc__),
+        static_argnames=tuple(static_argnames), returns_output=returns_output,
+        optional_needs=opt, init_state=init_state, params=tuple(params))
     return fn
 
   return deco
 
 
-def register_policy_loss(name: str, *, needs, paper: str, static_argnames=()):
+def register_policy_loss(name: str, *, needs: Iterable[str], paper: str,
+                         static_argnames: Iterable[str] = (), batch_coupled: bool = False,
+                         token_fn: Callable[..., Any] | None = None):
+  """Decorator registering a full policy loss `fn` (and its per-token term `token_fn`).
+
+  `credit.losses` builds `fn` from a per-token function and the shared reduction; a user
+  may register any function with the `fn` signature (then `token_fn` defaults to `fn`).
+  """
+
   def deco(fn):
-    _check_unique("policy loss", name, fn, _POLICY_LOSSES)
-    _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, frozenset(needs), paper,
-                                          tuple(static_argnames))
+    tfn = token_fn or fn
+    params = _keyword_params(fn)
+    _check_needs("policy loss", name, fn, needs, params)
+    _check_unique("policy loss", name, tfn, _POLICY_LOSSES)
+    _POLICY_LOSSES[name] = PolicyLossSpec(
+        name=name, fn=fn, token_fn=tfn, needs=frozenset(needs), paper=paper,
+        confidence=_confidence("policy loss", name, tfn, tfn.__doc__),
+        static_argnames=tuple(static_argnames), batch_coupled=batch_coupled,
+        params=tuple(params))
     return fn
 
   return deco
@@ -126,19 +290,31 @@ def get_estimator(name: str) -> EstimatorSpec:
   """The spec registered under `name`; raises `UnknownNameError` listing known names."""
   try:
     return _ESTIMATORS[name]
-  except KeyError:
-    raise _unknown("estimator", name, _ESTIMATORS) from None
+  except (KeyError, TypeError):
+    raise unknown("estimator", name, _ESTIMATORS) from None
 
 
 def list_estimators(family: str | None = None) -> list[str]:
+  """Registered estimator names (of one family when given), sorted."""
+  if family is not None and family not in FAMILIES + (_USER,):
+    raise unknown("family", family, FAMILIES + (_USER,))
   return sorted(n for n, s in _ESTIMATORS.items() if family is None or s.family == family)
+
+
+def list_families() -> dict[str, list[str]]:
+  """{family: [estimator names]} for every family package (empty ones included)."""
+  out = {f: list_estimators(f) for f in FAMILIES}
+  user = list_estimators(_USER)
+  if user:
+    out[_USER] = user
+  return out
 
 
 def get_policy_loss(name: str) -> PolicyLossSpec:
   try:
     return _POLICY_LOSSES[name]
-  except KeyError:
-    raise _unknown("policy loss", name, _POLICY_LOSSES) from None
+  except (KeyError, TypeError):
+    raise unknown("policy loss", name, _POLICY_LOSSES) from None
 
 
 def list_policy_losses() -> list[str]:

@@ -759,7 +759,3 @@ class Sampler:
                         max_new_tokens=max_new_tokens, num_samples=num_samples,
                         pad_id=self.pad_id, cache_dtype=self.cache_dtype)
 
-
-def make_sampler(model: nnx.Module, **kwargs) -> Sampler:
-  """`Sampler(model, **kwargs)`."""
-  return Sampler(model, **kwargs)

@@ -1,4 +1,4 @@
-"""Tests for credit.models.hf_io (Hugging Face checkpoints) and credit.models.tokenizer.
+"""Tests for credit.models.hf_io (Hugging Face checkpoints) and credit.models.hf_tokenizer.
 
 transformers (PyTorch, CPU) is the numerical reference: tiny random checkpoints of each family are
 written with its save_pretrained, loaded with ours, and compared on a left-padded batch.

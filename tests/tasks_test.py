@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from credit import tasks as ct
-from credit.tasks import tokenizer as tok_lib
+from credit.tasks import char_tokenizer as tok_lib
 
 TASK_VARIANTS = [
     ("arithmetic", {}),

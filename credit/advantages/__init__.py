@@ -1,23 +1,19 @@
 """Advantage estimators: rollout fields in, token advantages [B,T] out.
 
-One module per family; importing this package registers every estimator in
-`credit.registry` (so `credit.get_estimator(name)` finds it).
+One package per family (`credit.registry.FAMILIES`), one module per method named after its
+registry key: `credit/advantages/<family>/<name>.py`. Importing this package imports every
+family, which registers every estimator (`credit.get_estimator(name)` finds it) and exposes
+the families as namespaces: `credit.advantages.outcome.grpo_advantages`, and every exported
+name also directly as `credit.advantages.grpo_advantages`.
 """
-from credit.advantages import outcome  # noqa: F401  (registers the outcome family)
-from credit.advantages.outcome import (DCPOOutput, DCPOState, GAEOutput, dapo_advantages,
-                                       dapo_keep_mask, dapo_overlong_penalty, dcpo_advantages,
-                                       dcpo_init_state, dr_grpo_advantages, gae_advantages,
-                                       gdpo_advantages, gpg_advantages, grpo_advantages,
-                                       grpo_passk_advantages, opo_advantages,
-                                       optimal_token_baseline_advantages, reinforce_pp_advantages,
-                                       reinforce_pp_baseline_advantages, remax_advantages,
-                                       rloo_advantages)
+import importlib as _importlib
 
-__all__ = [
-    "outcome", "DCPOOutput", "DCPOState", "GAEOutput", "dapo_advantages", "dapo_keep_mask",
-    "dapo_overlong_penalty", "dcpo_advantages", "dcpo_init_state", "dr_grpo_advantages",
-    "gae_advantages", "gdpo_advantages", "gpg_advantages", "grpo_advantages",
-    "grpo_passk_advantages", "opo_advantages", "optimal_token_baseline_advantages",
-    "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "remax_advantages",
-    "rloo_advantages",
-]
+from credit.registry import FAMILIES as _FAMILIES
+
+__all__ = list(_FAMILIES)
+for _family in _FAMILIES:
+  _pkg = _importlib.import_module(f"{__name__}.{_family}")
+  globals()[_family] = _pkg
+  for _name in _pkg.__all__:
+    globals()[_name] = getattr(_pkg, _name)
+    __all__.append(_name)

@@ -1,6 +1,8 @@
 """Decoder-only transformers (Llama 3, Qwen2/2.5, Qwen3) in Flax NNX, HF I/O, tokenizer, LoRA.
 
-See /tmp/model_interface.md for the contract shared with `credit.sampling` and `credit.scoring`.
+The model interface `credit.sampling` and `credit.scoring` rely on: `Decoder.__call__` returning
+logits, `Decoder.hidden_states` (hidden states and the unembedding for chunked scoring),
+`init_cache` for the KV cache, and `ModelConfig` for the token ids (decoder.py documents them).
 """
 from credit.models.config import ModelConfig, tiny_config
 from credit.models.decoder import Decoder, KVCache, default_positions, init_cache, rope_inv_freq
@@ -10,7 +12,7 @@ from credit.models.lora import (LoRAEinsum, LoRAParam, apply_lora, lora_trainabl
                                 merge_lora)
 from credit.models.sharding import (DEFAULT_RULES, cache_sharding, logical_sharding,
                                     logical_to_mesh_axes, logical_to_mesh_sharding, shard_model)
-from credit.models.tokenizer import ChatTemplateError, Tokenizer, load_tokenizer
+from credit.models.hf_tokenizer import ChatTemplateError, Tokenizer, load_tokenizer
 
 __all__ = [
     "ModelConfig", "tiny_config", "Decoder", "KVCache", "init_cache", "default_positions",

@@ -27,7 +27,7 @@ Parameters carry logical axis names in their ``out_sharding`` metadata (see ``sh
 Variables are created with ``eager_sharding=False`` so a model can be built without a mesh; place it
 on a mesh with ``credit.models.sharding.shard_model``.
 
-KV cache (gemma-style sampling, see /tmp/model_interface.md): prompts are left-padded, so every row
+KV cache (gemma-style sampling, as in flax `examples/gemma`): prompts are left-padded, so every row
 writes the same slots; ``valid`` marks real tokens; RoPE positions are ``cumsum(mask) - 1`` per row,
 continued across decode steps from the number of valid slots already in the cache.
 """

@@ -16,7 +16,7 @@ from credit.tasks.data import (ExampleSource, MissingFieldError, build_task_data
                                task_data_source, task_tfds_name)
 from credit.tasks.math_verifier import MathVerifier
 from credit.tasks.pivotal import Pivotal
-from credit.tasks.tokenizer import (CharTokenizer, decode_responses, encode_prompt_response,
+from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode_prompt_response,
                                     encode_prompts, pad_rows)
 
 __all__ = [

@@ -1,0 +1,8 @@
+"""Distillation as credit: teacher and self-teacher log-probs on the student's own tokens.
+
+One module per method, named after its registry key; every public module here is imported
+(and its estimators registered) when the package is imported — see `credit/_discover.py`.
+"""
+from credit._discover import import_methods
+
+__all__ = import_methods(__name__, __path__, globals())

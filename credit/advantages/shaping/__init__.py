@@ -1,0 +1,8 @@
+"""Reward shaping before an estimator runs: subproblems, unit tests, rubrics, costs, process-reward transforms.
+
+One module per method, named after its registry key; every public module here is imported
+(and its estimators registered) when the package is imported — see `credit/_discover.py`.
+"""
+from credit._discover import import_methods
+
+__all__ = import_methods(__name__, __path__, globals())
