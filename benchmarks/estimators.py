@@ -5,7 +5,8 @@
 For each estimator in `credit.registry` the inputs are built from a per-field
 factory keyed by the function's required keyword arguments (so a newly
 registered estimator is benchmarked without touching this file, as long as its
-inputs are contract fields or listed in field_factories / STATE_FACTORIES).
+inputs are contract fields listed in field_factories; stateful estimators start from
+their registry entry's `init_state(num_prompts)`).
 Group estimators run twice: the contiguous fast path (`group_size=G`) and the
 segment path (`group_size=None`); EXTRA_CONFIGS adds non-default settings that
 take other code paths (fast path only). Each is jitted once; "compile" is
@@ -29,12 +30,10 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import credit.advantages  # noqa: F401  (registers the estimators)
 from credit import registry
-from credit.advantages import outcome
 
 
 def field_factories(batch: int, seq: int, group: int,
@@ -68,12 +67,6 @@ def field_factories(batch: int, seq: int, group: int,
       "is_weights": lambda: rng.uniform(0.5, 1.5, bt).astype(f32),
       "prompt_id": lambda: (np.arange(batch) // group).astype(np.int32),
   }
-
-
-# Initial state for stateful estimators, by registry name: (batch, group) -> state pytree.
-STATE_FACTORIES: dict[str, Callable[[int, int], Any]] = {
-    "dcpo": lambda batch, group: outcome.dcpo_init_state(batch // group),
-}
 
 
 # Non-default configurations worth timing too (they take other code paths):
@@ -128,8 +121,8 @@ def build_calls(batch: int, seq: int, group: int):
       if p == "num_groups":
         static["num_groups"] = batch // group
       elif p == "state":
-        if name in STATE_FACTORIES:
-          data["state"] = jax.device_put(STATE_FACTORIES[name](batch, group))
+        if spec.stateful:   # one prompt slot per group
+          data["state"] = jax.device_put(spec.init_state(batch // group))
         else:
           missing.append("state")
       elif p in fields:

@@ -1,4 +1,5 @@
-"""Tests of credit.ops: masked reductions, group statistics, recurrences, turns."""
+"""Tests of credit.ops: masked reductions, group statistics and the group-estimator preamble,
+recurrences, turns."""
 import chex
 import hypothesis.extra.numpy as hnp
 import jax
@@ -63,6 +64,21 @@ class MaskedTest(parameterized.TestCase):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
+  @given(hnp.arrays(np.float32, (4,), elements=floats),
+         hnp.arrays(np.int64, (4,), elements=st.integers(0, 5)))
+  def test_weighted_whiten_equals_masked_whiten_of_the_broadcast(self, x, lengths):
+    m = np.arange(5)[None, :] < lengths[:, None]
+    want = ops.masked_whiten(ops.broadcast_to_tokens(x, m), m)
+    got = ops.broadcast_to_tokens(ops.weighted_whiten(x, ops.sequence_lengths(m)), m)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+  def test_safe_div_is_zero_where_the_denominator_is(self):
+    num, den = jnp.array([1.0, 2.0, 3.0]), jnp.array([2.0, 0.0, -1.0])
+    np.testing.assert_array_equal(ops.safe_div(num, den), [0.5, 0.0, -3.0])
+    g = jax.grad(lambda d: jnp.sum(ops.safe_div(num, d)))(den)
+    assert np.all(np.isfinite(g)) and float(g[1]) == 0.0
+
+
 class GroupTest(parameterized.TestCase):
 
   @given(hnp.arrays(np.float32, (B,), elements=floats), hnp.arrays(np.bool_, (B,)),
@@ -119,6 +135,91 @@ class GroupTest(parameterized.TestCase):
     f = lambda v: jnp.sum(ops.group_normalize(v, gid, 3) ** 2)
     g = jax.grad(f)(jnp.array([1.0, 1.0, 2.0, 3.0]))
     assert np.all(np.isfinite(g))
+
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_group_rows_fast_and_segment_paths(self):
+    reward = np.arange(B, dtype=np.float32)
+    mask = np.ones((B, 3), bool)
+    mask[2] = False                               # an empty response: not valid
+    gid = np.repeat(np.arange(N), G).astype(np.int32)
+    gid[5] = N                                    # out of range: not valid on the segment path
+
+    def both(reward, gid, mask):
+      seg = ops.group_rows("f", reward, gid, N, response_mask=mask)
+      fast = ops.group_rows("f", reward, None, N, G, response_mask=mask)
+      return seg, fast
+
+    seg, fast = self.variant(both)(reward, gid, mask)
+    np.testing.assert_array_equal(seg.values, reward)
+    np.testing.assert_array_equal(seg.group_id, gid)
+    np.testing.assert_array_equal(fast.group_id, np.repeat(np.arange(N), G))
+    np.testing.assert_array_equal(seg.mask, mask)
+    want = np.ones(B, bool)
+    want[2] = False
+    np.testing.assert_array_equal(fast.valid, want)
+    want[5] = False
+    np.testing.assert_array_equal(seg.valid, want)
+
+  def test_group_rows_from_a_row_validity(self):
+    rows = ops.group_rows("f", np.ones(4), np.array([0, 0, 1, 1]), 2,
+                          valid=np.array([True, False, True, True]))
+    assert rows.mask is None
+    np.testing.assert_array_equal(rows.valid, [True, False, True, True])
+    rows = ops.group_rows("f", np.ones(4), None, 2, 2, response_mask=np.ones((4, 2), bool),
+                          valid=np.array([True, True, False, True]))
+    np.testing.assert_array_equal(rows.valid, [True, True, False, True])
+
+  @parameterized.parameters(
+      (dict(num_groups=0), "f: num_groups must be a Python int >= 1"),
+      (dict(num_groups=2.0), "num_groups must be a Python int"),
+      (dict(group_size=3), "batch size 4 is not a multiple of group_size=3"),
+      (dict(group_size=0), "group_size must be a Python int"),
+      (dict(group_id=None), "group_id is required on the segment path"),
+  )
+  def test_group_rows_bad_layout_raises(self, kwargs, match):
+    args = dict(group_id=np.zeros(4, np.int32), num_groups=1, group_size=None)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+      ops.group_rows("f", np.ones(4), args["group_id"], args["num_groups"], args["group_size"],
+                     response_mask=np.ones((4, 2), bool))
+
+  def test_group_rows_shape_mismatch_raises(self):
+    with pytest.raises(AssertionError):
+      ops.group_rows("f", np.ones(4), np.zeros(3, np.int32), 1)
+    with pytest.raises(AssertionError):
+      ops.group_rows("f", np.ones(4), np.zeros(4, np.int32), 1, response_mask=np.ones((3, 2)))
+    with pytest.raises(AssertionError):
+      ops.group_rows("f", np.ones(4), np.zeros(4, np.float32), 1)
+
+  @given(hnp.arrays(np.float32, (B,), elements=floats), hnp.arrays(np.bool_, (B,)))
+  def test_row_reductions_fast_equal_segment_and_numpy(self, v, valid):
+    gid = np.repeat(np.arange(N), G).astype(np.int32)
+    for op, npop in (("sum", np.sum), ("max", np.max), ("min", np.min)):
+      seg = ops.group_reduce_rows(v, gid, valid, N, None, op)
+      fast = ops.group_reduce_rows(v, gid, valid, N, G, op)
+      for i in np.flatnonzero(valid):
+        members = v[(gid == gid[i]) & valid].astype(np.float64)
+        np.testing.assert_allclose([seg[i], fast[i]], [npop(members)] * 2, rtol=1e-5,
+                                   atol=1e-3)
+    count = ops.group_count_rows(gid, valid, N, None)
+    np.testing.assert_array_equal(count[valid], [np.sum(valid & (gid == g)) for g in gid[valid]])
+    np.testing.assert_array_equal(ops.group_count_rows(gid, valid, N, G)[valid], count[valid])
+    mom_seg = ops.group_moments_rows(v, gid, valid, N, None)
+    mom_fast = ops.group_moments_rows(v, gid, valid, N, G)
+    mom = ops.group_moments(v, gid, N, valid)
+    for a, b_, per_group in zip(mom_seg, mom_fast, mom):
+      np.testing.assert_allclose(a, np.asarray(per_group)[gid], rtol=1e-6, atol=1e-6)
+      np.testing.assert_allclose(b_, a, rtol=1e-5, atol=1e-5)
+
+  def test_group_reduce_rows_bad_op(self):
+    with pytest.raises(ValueError, match="op 'mean'"):
+      ops.group_reduce_rows(jnp.ones(4), jnp.zeros(4, jnp.int32), jnp.ones(4, bool), 1, None,
+                            "mean")
+
+  def test_group_normalize_bad_singleton(self):
+    with pytest.raises(ValueError, match="singleton 'drop'"):
+      ops.group_normalize(jnp.ones(4), jnp.zeros(4, jnp.int32), 1, singleton="drop")
 
 
 class RecurrenceTest(parameterized.TestCase):
@@ -190,6 +291,14 @@ class RecurrenceTest(parameterized.TestCase):
     np.testing.assert_allclose(g[0], want_g, rtol=1e-4, atol=1e-6)
     assert not np.asarray(g[1:]).any()
 
+  @parameterized.parameters((48,), (40,), (16,))
+  def test_cumsum_blocked_equals_cumsum(self, t):
+    # T % 16 == 0 takes the blocked path; 40 the jnp.cumsum fallback.
+    x = np.random.default_rng(t).uniform(-1, 1, (3, t)).astype(np.float32)
+    got = jax.jit(ops.cumsum_blocked)(x)
+    np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), 1), atol=1e-5)
+    np.testing.assert_allclose(ops.cumsum_blocked(x, block=8), got, atol=1e-5)
+
   def test_next_valid_value(self):
     got = ops.next_valid_value(jnp.arange(5.0)[None], jnp.array([[1, 0, 1, 1, 0]], bool))
     np.testing.assert_array_equal(got, [[2, 2, 3, 0, 0]])
@@ -217,5 +326,13 @@ class TokenAndTurnTest(parameterized.TestCase):
     np.testing.assert_array_equal(back, [[1.5, 1.5, 0, 4.5, 4.5]])
 
   def test_turn_reduce_bad_mode(self):
-    with pytest.raises(ValueError, match="reduce must be"):
+    with pytest.raises(ValueError, match=r"reduce 'max'.*Known: \['count', 'mean', 'sum'\]"):
       ops.turn_reduce(jnp.ones((1, 2)), jnp.zeros((1, 2), jnp.int32), 1, reduce="max")
+
+
+def test_every_public_name_is_re_exported():
+  from credit.ops import groups, masked, returns, turns
+  for mod in (masked, groups, returns, turns):
+    for name in mod.__all__:
+      assert getattr(ops, name) is getattr(mod, name), name
+  assert len(set(ops.__all__)) == len(ops.__all__)

@@ -1,0 +1,145 @@
+"""Optimal Token Baseline (OTB): a per-token, variance-weighted group baseline."""
+from __future__ import annotations
+
+from typing import Literal
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from credit import ops
+from credit._checks import check_choice
+from credit.registry import register_estimator
+
+Array = jax.Array
+
+__all__ = ["optimal_token_baseline_advantages"]
+
+_PAPER = "Optimal Token Baseline (OTB) for policy-gradient variance reduction, arXiv 2602.07078"
+_ALIGNS = ("position", "valid_index")
+
+
+def _key_sums(x_BT: Array, key_BT: Array, num_keys: int) -> Array:
+  """Σ of x over all tokens sharing a key, read back at every token ([B,T] -> [B,T]).
+
+  `key_BT` in [0, num_keys]; key == num_keys is a dropped bucket.
+  """
+  B, T = x_BT.shape
+  flat = jax.ops.segment_sum(x_BT.reshape(B * T), key_BT.reshape(B * T), num_keys + 1)
+  return flat[key_BT.reshape(B * T)].reshape(B, T)
+
+
+@register_estimator("optimal_token_baseline",
+                    needs=("reward", "group_id", "response_mask", "logprob_old",
+                           "sum_pi_squared"),
+                    paper=_PAPER,
+                    static_argnames=("num_groups", "group_size", "align", "handle_zero_tail",
+                                     "singleton"))
+def optimal_token_baseline_advantages(
+    *, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
+    logprob_old: ArrayLike, sum_pi_squared: ArrayLike, num_groups: int,
+    group_size: int | None = None, token_reward: ArrayLike | None = None,
+    is_weights: ArrayLike | None = None, align: Literal["position", "valid_index"] = "position",
+    handle_zero_tail: bool = True, eps: float = 1e-8,
+    singleton: Literal["zero", "raw"] = "zero") -> Array:
+  """Optimal Token Baseline (OTB): a per-token, variance-weighted group baseline.
+
+  Confidence: code-verified (verl `compute_optimal_token_baseline_advantage` for
+  align="position", `compute_multi_turn_optimal_token_baseline_advantage` for
+  align="valid_index").
+
+  Paper: "Optimal Token Baseline", arXiv 2602.07078 (verl docs `algo/otb.md`).
+
+  .. math::
+    G_t  = Σ_{t'≥t, valid} r_{t'}                   (reward-to-go, γ = 1)
+    w_j  = 1 − 2π_j + Σ_v π_j(v)²   (× ρ̄_j² with `is_weights`),  π_j = exp(logprob_old_j)
+    W_t  = Σ_{j≤t, valid} w_j                        (realized energy)
+    B*_t = Σ_{i∈g} G_t^{(i)} W_t^{(i)} / (Σ_{i∈g} W_t^{(i)} + ε)
+    A_t  = (G_t − B*_t)·M_t
+
+  The sums run over the valid rows of the group that have a valid token at column t:
+  the same position for align="position" (rows of a group share the prompt, so
+  positions line up), the same index among the row's valid tokens for
+  align="valid_index" (multi-turn / tool-integrated responses).
+
+  `handle_zero_tail`: where only one row of the group is valid at column t, B*_t = 0
+  and A_t = G_t. For right-padded masks this equals verl's zero-tail rule (zero the
+  baseline of the unique longest row from the second-longest row's length on). With
+  observation tokens inside a response and align="position" it does not: verl reads
+  the second-longest row's token *count* as a position and zeroes the wrong columns,
+  while the rule here zeroes exactly the columns where the row is alone. (verl's
+  default is False for the position variant and True for the multi-turn one; here
+  True.)
+
+  Outcome part computed as (R − μ_g) − B*' + μ_g·ε/(ΣW+ε), which is the same number
+  without cancellation for large rewards. Singleton groups: verl returns G (baseline
+  0); here 0 unless `singleton="raw"`.
+
+  Args:
+    reward: [B] outcome (placed on the last valid token).
+    logprob_old: [B,T] log-prob of the sampled token under the behaviour policy.
+    sum_pi_squared: [B,T] Σ_v π(v)² of the behaviour distribution at each
+      position (a by-product of scoring: exp(logsumexp(2z) − 2·logsumexp(z))).
+    token_reward: optional [B,T] dense rewards added to the return.
+    is_weights: optional [B,T] truncated rollout importance weights ρ̄.
+    align: "position" | "valid_index" (multi-turn / TIR variant).
+    handle_zero_tail: static, see above.
+    eps: added to Σ W.
+    Others as `grpo_advantages`.
+
+  Returns:
+    [B,T] float32 advantages, zero outside the mask.
+  """
+  check_choice("optimal_token_baseline_advantages", "align", align, _ALIGNS)
+  check_choice("optimal_token_baseline_advantages", "singleton", singleton, ops.SINGLETONS)
+  reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
+      "optimal_token_baseline_advantages", reward, group_id, num_groups, group_size,
+      response_mask=response_mask)
+  lp_BT = jnp.asarray(logprob_old, jnp.float32)
+  sp_BT = jnp.asarray(sum_pi_squared, jnp.float32)
+  chex.assert_equal_shape([lp_BT, sp_BT, mask_BT])
+  B, T = mask_BT.shape
+  mv_BT = mask_BT & valid_B[:, None]
+
+  cen_B = ops.group_normalize(reward_B, gid_B, num_groups, valid=valid_B, scale=False,
+                              singleton="zero", group_size=group_size)
+  mu_B = reward_B - cen_B
+  if token_reward is not None:
+    tr_BT = jnp.asarray(token_reward, jnp.float32)
+    chex.assert_equal_shape([tr_BT, mask_BT])
+    tail_BT = ops.discounted_reverse_cumsum(tr_BT, mask_BT, 1.0)
+  else:
+    tail_BT = jnp.zeros((B, T), jnp.float32)
+  gc_BT = jnp.where(mv_BT, cen_B[:, None] + tail_BT, 0.0)      # G − μ_g
+  gfull_BT = jnp.where(mv_BT, reward_B[:, None] + tail_BT, 0.0)  # G
+
+  w_BT = 1.0 - 2.0 * jnp.exp(jnp.where(mv_BT, lp_BT, 0.0)) + jnp.where(mv_BT, sp_BT, 0.0)
+  if is_weights is not None:
+    iw_BT = jnp.asarray(is_weights, jnp.float32)
+    chex.assert_equal_shape([iw_BT, mask_BT])
+    w_BT = w_BT * jnp.square(jnp.where(mv_BT, iw_BT, 0.0))
+  cumw_BT = jnp.where(mv_BT, ops.cumsum_blocked(jnp.where(mv_BT, w_BT, 0.0)), 0.0)
+
+  # colsum(a_BT)[i,t]: Σ of a over the rows of i's group at the column of (i,t).
+  if group_size is not None:
+    seg_B, n_seg = jnp.arange(B, dtype=jnp.int32) // group_size, B // group_size
+  else:
+    seg_B, n_seg = jnp.where(valid_B, gid_B, num_groups), num_groups + 1
+  if align == "position":
+    # Row segment sums (B updates of T values) beat a [N,G,T] middle-axis reduction on CPU.
+    colsum = lambda a_BT: jax.ops.segment_sum(a_BT, seg_B, n_seg,
+                                              indices_are_sorted=group_size is not None)[seg_B]
+  else:
+    mvi_BT = mv_BT.astype(jnp.int32)   # index among valid tokens = (#valid) − (#valid from t on)
+    pos_BT = jnp.sum(mvi_BT, axis=-1, keepdims=True) - jax.lax.cumsum(mvi_BT, axis=1, reverse=True)
+    key_BT = jnp.where(mv_BT, seg_B[:, None] * T + pos_BT, n_seg * T)
+    colsum = lambda a_BT: _key_sums(a_BT, key_BT, n_seg * T)
+  num_BT = colsum(gc_BT * cumw_BT)
+  inv_BT = 1.0 / (colsum(cumw_BT) + eps)
+  adv_BT = gc_BT - num_BT * inv_BT + mu_B[:, None] * eps * inv_BT
+  if handle_zero_tail:
+    adv_BT = jnp.where(colsum(mv_BT.astype(jnp.float32)) == 1, gfull_BT, adv_BT)
+  n_B = ops.group_count_rows(gid_B, valid_B, num_groups, group_size)
+  adv_BT = jnp.where((n_B == 1)[:, None], gfull_BT if singleton == "raw" else 0.0, adv_BT)
+  return jnp.where(mv_BT, adv_BT, 0.0)
