@@ -37,7 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from credit import kl, losses  # noqa: E402
+from credit import losses  # noqa: E402
 from credit.registry import get_policy_loss, list_policy_losses  # noqa: E402
 
 
@@ -89,9 +89,10 @@ def _entries(data):
     fields = {k: data[k] for k in sorted(spec.needs) if k != "logprob"}
     out.append((name, "logprob", lambda x, f, fn=spec.fn: fn(logprob=x, **f), fields))
   pol = {k: data[k] for k in ("logprob_old", "advantages", "response_mask")}
-  out.append(("ppo_clip+tis", "logprob", lambda x, f: losses.ppo_clip(logprob=x, **f),
+  ppo = get_policy_loss("ppo_clip").fn
+  out.append(("ppo_clip+tis", "logprob", lambda x, f: ppo(logprob=x, **f),
               {**pol, "logprob_sampler": data["logprob_sampler"]}))
-  out.append(("kl_loss(k3)", "logprob", lambda x, f: kl.kl_loss(logprob=x, **f),
+  out.append(("kl_loss(k3)", "logprob", lambda x, f: losses.kl_loss(logprob=x, **f),
               {"logprob_ref": data["logprob_ref"], "response_mask": data["response_mask"]}))
   out.append(("value_loss", "values", lambda x, f: losses.value_loss(values=x, **f),
               {k: data[k] for k in ("values_old", "returns", "response_mask")}))

@@ -1,4 +1,5 @@
-"""Tests of credit.kl: per-token KL estimators, straight-through variants, KL loss / reward."""
+"""Tests of credit.losses.kl: per-token KL estimators, straight-through variants, KL loss/reward."""
+import inspect
 import math
 
 import chex
@@ -10,7 +11,8 @@ import pytest
 from absl.testing import parameterized
 from hypothesis import given, strategies as st
 
-from credit import kl, losses
+from credit import losses
+from credit.losses import kl
 
 B, T = 4, 5
 BASE = ["k1", "k2", "k3", "abs"]
@@ -143,3 +145,17 @@ def test_kl_in_reward_k1_and_masking():
   f = jax.jit(lambda c: kl.kl_in_reward(token_reward=r, logprob_old=old, logprob_ref=ref,
                                         coef=c, response_mask=m))
   np.testing.assert_allclose(f(0.1), want, rtol=1e-6, atol=1e-7)
+
+
+def test_kinds_and_the_runner_facing_signatures():
+  assert set(kl.KL_KINDS) == {"k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl",
+                              "k1+", "k2+", "k3+", "abs+", "kl+", "mse+", "low_var_kl+"}
+  assert losses.kl_loss is kl.kl_loss and losses.KL_KINDS is kl.KL_KINDS
+  params = inspect.signature(losses.kl_loss).parameters
+  assert list(params) == ["logprob", "logprob_ref", "response_mask", "kind", "loss_agg_mode",
+                          "num_tokens_global", "num_seqs_global", "norm_constant"]
+  assert all(p.kind is p.KEYWORD_ONLY for p in params.values())
+  # k2+ is k2 itself; the aliases are their estimators.
+  lp, ref = jnp.array([[-0.5, -2.0]]), jnp.array([[-1.0, -1.0]])
+  for a, b in [("k2+", "k2"), ("mse", "k2"), ("kl", "k1"), ("low_var_kl+", "k3+")]:
+    np.testing.assert_array_equal(kl.kl_penalty(lp, ref, a), kl.kl_penalty(lp, ref, b))

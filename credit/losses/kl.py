@@ -27,11 +27,13 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from credit.losses import LossOutput, aggregate_loss
+from credit._checks import lookup
+from credit.losses.aggregation import F32, LOG_CLAMP, aggregate_loss, token_count
+from credit.losses.reduction import LossOutput
+
+__all__ = ["KL_KINDS", "kl_penalty", "kl_loss", "kl_in_reward"]
 
 Array = jax.Array
-_F32 = jnp.float32
-_LOG_CLAMP = 20.0
 
 
 def _k1(d):
@@ -50,19 +52,16 @@ def _k3(d):
   return jnp.clip(jnp.exp(-d) + d - 1.0, -10.0, 10.0)
 
 
-_ESTIMATORS: dict[str, Callable[[Array], Array]] = {"k1": _k1, "abs": _abs, "k2": _k2, "k3": _k3}
+_BASE: dict[str, Callable[[Array], Array]] = {"k1": _k1, "abs": _abs, "k2": _k2, "k3": _k3}
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-KL_KINDS = tuple(sorted(set(_ESTIMATORS) | set(_ALIASES)
-                        | {k + "+" for k in list(_ESTIMATORS) + list(_ALIASES)}))
-
-
-def _resolve_kind(kind: str) -> tuple[Callable[[Array], Array], bool]:
-  straight = isinstance(kind, str) and kind.endswith("+")
-  base = kind[:-1] if straight else kind
-  base = _ALIASES.get(base, base)
-  if base not in _ESTIMATORS:
-    raise ValueError(f"Unknown KL kind {kind!r}; known: {list(KL_KINDS)}")
-  return _ESTIMATORS[base], straight and base != "k2"
+# kind -> (estimator, straight-through); "<kind>+" is straight-through except for k2.
+_KINDS: dict[str, tuple[Callable[[Array], Array], bool]] = {}
+for _name in [*_BASE, *_ALIASES]:
+  _base = _ALIASES.get(_name, _name)
+  _KINDS[_name] = (_BASE[_base], False)
+  _KINDS[_name + "+"] = (_BASE[_base], _base != "k2")
+del _name, _base
+KL_KINDS = tuple(sorted(_KINDS))
 
 
 def kl_penalty(logprob: ArrayLike, logprob_ref: ArrayLike, kind: str = "k3") -> Array:
@@ -77,14 +76,14 @@ def kl_penalty(logprob: ArrayLike, logprob_ref: ArrayLike, kind: str = "k3") -> 
   Returns:
     float32 array shaped like `logprob`. Not masked: use `kl_loss` to aggregate.
 
-  Example (spec §1): log π = −0.7, log π_ref = −1.0 → k3 = 0.040818.
+  Example (outcome_and_clipping.md §1): log π = −0.7, log π_ref = −1.0 → k3 = 0.040818.
   """
-  fn, straight = _resolve_kind(kind)
-  lp = jnp.asarray(logprob, _F32)
-  ref = jax.lax.stop_gradient(jnp.asarray(logprob_ref, _F32))
+  fn, straight = lookup(_KINDS, kind, "KL kind")
+  lp = jnp.asarray(logprob, F32)
+  ref = jax.lax.stop_gradient(jnp.asarray(logprob_ref, F32))
   chex.assert_equal_shape([lp, ref])
   diff = lp - ref
-  value = fn(jnp.clip(diff, -_LOG_CLAMP, _LOG_CLAMP))
+  value = fn(jnp.clip(diff, -LOG_CLAMP, LOG_CLAMP))
   if not straight:
     return value
   k2 = 0.5 * jnp.square(diff)
@@ -92,9 +91,11 @@ def kl_penalty(logprob: ArrayLike, logprob_ref: ArrayLike, kind: str = "k3") -> 
 
 
 def kl_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mask: ArrayLike,
-            kind: str = "k3", loss_agg_mode: str = "token-mean", num_tokens_global=None,
-            num_seqs_global=None, norm_constant=None) -> LossOutput:
-  """GRPO's KL-in-loss term agg(kl_penalty(log π, log π_ref)) (spec §1, P5).
+            kind: str = "k3", loss_agg_mode: str = "token-mean",
+            num_tokens_global: ArrayLike | None = None,
+            num_seqs_global: ArrayLike | None = None,
+            norm_constant: ArrayLike | None = None) -> LossOutput:
+  """GRPO's KL-in-loss term agg(kl_penalty(log π, log π_ref)) (outcome_and_clipping.md §1, P5).
 
   Add β·loss to the policy loss (verl `kl_loss_coef` 0.001, DeepSeekMath 0.04, k3).
   Entries outside the mask contribute exact zeros, even when NaN.
@@ -103,20 +104,20 @@ def kl_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mask: ArrayL
     logprob, logprob_ref: [B,T] float32; response_mask: [B,T] bool.
     kind: see `kl_penalty` (static).
     loss_agg_mode, num_tokens_global, num_seqs_global, norm_constant: see
-      `credit.losses.aggregate_loss` (static mode).
+      `aggregate_loss` (static mode).
 
   Returns:
     LossOutput(loss, {"kl": token mean of the estimate, "kl_k1": token mean of k1}).
   """
   chex.assert_rank([logprob, logprob_ref, response_mask], 2)
   m_BT = jnp.asarray(response_mask).astype(bool)
-  lp = jnp.where(m_BT, jnp.asarray(logprob, _F32), 0.0)
-  ref = jnp.where(m_BT, jax.lax.stop_gradient(jnp.asarray(logprob_ref, _F32)), 0.0)
+  lp = jnp.where(m_BT, jnp.asarray(logprob, F32), 0.0)
+  ref = jnp.where(m_BT, jax.lax.stop_gradient(jnp.asarray(logprob_ref, F32)), 0.0)
   kl_BT = kl_penalty(lp, ref, kind)
   loss = aggregate_loss(kl_BT, m_BT, loss_agg_mode, num_tokens_global=num_tokens_global,
                         num_seqs_global=num_seqs_global, norm_constant=norm_constant)
-  n = jnp.maximum(jnp.sum(m_BT, dtype=_F32), 1.0)
-  d = jax.lax.stop_gradient(jnp.clip(lp - ref, -_LOG_CLAMP, _LOG_CLAMP))
+  n = token_count(m_BT)
+  d = jax.lax.stop_gradient(jnp.clip(lp - ref, -LOG_CLAMP, LOG_CLAMP))
   metrics = {"kl": jax.lax.stop_gradient(jnp.sum(jnp.where(m_BT, kl_BT, 0.0)) / n),
              "kl_k1": jnp.sum(jnp.where(m_BT, d, 0.0)) / n}
   return LossOutput(loss, metrics)
@@ -125,7 +126,7 @@ def kl_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mask: ArrayL
 def kl_in_reward(*, token_reward: ArrayLike, logprob_old: ArrayLike, logprob_ref: ArrayLike,
                  coef: ArrayLike = 0.001, kind: str = "k1",
                  response_mask: ArrayLike | None = None) -> Array:
-  """PPO / REINFORCE++ KL-in-reward: r_t − β·kl(log π_old, log π_ref)_t (spec P5).
+  """PPO / REINFORCE++ KL-in-reward: r_t − β·kl(log π_old, log π_ref)_t (P5).
 
   verl `apply_kl_penalty` / `compute_rewards` (k1: token_reward − β(log π_old − log π_ref)).
   Everything here is stop-gradient: it shapes the reward, not the loss.
@@ -141,9 +142,9 @@ def kl_in_reward(*, token_reward: ArrayLike, logprob_old: ArrayLike, logprob_ref
   Returns:
     [B,T] float32 shaped rewards.
   """
-  r = jax.lax.stop_gradient(jnp.asarray(token_reward, _F32))
-  lp_old = jax.lax.stop_gradient(jnp.asarray(logprob_old, _F32))
-  ref = jax.lax.stop_gradient(jnp.asarray(logprob_ref, _F32))
+  r = jax.lax.stop_gradient(jnp.asarray(token_reward, F32))
+  lp_old = jax.lax.stop_gradient(jnp.asarray(logprob_old, F32))
+  ref = jax.lax.stop_gradient(jnp.asarray(logprob_ref, F32))
   chex.assert_rank([r, lp_old, ref], 2)
   chex.assert_equal_shape([r, lp_old, ref])
   if response_mask is None:

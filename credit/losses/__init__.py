@@ -1,0 +1,29 @@
+"""Policy losses, their one reduction, KL estimators, entropy and value losses.
+
+  aggregation.py   `aggregate_loss`, `AGG_MODES` (outcome_and_clipping.md P3)
+  importance.py    `importance_correction` (sampler/trainer TIS / MIS)
+  reduction.py     `TokenLoss`, `LossOutput`, `reduce_policy_loss`, `policy_loss`
+  policy/          one module per policy loss: the per-token `<key>_loss`, registered
+                   (with the reduction) as registry key `<key>`
+  kl.py            `kl_penalty`, `kl_loss`, `kl_in_reward`, `KL_KINDS`
+  entropy.py       `entropy_bonus`
+  value.py         `value_loss`
+
+A registered loss is used by name: `credit.get_policy_loss("ppo_clip").fn(...)` is
+`ppo_clip_loss(...)` followed by `reduce_policy_loss(...)`.
+"""
+from credit.losses.aggregation import AGG_MODES, aggregate_loss
+from credit.losses.importance import ImportanceCorrection, importance_correction
+from credit.losses.reduction import LossOutput, TokenLoss, policy_loss, reduce_policy_loss
+from credit.losses.kl import KL_KINDS, kl_in_reward, kl_loss, kl_penalty
+from credit.losses.entropy import entropy_bonus
+from credit.losses.value import value_loss
+from credit.losses import policy
+from credit.losses.policy import *  # noqa: F401,F403  (every per-token `<key>_loss`)
+
+__all__ = [
+    "AGG_MODES", "aggregate_loss", "ImportanceCorrection", "importance_correction",
+    "LossOutput", "TokenLoss", "policy_loss", "reduce_policy_loss", "KL_KINDS",
+    "kl_in_reward", "kl_loss", "kl_penalty", "entropy_bonus", "value_loss", "policy",
+    *policy.__all__,
+]
