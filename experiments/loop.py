@@ -1,15 +1,23 @@
 """The RL training loop: orchestration only; every array step is a jitted pure function.
 
-`run(config, workdir)` validates everything (estimator inputs, data fields,
-model path, mesh) before it writes a single file, then: builds the task data
-and policy, optionally runs the supervised warm-up, restores the latest
-complete checkpoint if there is one, and runs RL steps with periodic eval,
-checkpoints, metrics, plots and a summary.
+`run(config, workdir)` is five parts, each a function below:
+
+* `setup`: everything that can be refused is checked before a file is written (the
+  method's inputs against the field producers, data, model path, mesh); then the policy,
+  optimiser, planned producer stages and jitted advantage / update functions are built.
+* `restore_or_warm_up`: the latest complete checkpoint, or the supervised warm-up and a
+  step-0 checkpoint.
+* `rl_step`: the planned producers in order (rollout, rewards, the extra passes the method
+  needs), the estimator with exactly its data fields, the update with exactly the loss's.
+* `record`: periodic eval, metrics, progress, checkpoints.
+* `finish`: HF export, plots, summary.
+
+Everything threaded from step to step is in `RunState` (the checkpointed pytree, the
+loader position, the step count), not in closures.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -26,34 +34,109 @@ import credit
 from credit import parallel
 from credit import tasks as tasks_lib
 from credit.models import ModelConfig, Decoder
-from experiments import train
+from experiments import checkpointing, producers, reporting, train
 
+SetupError = producers.SetupError
 
-class SetupError(ValueError):
-  """A configuration the loop cannot run; raised before any output is written."""
+# Fields the runner itself reads from every batch (update inputs, metrics, heatmap).
+RUNNER_NEEDS = ("tokens", "response_mask", "reward")
+# Fields the step makes itself for the loss: advantages (the estimator), the update's own
+# model pass (`train.UPDATE_FIELDS`).
+STEP_FIELDS = frozenset({"advantages"}) | train.UPDATE_FIELDS
 
 
 # --------------------------------------------------------------------------
-# Validation and construction (no files written here).
+# The method: what the step calls, with which fields (resolved once).
 # --------------------------------------------------------------------------
 
 
-def check_method(c: ml_collections.ConfigDict):
-  """Registry lookups and a refusal for inputs this loop cannot produce."""
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """The resolved credit-assignment method.
+
+  estimator_fields / estimator_static: the estimator's data arguments and its static
+  keyword arguments (`EstimatorSpec.split_arguments`). loss_fields: the contract fields the
+  loss takes. update_fields: the batch fields the update reads (tokens, the loss's fields
+  it does not make itself, logprob_ref for the KL term). plan: the producers to run.
+  """
+  estimator: credit.EstimatorSpec
+  loss: credit.PolicyLossSpec
+  estimator_fields: tuple[str, ...]
+  estimator_static: dict
+  loss_fields: tuple[str, ...]
+  loss_kwargs: dict
+  update_fields: tuple[str, ...]
+  plan: tuple[producers.Planned, ...]
+
+  @property
+  def keeps_reference(self) -> bool:
+    return any(p.producer.keeps_reference for p in self.plan)
+
+
+def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
+                 loss_fields: tuple[str, ...]) -> dict[str, list[str]]:
+  """{contract field: who needs it} for the configured method."""
+  needed: dict[str, list[str]] = {}
+
+  def need(fields, who):
+    for f in sorted(fields):
+      needed.setdefault(f, []).append(who)
+
+  need(RUNNER_NEEDS, "the runner (update inputs and metrics)")
+  need(est.needs_for(dict(c.estimator_kwargs)), f"estimator {est.name!r}")
+  need(set(loss_fields) - STEP_FIELDS - {"logprob_sampler"}, f"policy loss {c.policy_loss!r}")
+  if c.kl_coef:
+    need(["logprob_ref"], f"the KL term (kl_coef={c.kl_coef})")
+  if c.importance_correction:
+    need(["logprob_sampler"], "importance_correction")
+  return needed
+
+
+def check_method(c: ml_collections.ConfigDict) -> Method:
+  """Registry lookups, hyperparameter names, and the method's needs against the producers.
+
+  Raises SetupError naming each needed field that no field producer makes and the method
+  (estimator, loss, KL term, importance correction) that needs it.
+  """
   est = credit.get_estimator(c.estimator)
   loss = credit.get_policy_loss(c.policy_loss)
-  for kind, spec in (("estimator", est), ("policy loss", loss)):
-    produced = train.LOOP_FIELDS | ({"advantages"} if kind == "policy loss" else set())
-    needs = spec.needs_for(dict(c.estimator_kwargs)) if kind == "estimator" else spec.needs
-    missing = sorted(set(needs) - produced)
-    if missing:
-      raise SetupError(
-          f"{kind} {spec.name!r} needs {missing}, which this single-turn loop cannot produce "
-          f"(it produces {sorted(train.LOOP_FIELDS)}); use a recipe with an environment or "
-          f"critic that provides them")
-  if c.logprob_old_source not in ("recompute", "sampler"):
-    raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: 'recompute', 'sampler'")
-  return est, loss
+  if c.logprob_old_source not in producers.LOGPROB_OLD_SOURCES:
+    raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: "
+                     f"{list(producers.LOGPROB_OLD_SOURCES)}")
+  try:
+    est_fields, est_static = est.split_arguments(
+        dict(c.estimator_kwargs), num_groups=c.prompts_per_step, group_size=c.group_size)
+  except ValueError as e:
+    raise SetupError(str(e)) from None
+  loss_kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(c.loss_kwargs).items()}
+  bad = [k for k in loss_kwargs if k not in loss.hyperparameters]
+  if bad:
+    raise SetupError(f"policy loss {loss.name!r} has no argument(s) {bad}; valid: "
+                     f"{list(loss.hyperparameters)}")
+  if c.importance_correction and "logprob_sampler" not in loss.params:
+    raise SetupError(f"importance_correction: policy loss {loss.name!r} takes no "
+                     "`logprob_sampler`")
+  loss_fields = tuple(sorted(loss.needs | ({"logprob_sampler"} if c.importance_correction
+                                           else set())))
+  update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
+                               | ({"logprob_ref"} if c.kl_coef else set())))
+  plan = producers.plan(method_needs(c, est, loss_fields), c)
+  return Method(est, loss, est_fields, est_static, loss_fields, loss_kwargs, update_fields,
+                tuple(plan))
+
+
+def check_batch(fields: dict[str, Any], *, num_groups: int, where: str) -> None:
+  """`credit.validate_fields` on host copies of a batch's contract fields.
+
+  Raises credit.ContractError naming the field (shape, dtype, NaN/inf, group ids).
+  """
+  host = parallel.to_host({k: v for k, v in fields.items() if k in credit.CONTRACT})
+  credit.validate_fields(host, num_groups=num_groups, where=where)
+
+
+# --------------------------------------------------------------------------
+# Data and model construction (no files written here).
+# --------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -127,27 +210,6 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
   return model, mcfg
 
 
-# --------------------------------------------------------------------------
-# The run.
-# --------------------------------------------------------------------------
-
-
-def _key_data(seed: int) -> jax.Array:
-  return jax.random.key_data(jax.random.key(seed))
-
-
-class _Timer:
-  """Accumulates wall time per phase (block_until_ready is the caller's job)."""
-
-  def __init__(self):
-    self.t: dict[str, float] = {}
-
-  def add(self, name: str, start: float) -> float:
-    now = time.perf_counter()
-    self.t[name] = self.t.get(name, 0.0) + now - start
-    return now
-
-
 def _sft_batches(data: Data, c, rng: np.random.Generator):
   """Demonstration batches (prompt + correct response) for supervised warm-up."""
   n = len(data.train)
@@ -179,211 +241,277 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int) -> dict[str, 
   return {"eval_accuracy": float(np.mean(r >= 1.0)), "eval_reward": float(np.mean(r))}
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains `config` into `workdir`; returns the final summary dict."""
-  c = config
-  # ---- 1. everything that can be refused is checked before any file is written ----
-  est_spec, loss_spec = check_method(c)
+# --------------------------------------------------------------------------
+# The run.
+# --------------------------------------------------------------------------
+
+
+def _key_data(seed: int) -> jax.Array:
+  return jax.random.key_data(jax.random.key(seed))
+
+
+@dataclasses.dataclass
+class Runner:
+  """What a run builds once: config, data, mesh, method, producer stages, jitted steps,
+  shardings and the checkpointer. Holds no number that changes from step to step."""
+  c: ml_collections.ConfigDict
+  workdir: str
+  data: Data
+  mesh: Any
+  mcfg: ModelConfig
+  method: Method
+  setup: producers.Setup        # graphdef, rest, sampler, chunk size, N, G
+  stages: list[producers.Stage]
+  tx: Any
+  trainable: Any                # LoRA mask (None: everything trains)
+  shardings: train.TrainState   # of the train state (out_shardings of the update)
+  adv_fn: Any
+  update: Any
+  ckpt: checkpointing.Checkpointer
+  eval_batch_size: int
+  is_main: bool
+
+  def say(self, message: str) -> None:
+    """A progress message (process 0 only), through tqdm so it never breaks the bar."""
+    if self.is_main:
+      reporting.write_message(f"[credit] {message}")
+
+
+@dataclasses.dataclass
+class RunState:
+  """What changes from step to step.
+
+  train: the train state pytree. ref_params: the frozen reference policy (None unless a
+  planned producer keeps one). Both are checkpointed. loader: the prompt iterator (its
+  position is saved with each checkpoint). step: RL steps completed. checked: the first
+  batch of this process's run has been validated. last: the final step's host batch for
+  the token-credit heatmap.
+  """
+  train: train.TrainState
+  ref_params: Any
+  loader: Any
+  step: int = 0
+  checked: bool = False
+  last: tuple | None = None
+
+  def checkpoint(self) -> dict[str, Any]:
+    return {"train": self.train, "ref_params": self.ref_params}
+
+
+def _checked_setup(c: ml_collections.ConfigDict):
+  """(method, data, mesh, model, mcfg, chunk): every refusal happens here, before any file."""
+  method = check_method(c)
   data = build_data(c)
   mesh = parallel.make_mesh(c.mesh)
-  N, G = c.prompts_per_step, c.group_size
-  B = N * G
+  B = c.prompts_per_step * c.group_size
   div = parallel.batch_divisor(mesh)
   if B % (c.num_minibatches * div):
     raise SetupError(f"prompts_per_step*group_size={B} must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
-  model, mcfg = build_policy(c, data.tokenizer, mesh)
-  from credit.models import lora_trainable_mask, shard_model
-  shard_model(model, mesh)
-  est_needs = est_spec.needs_for(dict(c.estimator_kwargs))  # + optional inputs switched on
-  dummy = {n: None for n in est_needs}
-  _, est_static = train.estimator_arguments(est_spec, dummy, dict(c.estimator_kwargs),
-                                            num_groups=N, group_size=G)
-  loss_kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(c.loss_kwargs).items()}
-  import inspect
-  loss_params = inspect.signature(loss_spec.fn).parameters
-  for k in loss_kwargs:
-    if k not in loss_params:
-      raise SetupError(f"policy loss {loss_spec.name!r} has no argument {k!r}; valid: "
-                       f"{[p for p in loss_params if p not in loss_spec.needs]}")
-  need_ref = c.kl_coef != 0.0 or "logprob_ref" in est_needs or "logprob_ref" in loss_spec.needs
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
-  chunk = c.scoring_chunk_size or None  # None: credit.scoring.auto_chunk_size
-  # ---- 2. outputs ----
-  from experiments import checkpointing, reporting
+  model, mcfg = build_policy(c, data.tokenizer, mesh)
+  from credit.models import shard_model
+  shard_model(model, mesh)
+  return method, data, mesh, model, mcfg, c.scoring_chunk_size or None  # None: auto chunk
+
+
+def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]:
+  """Checks everything, then builds the runner and the initial (step 0) run state."""
+  method, data, mesh, model, mcfg, chunk = _checked_setup(c)
   os.makedirs(workdir, exist_ok=True)
-  is_main = jax.process_index() == 0
-  graphdef, params, rest = train.split_model(model)
+  from credit.models import lora_trainable_mask
   from credit.sampling import Sampler
+  graphdef, params, rest = train.split_model(model)
   sampler = Sampler(model, pad_id=data.tokenizer.pad_id, stop_tokens=(data.tokenizer.eos_id,))
-  model_state = lambda p: nnx.merge_state(p, rest)
+  prod_setup = producers.Setup(c, data, mesh, graphdef, rest, sampler, chunk,
+                               c.prompts_per_step, c.group_size)
   trainable = lora_trainable_mask(params) if c.lora_rank else None
   tx = train.make_optimizer(learning_rate=c.learning_rate, total_steps=c.steps,
                             warmup_steps=c.warmup_steps, weight_decay=c.weight_decay,
                             grad_clip=c.grad_clip, trainable=trainable)
-  est_state = None
-  if est_spec.stateful:
-    init = getattr(__import__(est_spec.fn.__module__, fromlist=["_"]), f"{est_spec.name}_init_state")
-    est_state = init(len(data.train))
+  est = method.estimator
+  est_state = est.init_state(len(data.train)) if est.stateful else None
   rep = parallel.replicated(mesh)
   p_sh, o_sh = train.state_shardings(tx, params, tx.init(params), mesh)
   params = jax.device_put(params, p_sh)
-  place_opt = jax.jit(tx.init, out_shardings=o_sh)
   state = train.TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), rep), params=params,
-                           opt_state=place_opt(params), key=jax.device_put(_key_data(c.seed), rep),
+                           opt_state=jax.jit(tx.init, out_shardings=o_sh)(params),
+                           key=jax.device_put(_key_data(c.seed), rep),
                            estimator_state=jax.device_put(est_state, rep))
   st_sh = train.TrainState(step=rep, params=p_sh, opt_state=o_sh, key=rep,
                            estimator_state=jax.tree.map(lambda _: rep, est_state))
-  ckpt_state = {"train": state, "ref_params": params if need_ref else None}
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    max_to_keep=c.keep_checkpoints)
-  restored = ckpt.restore_latest(checkpointing.abstract_like(ckpt_state))
-  loader = tasks_lib.make_loader(data.train, N, seed=c.seed)
-  timer = _Timer()
-  if restored is not None:
-    state, ref_params = restored.state["train"], restored.state["ref_params"]
-    loader.set_state(restored.meta["loader"])
-    start = int(state.step)
-    print(f"[credit] resumed from step {start} in {ckpt.directory}")
-  else:
-    start = 0
-    if c.sft_steps:
-      sft_tx = train.make_optimizer(learning_rate=c.sft_learning_rate, total_steps=c.sft_steps,
-                                    warmup_steps=min(10, c.sft_steps // 10),
-                                    weight_decay=0.0, grad_clip=c.grad_clip, trainable=trainable)
-      _, so_sh = train.state_shardings(sft_tx, params, sft_tx.init(params), mesh)
-      sft_step = jax.jit(train.make_sft_step(graphdef, rest, sft_tx, chunk),
-                         out_shardings=(p_sh, so_sh, rep), donate_argnums=(0, 1))
-      p = jax.tree.map(jnp.copy, params)
-      o = jax.jit(sft_tx.init, out_shardings=so_sh)(params)
-      batches = _sft_batches(data, c, np.random.default_rng(c.seed + 7))
-      t0 = time.perf_counter()
-      for i in range(c.sft_steps):
-        p, o, m = sft_step(p, o, parallel.shard_batch(next(batches), mesh))
-      jax.block_until_ready(p)
-      timer.add("sft", t0)
-      state = state.replace(params=p, opt_state=place_opt(p))
-      print(f"[credit] SFT warm-up: {c.sft_steps} steps, loss {float(m['sft_loss']):.4f}, "
-            f"{timer.t['sft']:.1f}s")
-    # A copy: the update donates state.params, which would delete buffers shared with it.
-    ref_params = jax.tree.map(jnp.copy, state.params) if need_ref else None
-    ckpt.save(0, state={"train": state, "ref_params": ref_params},
-              meta={"loader": loader.get_state()}, force=True)
-  # ---- 3. jitted steps ----
-  scorer = jax.jit(train.make_scorer(graphdef, rest, chunk))
-  need_spi = "sum_pi_squared" in est_needs  # Σπ² of the behaviour policy (OTB), same pass
-  policy_scorer = (jax.jit(train.make_scorer(graphdef, rest, chunk, sum_pi_squared=True))
-                   if need_spi else scorer)
-  adv_fn = jax.jit(train.make_advantage_fn(est_spec, est_static),
+  adv_fn = jax.jit(train.make_advantage_fn(est, method.estimator_static),
                    out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state))
   update = jax.jit(train.make_rl_update(
-      graphdef, rest, tx, loss_spec=loss_spec, loss_kwargs=loss_kwargs, kl_coef=c.kl_coef,
-      kl_kind=c.kl_kind, entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
+      graphdef, rest, tx, loss_spec=method.loss, loss_fields=method.loss_fields,
+      loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
+      entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
       num_minibatches=c.num_minibatches, chunk_size=chunk),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
-  metrics_writer = reporting.MetricsWriter(workdir, resume_step=start if restored else None) \
-      if is_main else None
-  bar = reporting.ProgressBar(c.steps, initial=start, disable=None if c.progress else True)
+  div = parallel.batch_divisor(mesh)
   eval_bs = min(128, max(div, len(data.eval)))
-  eval_bs -= eval_bs % div
-  heat = None
-  if start == 0:
-    ev = evaluate(sampler, model_state(state.params), data, c, eval_bs)
-    if metrics_writer:
-      metrics_writer.write(0, ev)
-    print(f"[credit] step 0 eval_accuracy {ev['eval_accuracy']:.3f}")
-  for step in range(start, c.steps):
-    timer.t.clear()
-    t0 = t_step = time.perf_counter()
-    key = jax.random.fold_in(jax.random.wrap_key_data(_key_data(c.seed)), step)
-    ex = loader.next() if hasattr(loader, "next") else next(loader)
-    prompts = ex["prompt"]
-    toks, pmask = tasks_lib.encode_prompts(data.tokenizer, prompts, data.max_prompt_len)
-    out = sampler(model_state(state.params), prompt_tokens=toks, prompt_mask=pmask,
-                  key=jax.random.fold_in(key, 0), max_new_tokens=c.max_new_tokens,
-                  num_samples=G, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
-    host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
-                             "prompt_mask": out.prompt_mask})
-    t0 = timer.add("sampling", t0)
-    texts = tasks_lib.decode_responses(data.tokenizer, host["tokens"], host["response_mask"])
-    rep = [{k: ex[k][i] for k in ex} for i in range(N) for _ in range(G)]
-    reward = tasks_lib.verify_batch(data.task, rep, texts)
-    t0 = timer.add("reward", t0)
-    attn = host["prompt_mask"] | host["response_mask"]
-    arrays = parallel.shard_batch({"tokens": host["tokens"], "attn_mask": attn,
-                                   "response_mask": host["response_mask"], "reward": reward,
-                                   "group_id": np.repeat(np.arange(N, dtype=np.int32), G)}, mesh)
-    lp_cur, ent, *spi = policy_scorer(state.params, arrays["tokens"], arrays["attn_mask"])
-    if c.logprob_old_source == "sampler":
-      lp_old = jnp.where(arrays["response_mask"], out.logprob_raw, 0.0)
-    else:
-      lp_old = lp_cur
-    fields = dict(arrays, logprob=lp_cur, logprob_old=lp_old, entropy=ent,
-                  logprob_sampler=out.logprob_sampler,
-                  obs_mask=jnp.zeros_like(arrays["response_mask"]),
-                  turn_id=jnp.where(arrays["response_mask"], 0, -1).astype(jnp.int32),
-                  prompt_id=jnp.asarray(np.repeat(np.asarray(ex.get("index", np.arange(N))), G),
-                                        jnp.int32))
-    if "reward_baseline" in est_needs:  # ReMax: reward of the greedy response per prompt
-      greedy = sampler(model_state(state.params), prompt_tokens=toks, prompt_mask=pmask,
-                       key=key, max_new_tokens=c.max_new_tokens, temperature=0.0)
-      gh = parallel.to_host({"tokens": greedy.tokens, "response_mask": greedy.response_mask})
-      gtexts = tasks_lib.decode_responses(data.tokenizer, gh["tokens"], gh["response_mask"])
-      base = tasks_lib.verify_batch(data.task, [{k: ex[k][i] for k in ex} for i in range(N)],
-                                    gtexts)
-      fields["reward_baseline"] = parallel.shard_batch(np.repeat(base, G), mesh)
-    if need_ref:
-      fields["logprob_ref"], _ = scorer(ref_params, arrays["tokens"], arrays["attn_mask"])
-    if need_spi:
-      fields["sum_pi_squared"] = spi[0]
-    jax.block_until_ready(fields["logprob_old"])
-    t0 = timer.add("scoring", t0)
-    est_arrays = {n: fields[n] for n in est_needs
-                  if n in inspect.signature(est_spec.fn).parameters}
-    adv, new_est_state = adv_fn(est_arrays, state.estimator_state)
-    batch = {"tokens": arrays["tokens"], "attn_mask": arrays["attn_mask"],
-             "response_mask": arrays["response_mask"], "advantages": adv,
-             "logprob_old": fields["logprob_old"]}
-    for extra in ("logprob_ref", "group_id"):
-      if extra in fields and (extra in loss_params or (extra == "logprob_ref" and c.kl_coef)):
-        batch[extra] = fields[extra]
-    if c.importance_correction:  # truncated IS against the sampler's own log-probs
-      batch["logprob_sampler"] = fields["logprob_sampler"]
-    state = state.replace(estimator_state=new_est_state)
-    state, upd_metrics = update(state, batch)
-    jax.block_until_ready(state.params)
-    t0 = timer.add("update", t0)
-    step_time = time.perf_counter() - t_step
-    resp_len = host["response_mask"].sum(-1)
-    m = {k: float(v) for k, v in jax.device_get(upd_metrics).items()}
-    m.update(reward_mean=float(reward.mean()), accuracy=float(np.mean(reward >= 1.0)),
-             response_length=float(resp_len.mean()),
-             adv_abs_mean=float(jnp.sum(jnp.abs(adv)) / max(1, int(resp_len.sum()))),
-             step_time=step_time, **{f"time_{k}": v for k, v in timer.t.items()})
-    m["time_overhead"] = step_time - sum(timer.t[k] for k in ("sampling", "scoring", "update"))
-    done = step + 1
-    if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
-      m.update(evaluate(sampler, model_state(state.params), data, c, eval_bs))
-    if metrics_writer:
-      metrics_writer.write(done, m)
-    bar.update(done, m)
-    if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.steps):
-      ckpt.save(done, state={"train": state, "ref_params": ref_params},
-                meta={"loader": loader.get_state()}, force=True)
-    heat = (host, texts, np.asarray(parallel.to_host(adv)), reward)
-    if done == c.kill_at_step:
-      os.kill(os.getpid(), signal.SIGKILL)
+  runner = Runner(
+      c=c, workdir=workdir, data=data, mesh=mesh, mcfg=mcfg, method=method,
+      setup=prod_setup, stages=[p.build(prod_setup) for p in method.plan], tx=tx,
+      trainable=trainable, shardings=st_sh, adv_fn=adv_fn, update=update,
+      ckpt=checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                      max_to_keep=c.keep_checkpoints),
+      eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0)
+  ref = state.params if method.keeps_reference else None  # restore template only
+  return runner, RunState(state, ref, tasks_lib.make_loader(data.train, c.prompts_per_step,
+                                                            seed=c.seed))
+
+
+def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
+  """The latest complete checkpoint; else the SFT warm-up (if any), the frozen reference
+  copy (if a producer keeps one) and a step-0 checkpoint."""
+  restored = run.ckpt.restore_latest(checkpointing.abstract_like(rs.checkpoint()))
+  if restored is not None:
+    rs.loader.set_state(restored.meta["loader"])
+    state = restored.state["train"]
+    rs = dataclasses.replace(rs, train=state, ref_params=restored.state["ref_params"],
+                             step=int(state.step))
+    run.say(f"resumed from step {rs.step} in {run.ckpt.directory}")
+    return rs
+  state = warm_up(run, rs.train) if run.c.sft_steps else rs.train
+  # A copy: the update donates state.params, which would delete buffers shared with it.
+  ref = jax.tree.map(jnp.copy, state.params) if run.method.keeps_reference else None
+  rs = dataclasses.replace(rs, train=state, ref_params=ref)
+  save(run, rs)
+  return rs
+
+
+def warm_up(run: Runner, state: train.TrainState) -> train.TrainState:
+  """`c.sft_steps` supervised steps on task demonstrations; fresh optimiser state after."""
+  c, s = run.c, run.setup
+  sft_tx = train.make_optimizer(learning_rate=c.sft_learning_rate, total_steps=c.sft_steps,
+                                warmup_steps=min(10, c.sft_steps // 10), weight_decay=0.0,
+                                grad_clip=c.grad_clip, trainable=run.trainable)
+  p_sh, o_sh = run.shardings.params, run.shardings.opt_state
+  _, so_sh = train.state_shardings(sft_tx, state.params, sft_tx.init(state.params), run.mesh)
+  sft_step = jax.jit(train.make_sft_step(s.graphdef, s.rest, sft_tx, s.chunk_size),
+                     out_shardings=(p_sh, so_sh, parallel.replicated(run.mesh)),
+                     donate_argnums=(0, 1))
+  p = jax.tree.map(jnp.copy, state.params)
+  o = jax.jit(sft_tx.init, out_shardings=so_sh)(state.params)
+  batches = _sft_batches(run.data, c, np.random.default_rng(c.seed + 7))
+  t0 = time.perf_counter()
+  for _ in range(c.sft_steps):
+    p, o, m = sft_step(p, o, parallel.shard_batch(next(batches), run.mesh))
+  jax.block_until_ready(p)
+  run.say(f"SFT warm-up: {c.sft_steps} steps, loss {float(m['sft_loss']):.4f}, "
+          f"{time.perf_counter() - t0:.1f}s")
+  return state.replace(params=p, opt_state=jax.jit(run.tx.init, out_shardings=o_sh)(p))
+
+
+def save(run: Runner, rs: RunState) -> None:
+  run.ckpt.save(rs.step, state=rs.checkpoint(), meta={"loader": rs.loader.get_state()},
+                force=True)
+
+
+def _context(run: Runner, rs: RunState) -> producers.StepContext:
+  """The step's key and prompts (the loader advances here)."""
+  ex = next(rs.loader)
+  toks, pmask = tasks_lib.encode_prompts(run.data.tokenizer, ex["prompt"],
+                                         run.data.max_prompt_len)
+  key = jax.random.fold_in(jax.random.wrap_key_data(_key_data(run.c.seed)), rs.step)
+  return producers.StepContext(key=key, examples=ex, prompt_tokens=toks, prompt_mask=pmask,
+                               ref_params=rs.ref_params)
+
+
+def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
+  """One RL step: the planned producers, the estimator, the update; returns its metrics."""
+  c, m = run.c, run.method
+  t_step = time.perf_counter()
+  ctx = _context(run, rs)
+  batch, times = {}, {}
+  for stage in run.stages:
+    t0 = time.perf_counter()
+    batch.update(jax.block_until_ready(stage(rs.train, batch, ctx)))
+    times[stage.phase] = times.get(stage.phase, 0.0) + time.perf_counter() - t0
+  where = f"batch of step {rs.step + 1}"
+  if c.debug_checks or not rs.checked:
+    check_batch(batch, num_groups=c.prompts_per_step, where=where)
+  t0 = time.perf_counter()
+  adv, est_state = run.adv_fn({n: batch[n] for n in m.estimator_fields},
+                              rs.train.estimator_state)
+  batch["advantages"] = adv
+  if c.debug_checks:
+    check_batch({"advantages": adv, "response_mask": batch["response_mask"]},
+                num_groups=c.prompts_per_step, where=f"{m.estimator.name} advantages, {where}")
+  state, upd = run.update(rs.train.replace(estimator_state=est_state),
+                          dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask))
+  jax.block_until_ready(state.params)
+  times["update"] = time.perf_counter() - t0
+  host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
+  metrics = _step_metrics(upd, host, adv, time.perf_counter() - t_step, times)
+  last = (host, np.asarray(parallel.to_host(adv))) if rs.step + 1 == c.steps else None
+  return dataclasses.replace(rs, train=state, step=rs.step + 1, checked=True, last=last), metrics
+
+
+def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, float]:
+  reward, resp_len = host["reward"], host["response_mask"].sum(-1)
+  m = {k: float(v) for k, v in jax.device_get(upd).items()}
+  m.update(reward_mean=float(reward.mean()), accuracy=float(np.mean(reward >= 1.0)),
+           response_length=float(resp_len.mean()),
+           adv_abs_mean=float(jnp.sum(jnp.abs(adv)) / max(1, int(resp_len.sum()))),
+           step_time=step_time, **{f"time_{k}": v for k, v in times.items()},
+           time_overhead=step_time - sum(times.values()))
+  return m
+
+
+def _evaluate(run: Runner, rs: RunState) -> dict[str, float]:
+  return evaluate(run.setup.sampler, run.setup.model_state(rs.train.params), run.data, run.c,
+                  run.eval_batch_size)
+
+
+def record(run: Runner, rs: RunState, metrics: dict, writer, bar) -> None:
+  """After a step: periodic eval, metrics row, progress, checkpoint, the test kill hook."""
+  c, done = run.c, rs.step
+  if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
+    metrics.update(_evaluate(run, rs))
+  if writer:
+    writer.write(done, metrics)
+  bar.update(done, metrics)
+  if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.steps):
+    save(run, rs)
+  if done == c.kill_at_step:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def finish(run: Runner, rs: RunState, writer) -> dict[str, Any]:
+  """Export (every process takes part: save_pretrained all-gathers), plots and summary."""
+  run.ckpt.close()
+  c, s = run.c, run.setup
+  if c.export_hf:
+    export_policy(train.merge_model(s.graphdef, rs.train.params, s.rest), run.mcfg,
+                  os.path.join(run.workdir, "hf_policy"), init_from=c.init_from)
+  if not writer:
+    return {}
+  writer.close()
+  return _finish_outputs(run.workdir, c, run.data, rs.last, reporting)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains `config` into `workdir`; returns the final summary dict."""
+  runner, rs = setup(config, workdir)
+  rs = restore_or_warm_up(runner, rs)
+  resumed = rs.step > 0
+  writer = (reporting.MetricsWriter(workdir, resume_step=rs.step if resumed else None)
+            if runner.is_main else None)
+  bar = reporting.ProgressBar(config.steps, initial=rs.step,
+                              disable=None if config.progress else True)
+  if not resumed:
+    ev = _evaluate(runner, rs)
+    if writer:
+      writer.write(0, ev)
+    runner.say(f"step 0 eval_accuracy {ev['eval_accuracy']:.3f}")
+  while rs.step < config.steps:
+    rs, metrics = rl_step(runner, rs)
+    record(runner, rs, metrics, writer, bar)
   bar.close()
-  ckpt.close()
-  if c.export_hf:  # every process takes part (save_pretrained all-gathers); process 0 writes
-    export_policy(train.merge_model(graphdef, state.params, rest), mcfg,
-                  os.path.join(workdir, "hf_policy"), init_from=c.init_from)
-  summary = {}
-  if is_main and metrics_writer:
-    metrics_writer.close()
-    summary = _finish_outputs(workdir, c, data, heat, reporting)
-  return summary
+  return finish(runner, rs, writer)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -402,22 +530,21 @@ def export_policy(model: Decoder, mcfg: ModelConfig, out_dir: str, *, init_from:
         shutil.copyfile(src, os.path.join(out_dir, name))
 
 
-def _finish_outputs(workdir, c, data: Data, heat, reporting) -> dict[str, Any]:
-  """Plots, token-credit heatmap and summary table from what the run wrote."""
+def _finish_outputs(workdir, c, data: Data, last, reporting) -> dict[str, Any]:
+  """Plots, the last step's token-credit heatmap and the summary table from what the run wrote."""
   path = os.path.join(workdir, "metrics.jsonl")
   reporting.plot_curves(path, os.path.join(workdir, "curves.png"),
                         keys=("reward_mean", "accuracy", "eval_accuracy", "loss", "step_time"))
-  if heat is not None:
-    host, texts, adv, reward = heat
-    rows = list(range(min(c.num_heatmap_samples, len(texts))))
+  if last is not None:
+    host, adv = last
     toks, advs, labels = [], [], []
-    for i in rows:
+    for i in range(min(c.num_heatmap_samples, len(host["reward"]))):
       m = host["response_mask"][i]
       ids = host["tokens"][i][m]
       toks.append(["<eos>" if int(t) == data.tokenizer.eos_id else
                    (data.tokenizer.decode([int(t)]) or f"<{int(t)}>") for t in ids])
       advs.append(adv[i][m])
-      labels.append(f"r={reward[i]:.0f}")
+      labels.append(f"r={host['reward'][i]:.0f}")
     reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
                                 labels=labels, title=f"{c.estimator}: per-token advantages")
   rows = reporting.read_metrics(path)

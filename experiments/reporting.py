@@ -7,7 +7,7 @@
   the file of an uninterrupted one (up to wall-clock fields such as
   ``step_time``), and TensorBoard is told to purge the same steps.
 * `ProgressBar`: tqdm with reward / accuracy / step time in the postfix;
-  disabled off a TTY.
+  disabled off a TTY. `write_message` prints progress messages through `tqdm.write`.
 * `plot_curves`, `plot_token_credit`: PNGs drawn with matplotlib's object API
   (`matplotlib.figure.Figure`, Agg canvas), so importing this module changes
   no global pyplot backend.
@@ -264,6 +264,13 @@ def _fmt(value: float) -> str:
   return f"{value:.4g}"
 
 
+def write_message(message: str, file=None) -> None:
+  """Prints a progress message (default: stdout) with `tqdm.write`, which clears and redraws
+  any live tqdm bar around it, so messages and the bar never interleave."""
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  tqdm.write(message, file=sys.stdout if file is None else file)
+
+
 class ProgressBar:
   """A tqdm bar over training steps with live metrics in the postfix.
 
@@ -305,11 +312,8 @@ class ProgressBar:
     self._n = step
 
   def write(self, message: str) -> None:
-    """Prints a line without breaking the bar."""
-    if self.disabled:
-      logger.info("%s", message)
-    else:
-      self._bar.write(message)
+    """Prints a line on stdout without breaking the bar (shown whether or not the bar is)."""
+    write_message(message)
 
   def close(self) -> None:
     self._bar.close()

@@ -1,6 +1,6 @@
 """Pure step functions of the runner: optimiser, SFT warm-up, advantages, RL update.
 
-Everything here is a function of arrays and pytrees; `experiments/run.py` owns
+Everything here is a function of arrays and pytrees; `experiments/loop.py` owns
 the Python loop, files and logging. Each factory resolves configuration in
 Python and returns a function the caller jits, so no string is compared inside
 a traced body.
@@ -17,16 +17,14 @@ from flax import nnx, struct
 
 import credit
 from credit import ops
-from credit.kl import kl_penalty
-from credit.losses import aggregate_loss
+from credit.losses import entropy_bonus, kl_loss
 from credit.scoring import model_hidden, score_hidden, score_tokens, sum_pi_squared_hidden
 
-# Inputs the single-turn loop produces for estimators and losses.
-LOOP_FIELDS = frozenset({
-    "tokens", "response_mask", "group_id", "reward", "logprob", "logprob_old",
-    "logprob_ref", "logprob_sampler", "entropy", "obs_mask", "turn_id", "prompt_id",
-    "reward_baseline", "sum_pi_squared",
-})
+# Fields the RL update computes itself, from its own (differentiated) model pass; a loss
+# that names them gets them from there, not from the batch.
+UPDATE_FIELDS = frozenset({"logprob", "entropy"})
+# Arguments of the policy loss's aggregation that the KL and entropy terms share.
+AGGREGATION_ARGS = ("loss_agg_mode", "num_tokens_global", "num_seqs_global", "norm_constant")
 
 
 class TrainState(struct.PyTreeNode):
@@ -109,7 +107,7 @@ def make_sft_step(graphdef, rest, tx: optax.GradientTransformation,
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, {"sft_loss": loss, "grad_norm": optax.global_norm(grads)}
+    return params, opt_state, {"sft_loss": loss, "grad_norm": optax.tree.norm(grads)}
 
   return sft_step
 
@@ -119,43 +117,17 @@ def make_sft_step(graphdef, rest, tx: optax.GradientTransformation,
 # --------------------------------------------------------------------------
 
 
-def estimator_arguments(spec: credit.EstimatorSpec, fields: Mapping[str, Any],
-                        hyper: Mapping[str, Any], *, num_groups: int,
-                        group_size: int | None) -> tuple[dict, dict]:
-  """Splits the call of `spec.fn` into (array kwargs, static kwargs).
-
-  `num_groups` / `group_size` are passed when the function takes them.
-  """
-  params = inspect.signature(spec.fn).parameters
-  needs = spec.needs_for(hyper)
-  arrays = {n: fields[n] for n in needs if n in params}
-  static = dict(hyper)
-  if "num_groups" in params:
-    static["num_groups"] = num_groups
-  if "group_size" in params:
-    static["group_size"] = group_size
-  for k, v in list(static.items()):
-    if k not in params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-      valid = [p for p in params if p not in needs]
-      raise ValueError(f"estimator {spec.name!r} has no hyperparameter {k!r}; valid: {valid}")
-    if isinstance(v, list):
-      static[k] = tuple(v)
-  return arrays, static
-
-
 def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> Callable:
-  """advantage_fn(arrays, estimator_state) -> (advantages [B,T], estimator_state)."""
+  """advantage_fn(arrays, estimator_state) -> (advantages [B,T], estimator_state).
+
+  `arrays` are the estimator's data arguments and `static` its hyperparameters and layout
+  arguments (`spec.split_arguments`); the state is threaded only for a stateful estimator.
+  """
 
   def advantage_fn(arrays, estimator_state):
-    kwargs = dict(arrays)
-    if spec.stateful:
-      kwargs["state"] = estimator_state
-    out = spec.fn(**kwargs, **static)
-    if spec.stateful:
-      return out.advantages, out.state
-    if spec.returns_output:
-      return out.advantages, estimator_state
-    return out, estimator_state
+    state_kw = {"state": estimator_state} if spec.stateful else {}
+    out = spec.fn(**arrays, **state_kw, **static)
+    return spec.advantages(out), (out.state if spec.stateful else estimator_state)
 
   return advantage_fn
 
@@ -165,54 +137,73 @@ def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> 
 # --------------------------------------------------------------------------
 
 
-def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
-                   loss_spec: credit.PolicyLossSpec, loss_kwargs: Mapping[str, Any],
-                   kl_coef: float, kl_kind: str, entropy_coef: float,
-                   ppo_epochs: int, num_minibatches: int, chunk_size: int | None) -> Callable:
-  """Returns update(state, batch) -> (state, metrics).
+def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,
+                       loss_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+  """The policy loss's aggregation arguments (its default mode unless `loss_kwargs` sets one),
+  so that the KL and entropy terms are reduced like the policy loss."""
+  default = inspect.signature(loss_spec.fn).parameters.get("loss_agg_mode")
+  agg = {"loss_agg_mode": default.default if default is not None else "token-mean"}
+  agg.update({k: v for k, v in loss_kwargs.items() if k in AGGREGATION_ARGS})
+  return agg
 
-  batch holds [B,...] arrays: tokens, attn_mask, response_mask, advantages,
-  logprob_old, and logprob_ref / logprob_sampler when used. Each epoch
-  shuffles rows with a key folded from the state key and takes
-  `num_minibatches` optimiser steps.
+
+def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
+                 loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any], kl_coef: float,
+                 kl_kind: str, entropy_coef: float, chunk_size: int | None) -> Callable:
+  """Returns loss_fn(params, minibatch) -> (loss, metrics) of the RL update.
+
+  The loss is `loss_spec.fn` called with exactly the contract fields `loss_fields` (those
+  in `UPDATE_FIELDS` from this function's own model pass, entropy without gradient; the
+  rest from the minibatch), plus `kl_coef`·`credit.losses.kl_loss` against `logprob_ref`
+  and `credit.losses.entropy_bonus` with coefficient `entropy_coef`, both aggregated like
+  the policy loss (`aggregation_kwargs`).
   """
-  loss_params = inspect.signature(loss_spec.fn).parameters
-  agg_mode = loss_kwargs.get("loss_agg_mode", "token-mean")
-  extra_fields = [n for n in ("logprob_ref", "logprob_sampler", "entropy", "group_id")
-                  if n in loss_params]  # passed when present in the batch
+  agg = aggregation_kwargs(loss_spec, loss_kwargs)
+  need_entropy = bool(entropy_coef) or "entropy" in loss_fields
 
   def loss_fn(params, mb):
     model = merge_model(graphdef, params, rest)
-    need_entropy = entropy_coef != 0.0 or "entropy" in loss_params
     logprob, entropy = score_tokens(model, mb["tokens"], mb["attn_mask"],
                                     chunk_size=chunk_size, return_entropy=need_entropy)
-    kwargs = {k: mb[k] for k in extra_fields if k in mb and k != "entropy"}
-    if "entropy" in loss_params:
-      kwargs["entropy"] = jax.lax.stop_gradient(entropy)
-    out = loss_spec.fn(logprob=logprob, logprob_old=mb["logprob_old"],
-                       advantages=mb["advantages"], response_mask=mb["response_mask"],
-                       **kwargs, **loss_kwargs)
-    loss = out.loss
-    metrics = dict(out.metrics)
-    metrics["pg_loss"] = out.loss
+    own = {"logprob": logprob, "entropy": jax.lax.stop_gradient(entropy)}
+    out = loss_spec.fn(**{f: own[f] if f in UPDATE_FIELDS else mb[f] for f in loss_fields},
+                       **loss_kwargs)
+    loss, metrics = out.loss, dict(out.metrics, pg_loss=out.loss)
     if kl_coef:
-      kl = kl_penalty(logprob, mb["logprob_ref"], kind=kl_kind)
-      kl_loss = aggregate_loss(kl, mb["response_mask"], agg_mode)
-      loss = loss + kl_coef * kl_loss
-      metrics["kl_loss"] = kl_loss
+      kl = kl_loss(logprob=logprob, logprob_ref=mb["logprob_ref"],
+                   response_mask=mb["response_mask"], kind=kl_kind, **agg)
+      loss = loss + kl_coef * kl.loss
+      metrics.update(kl.metrics, kl_loss=kl.loss)
     if need_entropy:
-      ent = ops.masked_mean(entropy, mb["response_mask"])
-      metrics["entropy"] = ent
-      if entropy_coef:
-        loss = loss - entropy_coef * ent
+      bonus = entropy_bonus(entropy=entropy, response_mask=mb["response_mask"],
+                            coef=entropy_coef, **agg)
+      loss = loss + bonus.loss
+      metrics.update(bonus.metrics)
     return loss, metrics
 
+  return loss_fn
+
+
+def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
+                   loss_spec: credit.PolicyLossSpec, loss_fields: tuple[str, ...],
+                   loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
+                   entropy_coef: float, ppo_epochs: int, num_minibatches: int,
+                   chunk_size: int | None) -> Callable:
+  """Returns update(state, batch) -> (state, metrics), the loss being `make_rl_loss`.
+
+  batch holds [B,...] arrays: tokens, attn_mask, the batch fields of `loss_fields` (all but
+  `UPDATE_FIELDS`), and logprob_ref when `kl_coef`. Each epoch shuffles rows with a key
+  folded from the state key and step, and takes `num_minibatches` optimiser steps.
+  """
+  loss_fn = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
+                         loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
+                         entropy_coef=entropy_coef, chunk_size=chunk_size)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def update(state: TrainState, batch: Mapping[str, jax.Array]):
     B = batch["tokens"].shape[0]
     mb_size = B // num_minibatches
-    key = jax.random.wrap_key_data(state.key)
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
 
     def epoch(carry, e):
       params, opt_state = carry
@@ -225,7 +216,7 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
         (loss, metrics), grads = grad_fn(params, mb)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
         return (params, opt_state), metrics
 
       return jax.lax.scan(minibatch, (params, opt_state), shuffled)

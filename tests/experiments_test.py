@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import loop
+import credit
+from experiments import loop, producers, train
 from experiments.run import check_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,8 +77,8 @@ def test_tiny_recipe_runs_end_to_end(recipe, tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    ({"estimator": "no_such"}, "Known estimators"),
-    ({"policy_loss": "no_such"}, "Known policy loss"),
+    ({"estimator": "no_such"}, r"Unknown estimator .no_such.*Known"),
+    ({"policy_loss": "no_such"}, r"Unknown policy loss .no_such.*Known"),
     ({"estimator": "gae"}, r"needs \['values'\]"),
     ({"task": "no_such_task"}, "Known tasks"),
     ({"init_from": "/nonexistent/model"}, "is not a directory"),
@@ -91,16 +92,32 @@ def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
   assert not os.path.exists(wd) or not os.listdir(wd)
 
 
-def test_optional_estimator_inputs_reach_the_estimator(tmp_path):
-  """REINFORCE++ with its KL-in-reward switched on gets logprob_old/logprob_ref (a reference
-  pass the loop adds because the estimator's optional needs ask for it); a KL-to-reference loss
+@pytest.mark.parametrize("estimator,kl_coef,estimator_kwargs,producer", [
+    ("remax", 0.0, {}, "greedy_baseline"),                       # reward_baseline
+    ("optimal_token_baseline", 0.0, {}, "policy_pass"),          # Σπ² from the policy pass
+    ("reinforce_pp", 0.01, {"kl_coef": 0.05}, "reference_pass"),  # KL-in-reward and KL loss
+])
+def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_kwargs,
+                                                   producer, tmp_path):
+  """Methods whose needs call extra producers run 2 tiny steps with every batch validated.
+
+  REINFORCE++ with its KL-in-reward switched on gets logprob_old/logprob_ref (a reference
+  pass planned because the estimator's optional needs ask for it); a KL-to-reference loss
   term on top uses the same frozen copy (the update donates the live parameters)."""
-  c = tiny(estimator="reinforce_pp", steps=2, kl_coef=0.01)
-  c.estimator_kwargs = {"kl_coef": 0.05}
-  wd = str(tmp_path / "rpp")
+  c = tiny(estimator=estimator, kl_coef=kl_coef, debug_checks=True, eval_every=0)
+  c.estimator_kwargs = estimator_kwargs
+  assert producer in [p.producer.name for p in loop.check_method(c).plan]
+  wd = str(tmp_path / estimator)
   loop.run(c, wd)
   last = read_metrics(wd)[-1]
   assert last["step"] == 2 and np.isfinite(last["loss"]) and np.isfinite(last["adv_abs_mean"])
+  if estimator == "remax":
+    assert last["time_baseline"] > 0
+  if kl_coef:
+    assert np.isfinite(last["kl_loss"])
+
+
+def test_estimator_hyperparameter_typo_is_refused(tmp_path):
   c = tiny(estimator="reinforce_pp", steps=1)
   c.estimator_kwargs = {"kl_coeff": 0.05}
   with pytest.raises(ValueError, match="no hyperparameter 'kl_coeff'"):
@@ -108,12 +125,50 @@ def test_optional_estimator_inputs_reach_the_estimator(tmp_path):
   assert not os.path.exists(tmp_path / "typo")
 
 
-def test_optimal_token_baseline_gets_sum_pi_squared(tmp_path):
-  """OTB's Σπ² of the behaviour policy is scored by the loop (an extra chunked pass)."""
-  wd = str(tmp_path / "otb")
-  loop.run(tiny(estimator="optimal_token_baseline", steps=2), wd)
-  last = read_metrics(wd)[-1]
-  assert last["step"] == 2 and np.isfinite(last["loss"]) and last["adv_abs_mean"] >= 0
+def test_plan_orders_producers_and_names_missing_fields():
+  c = tiny(estimator="optimal_token_baseline")
+  plan = loop.check_method(c).plan
+  names = [p.producer.name for p in plan]
+  assert names[0] == "rollout" and names.index("verifier") > 0
+  assert "sum_pi_squared" in {f for p in plan for f in p.wanted}
+  # The sampler's log-probs replace the recomputed ones: no policy pass at all for GRPO.
+  names = [p.producer.name for p in loop.check_method(tiny(logprob_old_source="sampler")).plan]
+  assert "sampler_logprob_old" in names and "policy_pass" not in names
+  with pytest.raises(loop.SetupError, match=r"estimator 'gae' needs \['values'\]"):
+    loop.check_method(tiny(estimator="gae"))
+  with pytest.raises(loop.SetupError, match=r"the KL term .* needs \['logprob_teacher'\]"):
+    producers.plan({"logprob_teacher": ["the KL term (kl_coef=1)"]}, c)
+  # A new kind of input is a new table row: a critic makes `values`, and GAE plans.
+  critic = producers.Producer("critic", ("values",), ("tokens",), lambda s, w: None, "scoring",
+                              "a value head")
+  table = producers.PRODUCERS + (critic,)
+  gae = loop.method_needs(tiny(), credit.get_estimator("gae"), ())
+  plan = producers.plan(gae, c, table)
+  assert [p.producer.name for p in plan][-1] == "critic" and plan[-1].wanted == {"values"}
+  for p in producers.PRODUCERS:
+    assert set(p.provides) <= set(credit.CONTRACT)
+
+
+def test_corrupted_batch_is_refused_naming_the_field():
+  N, G, T = 2, 2, 5
+  batch = {"tokens": np.ones((N * G, T), np.int32),
+           "response_mask": np.ones((N * G, T), bool),
+           "group_id": np.repeat(np.arange(N, dtype=np.int32), G),
+           "reward": np.array([1.0, np.nan, 0.0, 1.0], np.float32)}
+  with pytest.raises(credit.ContractError, match="batch of step 3: `reward` contains NaN"):
+    loop.check_batch(batch, num_groups=N, where="batch of step 3")
+  batch["reward"] = np.zeros(N * G, np.float32)
+  loop.check_batch(batch, num_groups=N, where="ok")
+  batch["group_id"] = np.arange(N * G, dtype=np.int32)
+  with pytest.raises(credit.ContractError, match="`group_id` must lie in"):
+    loop.check_batch(batch, num_groups=N, where="x")
+
+
+def test_kl_and_entropy_terms_follow_the_loss_aggregation():
+  gspo = credit.get_policy_loss("gspo")
+  assert train.aggregation_kwargs(gspo, {}) == {"loss_agg_mode": "seq-mean-token-mean"}
+  assert train.aggregation_kwargs(gspo, {"loss_agg_mode": "token-sum", "clip_low": 0.1}) == {
+      "loss_agg_mode": "token-sum"}
 
 
 def test_model_dir_without_weights_or_config(tmp_path):

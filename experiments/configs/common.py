@@ -56,7 +56,8 @@ def base_config() -> ml_collections.ConfigDict:
   # --- rollouts ---
   c.prompts_per_step = 32         # N prompts per RL step.
   c.group_size = 8                # G samples per prompt.
-  c.max_new_tokens = 8            # response budget (also the Dr.GRPO constant).
+  c.max_new_tokens = 8            # response budget in tokens (eos included). Dr.GRPO's constant is
+                                  # loss_kwargs.norm_constant, set separately.
   c.temperature = 1.0             # sampling temperature.
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.
@@ -83,13 +84,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 10         # steps between checkpoints (0 = never).
   c.keep_checkpoints = 2          # checkpoints kept on disk.
   c.export_hf = True              # write the final policy to <workdir>/hf_policy (HF safetensors).
-  c.log_every = 1                 # steps between metric lines.
   c.num_heatmap_samples = 6       # responses drawn in the token-credit heatmap.
   c.progress = True               # tqdm bar.
   # --- scale ---
   c.mesh = "data=-1"              # mesh axes, e.g. "data=2,fsdp=4"; -1 takes the remaining devices.
   c.scoring_chunk_size = 0        # positions per scoring chunk; 0 = auto (~256 rows of B x chunk).
-  # --- testing hooks ---
+  # --- checks and testing hooks ---
+  c.debug_checks = False          # validate every batch against credit.CONTRACT on the host (shapes,
+                                  # dtypes, NaN/inf, group ids) and the advantages; the first batch
+                                  # of a run is always validated.
   c.kill_at_step = -1             # test only: SIGKILL the process after this step completes.
   return c
 

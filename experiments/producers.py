@@ -1,0 +1,316 @@
+"""Field producers: how the runner makes the contract fields a method needs.
+
+A producer is declared once, in `PRODUCERS`, with the contract fields it `provides`, the
+fields it `requires` from earlier stages, and a `build(setup, wanted)` that runs at setup
+time (jitting what it needs once) and returns the per-step callable::
+
+    produce(state, batch, ctx) -> {field: array}   # new fields; `wanted` ⊆ its result
+
+`plan(needed, c)` picks, for each needed field, the first producer in the table that
+provides it and is enabled by the config (`when`), adds the producers of what those
+require, and orders them by dependency (the rollout root first). A field that no enabled
+producer makes is refused at setup, naming the field and the method that needs it.
+
+The step is the planned stages called in order; a new kind of input (a teacher pass
+`logprob_teacher`, an alternative-context pass `logprob_alt`, branch samples, environment
+turns, a second trained model) is a new row here, never a branch in the step.
+
+Producers return contract fields only (checked at import). What later stages need that is
+not a contract field — the attention mask, host copies of the rollout for verifiers and
+metrics, the sampler's raw log-probs — the rollout root records on the `StepContext`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from credit import CONTRACT, parallel
+from credit import tasks as tasks_lib
+from experiments import train
+
+Produce = Callable[[Any, Mapping[str, Any], "StepContext"], dict]
+
+
+class SetupError(ValueError):
+  """A configuration the loop cannot run; raised before any output is written."""
+
+
+@dataclasses.dataclass
+class Setup:
+  """What producers are built from (constant for the run)."""
+  c: ml_collections.ConfigDict
+  data: Any                   # loop.Data: task, tokenizer, splits, lengths
+  mesh: Any
+  graphdef: Any               # the policy's graph; params travel in the train state
+  rest: Any                   # its non-parameter state (constant)
+  sampler: Any                # credit.sampling.Sampler over the policy
+  chunk_size: int | None      # scoring chunk (None: auto)
+  num_groups: int             # N prompts per step
+  group_size: int             # G samples per prompt
+  _scorers: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  def model_state(self, params) -> Any:
+    return nnx.merge_state(params, self.rest)
+
+  def scorer(self, *, sum_pi_squared: bool = False) -> Callable:
+    """The jitted no-gradient scoring pass (`train.make_scorer`), built once per variant."""
+    if sum_pi_squared not in self._scorers:
+      self._scorers[sum_pi_squared] = jax.jit(train.make_scorer(
+          self.graphdef, self.rest, self.chunk_size, sum_pi_squared=sum_pi_squared))
+    return self._scorers[sum_pi_squared]
+
+  def repeat_groups(self, per_prompt: np.ndarray) -> Any:
+    """[N] host values -> [B=N*G] row-sharded array (each prompt's value for its G samples)."""
+    return parallel.shard_batch(np.repeat(np.asarray(per_prompt), self.group_size), self.mesh)
+
+
+@dataclasses.dataclass
+class StepContext:
+  """Per-step inputs that are not contract fields.
+
+  key: the step's PRNG key. examples: the loader's batch of N prompts (columns).
+  prompt_tokens, prompt_mask: [N,P] host arrays of the encoded prompts.
+  ref_params: the frozen reference policy (None unless a planned producer keeps one).
+  Filled by the rollout root: attn_mask [B,T] (prompt | response, sharded), host (numpy
+  copies: tokens, response_mask, prompt_mask; `texts` once decoded), extras (other arrays,
+  e.g. the sampler's raw log-probs).
+  """
+  key: jax.Array
+  examples: Mapping[str, Any]
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  ref_params: Any = None
+  attn_mask: Any = None
+  host: dict = dataclasses.field(default_factory=dict)
+  extras: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Producer:
+  """One row of the producer table.
+
+  name: what errors and timings call it. provides / requires: contract fields.
+  build: `build(setup, wanted) -> produce`, with `wanted` the provided fields the plan uses.
+  phase: the timing bucket it is reported under (`time_<phase>`).
+  when: enabled under this config (resolved at setup). keeps_reference: the run keeps a
+  frozen copy of the initial policy in `ctx.ref_params` (and checkpoints it).
+  """
+  name: str
+  provides: tuple[str, ...]
+  requires: tuple[str, ...]
+  build: Callable[[Setup, frozenset], Produce]
+  phase: str
+  doc: str
+  when: Callable[[ml_collections.ConfigDict], bool] = lambda c: True
+  keeps_reference: bool = False
+
+
+# --------------------------------------------------------------------------
+# Build functions (setup time) returning the per-step `produce`.
+# --------------------------------------------------------------------------
+
+
+def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
+  c, G = s.c, s.group_size
+  group_id = np.repeat(np.arange(s.num_groups, dtype=np.int32), G)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    out = s.sampler(s.model_state(state.params), prompt_tokens=ctx.prompt_tokens,
+                    prompt_mask=ctx.prompt_mask, key=jax.random.fold_in(ctx.key, 0),
+                    max_new_tokens=c.max_new_tokens, num_samples=G,
+                    temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
+                             "prompt_mask": out.prompt_mask})
+    resp = host["response_mask"]
+    ctx.host.update(host)
+    ctx.attn_mask = parallel.shard_batch(host["prompt_mask"] | resp, s.mesh)
+    ctx.extras["logprob_raw"] = out.logprob_raw
+    fields = parallel.shard_batch({
+        "tokens": host["tokens"], "response_mask": resp, "group_id": group_id,
+        "prompt_id": np.repeat(np.asarray(ctx.examples["index"], np.int32), G),
+        "obs_mask": np.zeros_like(resp), "turn_id": np.where(resp, 0, -1).astype(np.int32),
+    }, s.mesh)
+    return dict(fields, logprob_sampler=out.logprob_sampler)
+
+  return produce
+
+
+def _verify(s: Setup, examples: Mapping[str, Any], tokens, response_mask, repeat: int):
+  """(texts, rewards [len*repeat]) of decoded responses against the prompts' examples."""
+  texts = tasks_lib.decode_responses(s.data.tokenizer, tokens, response_mask)
+  n = len(next(iter(examples.values())))
+  rows = [{k: examples[k][i] for k in examples} for i in range(n) for _ in range(repeat)]
+  return texts, tasks_lib.verify_batch(s.data.task, rows, texts)
+
+
+def _build_reward(s: Setup, wanted: frozenset) -> Produce:
+  def produce(state, batch, ctx: StepContext) -> dict:
+    texts, reward = _verify(s, ctx.examples, ctx.host["tokens"], ctx.host["response_mask"],
+                            s.group_size)
+    ctx.host["texts"] = texts
+    return {"reward": parallel.shard_batch(reward, s.mesh)}
+
+  return produce
+
+
+def _build_sampler_logprob_old(s: Setup, wanted: frozenset) -> Produce:
+  def produce(state, batch, ctx: StepContext) -> dict:
+    return {"logprob_old": jnp.where(batch["response_mask"], ctx.extras["logprob_raw"], 0.0)}
+
+  return produce
+
+
+def _build_policy_pass(s: Setup, wanted: frozenset) -> Produce:
+  # Σπ² comes from the same model pass as the log-probs, and only when a method uses it.
+  names = ("logprob", "entropy") + (("sum_pi_squared",) if "sum_pi_squared" in wanted else ())
+  score = s.scorer(sum_pi_squared="sum_pi_squared" in wanted)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    out = dict(zip(names, score(state.params, batch["tokens"], ctx.attn_mask)))
+    return dict(out, logprob_old=out["logprob"])  # recomputed by the trainer: θ_old = θ
+
+  return produce
+
+
+def _build_reference_pass(s: Setup, wanted: frozenset) -> Produce:
+  score = s.scorer()
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    logprob_ref, _ = score(ctx.ref_params, batch["tokens"], ctx.attn_mask)
+    return {"logprob_ref": logprob_ref}
+
+  return produce
+
+
+def _build_greedy_baseline(s: Setup, wanted: frozenset) -> Produce:
+  def produce(state, batch, ctx: StepContext) -> dict:
+    out = s.sampler(s.model_state(state.params), prompt_tokens=ctx.prompt_tokens,
+                    prompt_mask=ctx.prompt_mask, key=ctx.key,
+                    max_new_tokens=s.c.max_new_tokens, temperature=0.0)
+    host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask})
+    _, reward = _verify(s, ctx.examples, host["tokens"], host["response_mask"], 1)
+    return {"reward_baseline": s.repeat_groups(reward)}
+
+  return produce
+
+
+LOGPROB_OLD_SOURCES = ("recompute", "sampler")
+
+# The table. Order matters only between producers of the same field: the first enabled
+# one makes it. The first row is the root (every step starts with the rollout).
+PRODUCERS: tuple[Producer, ...] = (
+    Producer("rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
+                         "turn_id", "logprob_sampler"), (), _build_rollout, "sampling",
+             "G samples per prompt from the KV-cache sampler (single turn)"),
+    Producer("verifier", ("reward",), ("tokens", "response_mask"), _build_reward, "reward",
+             "the task's verifier on the decoded responses"),
+    Producer("sampler_logprob_old", ("logprob_old",), ("response_mask",),
+             _build_sampler_logprob_old, "scoring",
+             "behaviour log-probs reported by the sampler (raw model, temperature 1)",
+             when=lambda c: c.logprob_old_source == "sampler"),
+    Producer("policy_pass", ("logprob", "logprob_old", "entropy", "sum_pi_squared"),
+             ("tokens",), _build_policy_pass, "scoring",
+             "one no-gradient pass of the policy: log-probs (logprob_old recomputed by the "
+             "trainer), entropy, and Σπ² from the same pass when needed"),
+    Producer("reference_pass", ("logprob_ref",), ("tokens",), _build_reference_pass,
+             "scoring", "the frozen initial policy (after any warm-up) scores the tokens",
+             keeps_reference=True),
+    Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
+             "reward of the greedy response per prompt (ReMax)"),
+)
+
+for _p in PRODUCERS:
+  _bad = [f for f in _p.provides + _p.requires if f not in CONTRACT]
+  assert not _bad, f"producer {_p.name!r}: {_bad} are not credit.CONTRACT fields"
+assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must be unique"
+
+
+def providers(c: ml_collections.ConfigDict,
+              table: Iterable[Producer] = PRODUCERS) -> dict[str, Producer]:
+  """{field: the producer that makes it under config `c`} (first enabled row wins)."""
+  out: dict[str, Producer] = {}
+  for p in table:
+    if p.when(c):
+      for f in p.provides:
+        out.setdefault(f, p)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+  """A producer in a plan, with the provided fields the plan takes from it."""
+  producer: Producer
+  wanted: frozenset
+
+  def build(self, setup: Setup) -> "Stage":
+    return Stage(self.producer.name, self.producer.phase, self.wanted,
+                 self.producer.build(setup, self.wanted))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A built producer: calling it returns exactly its wanted fields."""
+  name: str
+  phase: str
+  wanted: frozenset
+  produce: Produce
+
+  def __call__(self, state, batch, ctx: StepContext) -> dict:
+    out = self.produce(state, batch, ctx)
+    return {f: out[f] for f in sorted(self.wanted)}
+
+
+def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
+         table: Iterable[Producer] = PRODUCERS) -> list[Planned]:
+  """The producers that make `needed` ({field: who needs it}), in dependency order.
+
+  Raises:
+    SetupError naming, per method, each needed field that no enabled producer makes.
+  """
+  table = tuple(table)
+  made = providers(c, table)
+  missing: dict[str, list[str]] = {}
+  for field, whos in needed.items():
+    if field not in made:
+      for who in whos:
+        missing.setdefault(who, []).append(field)
+  if missing:
+    why = "; ".join(f"{who} needs {sorted(fs)}" for who, fs in missing.items())
+    raise SetupError(f"{why}, which no field producer of this loop makes (it can make "
+                     f"{sorted(made)}); add a producer to experiments/producers.py or use a "
+                     "recipe with an environment or critic that provides them")
+  wanted: dict[str, set] = {table[0].name: set()}
+  todo = list(needed)
+  while todo:
+    field = todo.pop()
+    p = made[field]
+    if field in wanted.setdefault(p.name, set()):
+      continue
+    wanted[p.name].add(field)
+    for r in p.requires:
+      if r not in made:
+        raise SetupError(f"producer {p.name!r} (for {field!r}) requires {r!r}, which no "
+                         "producer makes under this config")
+      todo.append(r)
+  return [Planned(p, frozenset(wanted[p.name])) for p in _dependency_order(
+      [p for p in table if p.name in wanted], made)]
+
+
+def _dependency_order(chosen: list[Producer], made: Mapping[str, Producer]) -> list[Producer]:
+  """Producers ordered so each comes after the producers of what it requires (stable)."""
+  done: list[Producer] = []
+  left = list(chosen)
+  while left:
+    ready = [p for p in left if all(made[r] in done or made[r] is p for r in p.requires)]
+    if not ready:
+      raise SetupError(f"producers {[p.name for p in left]} require each other's fields")
+    done.append(ready[0])
+    left.remove(ready[0])
+  return done
+
