@@ -1,0 +1,499 @@
+"""Properties every registered estimator and policy loss must have, parametrized over the registry.
+
+A new registry entry is covered the moment its module is imported: inputs are generated from
+the contract (`tests/contract_fields.py`) for the entry's `needs`, layout arguments
+(`num_groups`, `group_size`) come from its signature, state from its `init_state`. Per-method
+test files keep only the spec's worked example and a numpy reference.
+
+Shapes are fixed (N=4 groups x G=4 samples, T=6; B=16 divides the 8 fake devices), and each
+(entry, variant, group path) compiles once per property, shared through `_jitted`.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import credit
+from credit import registry
+from tests.contract_fields import B, G, N, NUM_PROMPTS, T, contiguous_ids, make_fields, random_state
+
+# --------------------------------------------------------------------------
+# Estimator cases: the defaults, plus every optional input switched on.
+# --------------------------------------------------------------------------
+
+
+def _variants(name: str) -> list[tuple[str, tuple, tuple]]:
+  """(id, hyperparameters, optional contract inputs): the defaults, and every optional input
+  switched on (the optional-needs switches set, plus every other contract field the function
+  accepts, e.g. dense `token_reward`, `is_weights`)."""
+  spec = registry.get_estimator(name)
+  out = [(name, (), ())]
+  switches = tuple(sorted({(s, 0.1) for _, s in spec.optional_needs}))
+  extras = tuple(sorted(p for p in spec.params if p in credit.CONTRACT
+                        and p not in spec.needs_for(dict(switches))))
+  if switches or extras:
+    out.append((name + "+optional", switches, extras))
+  return out
+
+
+EST_CASES = [v for n in registry.list_estimators() for v in _variants(n)]
+EST_IDS = [c[0] for c in EST_CASES]
+GROUP_CASES = [c for c in EST_CASES
+               if "group_size" in registry.get_estimator(c[0].split("+")[0]).params]
+
+
+def _spec(case) -> registry.EstimatorSpec:
+  return registry.get_estimator(case[0].split("+")[0])
+
+
+def _arguments(case, group_size):
+  spec = _spec(case)
+  names, static = spec.split_arguments(dict(case[1]), num_groups=N, group_size=group_size)
+  return tuple(names) + case[2], static
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(case, group_size):
+  spec = _spec(case)
+  _, static = _arguments(case, group_size)
+  return jax.jit(lambda data, state: _call(spec, data, state, static))
+
+
+def _call(spec, data, state, static):
+  kw = dict(data, **static)
+  if spec.stateful:
+    kw["state"] = state
+  return spec.fn(**kw)
+
+
+def run(case, fields, *, group_size=None, jit=True, state=None, seed=0):
+  """All output leaves (advantages first) as numpy arrays."""
+  spec = _spec(case)
+  names, static = _arguments(case, group_size)
+  data = {n: fields[n] for n in names}
+  if state is None:
+    state = random_state(spec, seed)
+  out = _jitted(case, group_size)(data, state) if jit else _call(spec, data, state, static)
+  adv = spec.advantages(out)
+  rest = [x for x in jax.tree.leaves(out) if x is not adv]
+  return [np.asarray(adv)] + [np.asarray(x) for x in rest]
+
+
+def assert_close(got, want, rtol=1e-5, atol=1e-6):
+  assert len(got) == len(want)
+  for g_, w_ in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g_, np.float64), np.asarray(w_, np.float64),
+                               rtol=rtol, atol=atol)
+
+
+def _batch(seed, contiguous=False, **kw):
+  """A mixed batch: group 0 all-equal, row 5 fully masked; ids permuted unless contiguous."""
+  rng = np.random.default_rng(seed)
+  reward = rng.choice([0., 1., 0.5, 2.], B)
+  reward[:G] = 1.0
+  lengths = rng.integers(1, T + 1, B)
+  lengths[5] = 0
+  gid = contiguous_ids()
+  if not contiguous:
+    gid = gid[rng.permutation(B)]
+  return make_fields(seed, reward=reward, lengths=lengths, group_id=gid, **kw)
+
+
+def _rows(x) -> bool:
+  return x.ndim >= 1 and x.shape[0] == B
+
+
+# --------------------------------------------------------------------------
+# Registration.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", registry.list_estimators())
+def test_estimator_entry_is_complete(name):
+  spec = registry.get_estimator(name)
+  assert spec.family in registry.FAMILIES, spec.family
+  # One hop from the name to its file: the module is named after the key, or its
+  # docstring says it registers the key.
+  module = sys.modules[spec.module]
+  assert spec.module.startswith(f"credit.advantages.{spec.family}."), spec.module
+  assert spec.module.rsplit(".", 1)[1] == name or name in (module.__doc__ or ""), spec.module
+  assert os.path.basename(module.__file__)[:-3] == spec.module.rsplit(".", 1)[1]
+  assert spec.confidence in registry.CONFIDENCE_TAGS
+  assert "arXiv" in spec.paper or "http" in spec.paper, spec.paper
+  assert set(spec.needs) <= set(credit.CONTRACT)
+  doc = spec.fn.__doc__ or ""
+  assert "Args" in doc or "as `" in doc, f"{name}: document the arguments"
+  # Every exported name of the family namespace is reachable from credit.advantages.
+  assert getattr(credit.advantages, spec.fn.__name__) is spec.fn
+  assert getattr(getattr(credit.advantages, spec.family), spec.fn.__name__) is spec.fn
+
+
+def test_families_are_namespaces():
+  fams = registry.list_families()
+  assert set(registry.FAMILIES) <= set(fams)
+  for fam in registry.FAMILIES:
+    assert getattr(credit.advantages, fam).__name__ == f"credit.advantages.{fam}"
+  assert "grpo" in fams["outcome"]
+
+
+def test_unknown_names_list_the_known_ones():
+  with pytest.raises(KeyError, match="grpo"):
+    credit.get_estimator("grpoo")
+  with pytest.raises(KeyError, match="ppo_clip"):
+    credit.get_policy_loss("ppo")
+  with pytest.raises(ValueError, match="outcome"):
+    registry.list_estimators("nope")
+
+
+def test_registering_a_user_estimator():
+  @registry.register_estimator("_user_test_constant", needs=("reward", "response_mask"),
+                               paper="none (test), http://example.invalid")
+  def constant_advantages(*, reward, response_mask, value: float = 1.0):
+    """A user's estimator (inferred)."""
+    return jnp.where(response_mask, value, 0.0)
+
+  try:
+    spec = registry.get_estimator("_user_test_constant")
+    assert spec.family == "user" and spec.confidence == "inferred"
+    assert spec.hyperparameters == ("value",)
+    with pytest.raises(ValueError, match="valid: \\['value'\\]"):
+      spec.split_arguments({"valeu": 2.0})
+    with pytest.raises(ValueError, match="not contract fields"):
+      registry.register_estimator("_bad", needs=("rewards",), paper="x")(constant_advantages)
+    with pytest.raises(ValueError, match="registered twice"):
+      registry.register_estimator("grpo", needs=("reward",), paper="x")(constant_advantages)
+  finally:
+    registry._ESTIMATORS.pop("_user_test_constant", None)
+
+
+# --------------------------------------------------------------------------
+# Estimator properties.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", EST_CASES, ids=EST_IDS)
+def test_jit_equals_eager_without_retrace(case):
+  b = _batch(3)
+  jitted = run(case, b)
+  assert_close(jitted, run(case, b, jit=False), rtol=1e-6, atol=1e-6)
+  before = _jitted(case, None)._cache_size()
+  run(case, _batch(4))                     # new values, same shapes: no new trace
+  assert _jitted(case, None)._cache_size() == before
+  if case in GROUP_CASES:                  # the contiguous [N,G] fast path equals the segment path
+    bc = _batch(3, contiguous=True)
+    fast = run(case, bc, group_size=G)
+    assert_close(fast, run(case, bc, group_size=G, jit=False), rtol=1e-6, atol=1e-6)
+    assert_close(fast, run(case, bc), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", EST_CASES, ids=EST_IDS)
+def test_masked_rows_equal_sliced_rows(case):
+  b = _batch(5)
+  drop = np.zeros(B, bool)
+  drop[[1, 6, 11, 12]] = True
+  masked = run(case, dict(b, response_mask=b["response_mask"] & ~drop[:, None]))
+  sliced = run(case, {k: v[~drop] for k, v in b.items()})
+  assert np.all(masked[0][drop] == 0.0)
+  assert_close([x[~drop] if _rows(x) else x for x in masked], sliced, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", EST_CASES, ids=EST_IDS)
+def test_padding_invariance(case):
+  b = _batch(7, holes=True)
+  pad = 3
+  padded = {}
+  for k, v in b.items():
+    if v.ndim >= 2 and v.shape[:2] == (B, T):   # garbage under the mask must not leak
+      fill = False if v.dtype == bool else (np.nan if v.dtype.kind == "f" else -1)
+      v = np.concatenate([v, np.full((B, pad) + v.shape[2:], fill, v.dtype)], axis=1)
+    padded[k] = v
+  want, got = run(case, b), run(case, padded)
+  for w_, g_ in zip(want, got):
+    if g_.ndim >= 2 and g_.shape[:2] == (B, T + pad):
+      assert np.all(g_[:, T:] == 0.0)
+      g_ = g_[:, :T]
+    np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [c for c in EST_CASES if "group_id" in _spec(c).needs],
+                         ids=lambda c: c[0])
+def test_permutation_within_groups(case):
+  rng = np.random.default_rng(11)
+  b = _batch(9)
+  perm = rng.permutation(B)                # segment path: rows move with their group ids
+  out, pout = run(case, b), run(case, {k: v[perm] for k, v in b.items()})
+  for o, p_ in zip(out, pout):
+    np.testing.assert_allclose(p_, o[perm] if _rows(o) else o, rtol=1e-5, atol=1e-6)
+  if case in GROUP_CASES:                  # fast path: permutation inside each group
+    bc = _batch(9, contiguous=True)
+    perm = np.concatenate([g * G + rng.permutation(G) for g in range(N)])
+    out = run(case, bc, group_size=G)
+    pout = run(case, {k: v[perm] for k, v in bc.items()}, group_size=G)
+    for o, p_ in zip(out, pout):
+      np.testing.assert_allclose(p_, o[perm] if _rows(o) else o, rtol=1e-5, atol=1e-6)
+
+
+# Group estimators whose advantage is not exactly 0 when every reward of a group is equal,
+# and why. Every other estimator taking `group_id` must give exact zeros there.
+EQUAL_GROUP_NOT_ZERO = {
+    "optimal_token_baseline": "B* = G·ΣW/(ΣW+ε): the baseline differs from G by O(ε)",
+}
+# Group estimators whose only valid row in a group (default settings) is not exactly 0.
+SINGLETON_NOT_ZERO = {
+    "gdpo": "batch whitening shifts every row by the batch mean",
+    "reinforce_pp_baseline": "batch whitening shifts every row by the batch mean",
+    "dcpo": "the prompt's history gives a baseline for a single sample",
+}
+
+
+def _degenerate_batch():
+  """Group 0 all equal, group 1 a singleton (three rows masked), row 15 empty."""
+  b = _batch(17, contiguous=True)
+  b["reward"][:G] = 2.0
+  b["reward_components"][:G] = 0.5
+  b["response_mask"][G + 1:2 * G] = False
+  b["response_mask"][B - 1] = False
+  return b
+
+
+@pytest.mark.parametrize("case", EST_CASES, ids=EST_IDS)
+def test_degenerate_batches_give_finite_values_and_gradients(case):
+  spec = _spec(case)
+  b = _degenerate_batch()
+  mask = b["response_mask"]
+  outs = run(case, b)
+  assert all(np.all(np.isfinite(x)) for x in outs)
+  assert np.all(outs[0][~mask] == 0.0)
+  if ("group_id" in spec.needs and spec.name not in SINGLETON_NOT_ZERO and not case[1]):
+    assert np.all(outs[0][G] == 0.0), outs[0][G]          # group 1 is a singleton
+  # All rewards equal everywhere (fresh state: no history). Only then, since batch-whitened
+  # estimators shift an all-equal group by the batch mean.
+  same = dict(b, reward=np.full(B, 0.7, np.float32),
+              reward_components=np.full_like(b["reward_components"], 0.3))
+  outs = run(case, same, state=spec.init_state(NUM_PROMPTS) if spec.stateful else None)
+  assert all(np.all(np.isfinite(x)) for x in outs)
+  if "group_id" in spec.needs and spec.name not in EQUAL_GROUP_NOT_ZERO:
+    assert np.all(outs[0] == 0.0)
+  # Nothing valid at all: exact zeros.
+  outs = run(case, dict(b, response_mask=np.zeros_like(mask)))
+  assert np.all(outs[0] == 0.0) and all(np.all(np.isfinite(x)) for x in outs)
+  # Gradients with respect to every float input: finite, and zero under the mask.
+  names, static = _arguments(case, None)
+  floats = {n: b[n] for n in names if b[n].dtype.kind == "f"}
+  rest = {n: b[n] for n in names if n not in floats}
+  if not floats:
+    return
+  state = random_state(spec)
+  w = np.random.default_rng(0).normal(size=(B, T)).astype(np.float32)
+  loss = lambda fl: jnp.sum(spec.advantages(_call(spec, dict(fl, **rest), state, static)) * w)
+  grads = jax.jit(jax.grad(loss))(floats)
+  for k, g_ in grads.items():
+    g_ = np.asarray(g_)
+    assert np.all(np.isfinite(g_)), k
+    if g_.shape[:2] == (B, T):
+      assert np.all(g_[~mask] == 0.0), k
+
+
+@pytest.mark.parametrize("case", EST_CASES, ids=EST_IDS)
+def test_sharded_equals_unsharded(case):
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  b = _batch(23)
+  spec = _spec(case)
+  names, static = _arguments(case, None)
+
+  def shard(x):
+    x = np.asarray(x)
+    axes = ("data",) + (None,) * (x.ndim - 1) if _rows(x) else ()
+    return jax.device_put(x, NamedSharding(mesh, P(*axes)))
+
+  data = {n: shard(b[n]) for n in names}
+  state = jax.tree.map(shard, random_state(spec))
+  out = _jitted(case, None)(data, state)
+  adv = spec.advantages(out)
+  got = [np.asarray(adv)] + [np.asarray(x) for x in jax.tree.leaves(out) if x is not adv]
+  assert_close(got, run(case, b), atol=1e-5)
+
+
+def _numeric_hyper(spec, skip=()) -> str | None:
+  """The first float hyperparameter that is neither static nor an optional-needs switch."""
+  switches = {s for _, s in getattr(spec, "optional_needs", ())}
+  sig = inspect.signature(spec.fn).parameters
+  for p in spec.hyperparameters:
+    d = sig[p].default
+    if (p not in spec.static_argnames and p not in switches and p not in skip
+        and isinstance(d, float) and not isinstance(d, bool)):
+      return p
+  return None
+
+
+@pytest.mark.parametrize("name", registry.list_estimators())
+def test_vmap_over_a_hyperparameter(name):
+  spec = registry.get_estimator(name)
+  hp = _numeric_hyper(spec)
+  if hp is None:
+    pytest.skip(f"{name} has no float hyperparameter that may be traced")
+  default = inspect.signature(spec.fn).parameters[hp].default
+  values = np.asarray([default, 0.5 * default + 0.1], np.float32)
+  case = (name, (), ())
+  b = _batch(29)
+  names, static = _arguments(case, None)
+  data = {n: b[n] for n in names}
+  state = random_state(spec)
+  sweep = jax.jit(jax.vmap(lambda v: spec.advantages(
+      _call(spec, data, state, dict(static, **{hp: v})))))(values)
+  for i, v in enumerate(values):
+    want = spec.advantages(_call(spec, data, state, dict(static, **{hp: float(v)})))
+    np.testing.assert_allclose(np.asarray(sweep[i]), np.asarray(want), rtol=1e-5, atol=1e-5,
+                               err_msg=f"{name}: vmap over {hp}={v}")
+
+
+# --------------------------------------------------------------------------
+# Policy losses.
+# --------------------------------------------------------------------------
+
+LOSSES = registry.list_policy_losses()
+REDUCTION_ARGS = ("logprob_sampler", "is_level", "is_mode", "is_threshold", "is_threshold_lower",
+                  "loss_agg_mode", "num_tokens_global", "num_seqs_global", "norm_constant",
+                  "sample_weight")
+
+
+def _loss_fields(seed, *, lengths=None):
+  rng = np.random.default_rng(seed)
+  b = make_fields(seed, lengths=lengths)
+  b["logprob"] = (b["logprob_old"] + rng.normal(0, 0.3, (B, T))).astype(np.float32)
+  b["advantages"] = rng.normal(0, 1, (B, T)).astype(np.float32)
+  return b
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_jitted(name):
+  spec = registry.get_policy_loss(name)
+  return jax.jit(lambda data: spec.fn(**data))
+
+
+def loss_run(name, fields, jit=True):
+  spec = registry.get_policy_loss(name)
+  data = {n: fields[n] for n in spec.needs}
+  out = _loss_jitted(name)(data) if jit else spec.fn(**data)
+  return np.asarray(out.loss), {k: np.asarray(v) for k, v in out.metrics.items()}
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_loss_entry_is_complete(name):
+  spec = registry.get_policy_loss(name)
+  assert spec.confidence in registry.CONFIDENCE_TAGS
+  assert {"logprob", "logprob_old", "advantages", "response_mask"} <= spec.needs
+  assert set(REDUCTION_ARGS) <= set(spec.params), "every loss takes the shared reduction"
+  assert spec.token_fn.__name__.endswith("_loss")
+  assert spec.token_fn.__name__ not in {registry.get_estimator(e).fn.__name__
+                                        for e in registry.list_estimators()}
+  assert getattr(credit.losses, spec.token_fn.__name__) is spec.token_fn
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_loss_jit_equals_eager_and_sharded(name):
+  b = _loss_fields(31)
+  loss, metrics = loss_run(name, b)
+  eager_loss, eager_metrics = loss_run(name, b, jit=False)
+  np.testing.assert_allclose(loss, eager_loss, rtol=1e-5, atol=1e-6)
+  assert set(metrics) == set(eager_metrics)
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  spec = registry.get_policy_loss(name)
+  data = {n: jax.device_put(b[n], NamedSharding(mesh, P("data", None))) for n in spec.needs}
+  out = _loss_jitted(name)(data)
+  np.testing.assert_allclose(np.asarray(out.loss), loss, rtol=1e-5, atol=1e-6)
+  for k in metrics:
+    np.testing.assert_allclose(np.asarray(out.metrics[k]), metrics[k], rtol=1e-4, atol=1e-5,
+                               err_msg=k)
+
+
+@pytest.mark.parametrize("name", [n for n in LOSSES
+                                  if not registry.get_policy_loss(n).batch_coupled])
+def test_loss_masked_rows_equal_sliced_rows_and_padding(name):
+  b = _loss_fields(37)
+  drop = np.zeros(B, bool)
+  drop[[0, 7, 9]] = True
+  masked = loss_run(name, dict(b, response_mask=b["response_mask"] & ~drop[:, None]))
+  sliced = loss_run(name, {k: v[~drop] for k, v in b.items()})
+  # Padding columns full of garbage (NaN, ±inf) change nothing.
+  fill = {"b": False, "f": np.inf}
+  pad = {k: (np.concatenate([v, np.full((B, 3) + v.shape[2:], fill.get(v.dtype.kind, -1),
+                                        v.dtype)], 1) if v.shape[:2] == (B, T) else v)
+         for k, v in b.items()}
+  pad["logprob"][:, T:] = -np.inf
+  pad["advantages"][:, T + 1] = np.nan
+  padded = loss_run(name, pad)
+  unpadded = loss_run(name, b)
+  for got, want in ((masked, sliced), (padded, unpadded)):
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert set(got[1]) == set(want[1])
+    for k in want[1]:
+      np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_loss_degenerate_inputs_finite_gradients(name):
+  spec = registry.get_policy_loss(name)
+  lengths = np.random.default_rng(41).integers(1, T + 1, B)
+  lengths[3] = 0
+  b = _loss_fields(41, lengths=lengths)
+  mask = b["response_mask"]
+  b["advantages"][:G] = 0.0                                   # an all-equal group
+  b["logprob"][4, 0], b["logprob_old"][4, 0] = -0.01, -60.0   # an extreme ratio
+  b["logprob"][5, 0], b["logprob_old"][5, 0] = -60.0, -0.01
+  for k in ("logprob", "logprob_old", "advantages"):          # garbage under the mask
+    b[k] = np.where(mask, b[k], np.nan).astype(np.float32)
+  rest = {n: b[n] for n in spec.needs if n != "logprob"}
+
+  def loss(lp):
+    return spec.fn(logprob=lp, **rest).loss
+
+  value, grad = jax.jit(jax.value_and_grad(loss))(b["logprob"])
+  assert np.isfinite(value)
+  grad = np.asarray(grad)
+  assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0.0)
+  empty = dict(b, response_mask=np.zeros_like(mask))
+  value, metrics = loss_run(name, empty)
+  assert value == 0.0 and all(np.all(np.isfinite(v)) for v in metrics.values())
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_loss_vmap_over_a_hyperparameter(name):
+  spec = registry.get_policy_loss(name)
+  hp = _numeric_hyper(spec, skip=("is_threshold",))
+  if hp is None:
+    pytest.skip(f"{name} has no float hyperparameter of its own")
+  default = inspect.signature(spec.fn).parameters[hp].default
+  values = np.asarray([default, 0.5 * default + 0.1], np.float32)
+  b = _loss_fields(43)
+  data = {n: b[n] for n in spec.needs}
+  sweep = jax.jit(jax.vmap(lambda v: spec.fn(**data, **{hp: v}).loss))(values)
+  for i, v in enumerate(values):
+    np.testing.assert_allclose(np.asarray(sweep[i]),
+                               np.asarray(spec.fn(**data, **{hp: float(v)}).loss),
+                               rtol=1e-5, atol=1e-6, err_msg=f"{name}: vmap over {hp}")
+
+
+# --------------------------------------------------------------------------
+# The catalog in the README.
+# --------------------------------------------------------------------------
+
+
+def test_readme_catalog_is_current():
+  from credit import catalog
+  readme = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
+  with open(readme, encoding="utf-8") as f:
+    text = f.read()
+  assert catalog.embedded(text) == catalog.markdown(), (
+      "README.md's method table is stale: run `python -m credit.catalog --write README.md`")
+  for name in registry.list_estimators() + registry.list_policy_losses():
+    assert f"| `{name}` |" in catalog.markdown()
