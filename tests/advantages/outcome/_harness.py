@@ -17,7 +17,9 @@ import functools
 from typing import Callable
 
 import jax
+import hypothesis
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
 from credit import registry
@@ -162,9 +164,19 @@ def check_reference(case: Case, data) -> None:
     assert_close(run(case, bc, group_size=G), case.reference(bc), rtol=2e-4, atol=2e-4)
 
 
-def check_paths_agree(case: Case, b: dict) -> None:
-  """Segment path (group_id) == contiguous fast path (group_size=G) on the same batch."""
-  assert_close(run(case, b, group_size=None), run(case, b, group_size=G), rtol=1e-6, atol=1e-6)
+def reference_test(cases: list[Case]):
+  """The per-method test against the numpy reference, parametrized over `cases`.
+
+  In a test module: `test_matches_numpy_reference = reference_test(CASES)`. The fast path
+  is compared with the reference too (`check_reference`), so both paths agree with it.
+  """
+
+  @pytest.mark.parametrize("case", cases, ids=str)
+  @hypothesis.given(data=st.data())
+  def test_matches_numpy_reference(case, data):
+    check_reference(case, data)
+
+  return test_matches_numpy_reference
 
 
 def row0(adv) -> np.ndarray:

@@ -1,14 +1,11 @@
 """DAPO (credit/advantages/outcome/dapo.py); spec outcome_and_clipping.md §7."""
 from __future__ import annotations
 
-import hypothesis
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import dapo_advantages, dapo_keep_mask, dapo_overlong_penalty
-from tests.advantages.outcome._harness import (BASE, T, Case, batches, bt, check_paths_agree,
-                                               check_reference, grpo_rows)
+from tests.advantages.outcome._harness import BASE, Case, T, bt, grpo_rows, reference_test
 
 
 def _overlong_np(length, max_length, cache, f):
@@ -30,17 +27,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_spec_overlong_penalty_and_keep_mask():

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import math
 
-import hypothesis
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit import registry
 from credit.advantages.outcome import DCPOState, dcpo_advantages, dcpo_init_state
-from tests.advantages.outcome._harness import (BASE, B, ONE_GROUP, Case, assert_close, batches,
-                                               bt, check_paths_agree, check_reference,
-                                               fixed_batch, row0, run, valid_groups)
+from tests.advantages.outcome._harness import (B, BASE, Case, ONE_GROUP, assert_close, bt,
+                                               fixed_batch, reference_test, row0, run, valid_groups)
 
 
 def ref_dcpo(b, old_stats_ratio=1.0, scale=True):
@@ -55,17 +52,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 @pytest.mark.parametrize("rewards,n,expected,new_mean,new_std", [

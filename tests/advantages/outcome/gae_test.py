@@ -1,15 +1,13 @@
 """GAE (credit/advantages/outcome/gae.py); spec outcome_and_clipping.md §5."""
 from __future__ import annotations
 
-import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import gae_advantages
-from tests.advantages.outcome._harness import Case, check_reference, fixed_batch, token_x, whiten_np
+from tests.advantages.outcome._harness import Case, fixed_batch, reference_test, token_x, whiten_np
 
 
 def ref_gae(b, gamma=1.0, lam=1.0, kl_coef=0.0, with_tr=False, whiten=True):
@@ -42,10 +40,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_spec_example():

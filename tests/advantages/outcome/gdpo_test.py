@@ -1,16 +1,12 @@
 """GDPO (credit/advantages/outcome/gdpo.py)."""
 from __future__ import annotations
 
-import hypothesis
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import gdpo_advantages
-from tests.advantages.outcome._harness import (N, ONE_GROUP, Case, batches, bt,
-                                               check_paths_agree, check_reference,
-                                               fixed_batch, grpo_rows, row0, valid_groups,
-                                               whiten_np)
+from tests.advantages.outcome._harness import (Case, N, ONE_GROUP, bt, fixed_batch, grpo_rows,
+                                               reference_test, row0, valid_groups, whiten_np)
 
 
 def ref_gdpo(b, weights=None, batch_norm="token", eps=1e-6, singleton="zero"):
@@ -39,17 +35,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_hand_example():

@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import math
 
-import hypothesis
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import grpo_passk_advantages
-from tests.advantages.outcome._harness import (BASE, N, ONE_GROUP, Case, batches, bt,
-                                               check_paths_agree, check_reference,
-                                               fixed_batch, row0, valid_groups)
+from tests.advantages.outcome._harness import (BASE, Case, N, ONE_GROUP, bt, fixed_batch,
+                                               reference_test, row0, valid_groups)
 
 
 def _comb(n, k):
@@ -57,17 +54,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_hand_examples():

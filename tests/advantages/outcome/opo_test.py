@@ -1,14 +1,10 @@
 """OPO (credit/advantages/outcome/opo.py)."""
 from __future__ import annotations
 
-import hypothesis
 import numpy as np
-import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import opo_advantages
-from tests.advantages.outcome._harness import (BASE, Case, batches, bt, check_paths_agree,
-                                               check_reference, valid_groups)
+from tests.advantages.outcome._harness import BASE, Case, bt, reference_test, valid_groups
 
 
 def ref_opo(b, singleton="zero"):
@@ -30,17 +26,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_hand_example():

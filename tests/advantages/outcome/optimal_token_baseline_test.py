@@ -1,15 +1,12 @@
 """Optimal Token Baseline (credit/advantages/outcome/optimal_token_baseline.py)."""
 from __future__ import annotations
 
-import hypothesis
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import optimal_token_baseline_advantages as otb
-from tests.advantages.outcome._harness import (BASE, G, N, Case, batches, check_paths_agree,
-                                               check_reference, fixed_batch, token_x,
-                                               valid_groups)
+from tests.advantages.outcome._harness import (BASE, Case, G, N, fixed_batch, reference_test,
+                                               token_x, valid_groups)
 
 
 def ref_otb(b, align="position", handle_zero_tail=True, eps=1e-8, singleton="zero",
@@ -63,17 +60,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True, holes=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def _hand(mask, reward, **kw):

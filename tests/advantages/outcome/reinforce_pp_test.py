@@ -2,18 +2,15 @@
 spec outcome_and_clipping.md §4."""
 from __future__ import annotations
 
-import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import (reinforce_pp_advantages,
                                        reinforce_pp_baseline_advantages)
-from tests.advantages.outcome._harness import (BASE, B, T, Case, batches, check_paths_agree,
-                                               check_reference, fixed_batch, grpo_rows,
-                                               token_x, valid_groups, whiten_np)
+from tests.advantages.outcome._harness import (B, BASE, Case, T, fixed_batch, grpo_rows,
+                                               reference_test, token_x, valid_groups, whiten_np)
 
 
 def ref_reinforce_pp(b, gamma=1.0, kl_coef=0.0, with_tr=False, whiten=True):
@@ -52,17 +49,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", [c for c in CASES if c.group], ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_spec_example():

@@ -1,13 +1,10 @@
 """ReMax (credit/advantages/outcome/remax.py)."""
 from __future__ import annotations
 
-import hypothesis
 import numpy as np
-import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import remax_advantages
-from tests.advantages.outcome._harness import Case, bt, check_reference
+from tests.advantages.outcome._harness import Case, bt, reference_test
 
 
 def ref_remax(b):
@@ -18,10 +15,7 @@ CASES = [Case("remax", "remax", ("reward", "reward_baseline", "response_mask"), 
               group=False)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_hand_example():

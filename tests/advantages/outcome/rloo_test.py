@@ -1,14 +1,10 @@
 """RLOO (credit/advantages/outcome/rloo.py); spec outcome_and_clipping.md §3."""
 from __future__ import annotations
 
-import hypothesis
 import numpy as np
-import pytest
-from hypothesis import strategies as st
 
 from credit.advantages.outcome import rloo_advantages
-from tests.advantages.outcome._harness import (BASE, ONE_GROUP, Case, batches, bt,
-                                               check_paths_agree, check_reference, row0,
+from tests.advantages.outcome._harness import (BASE, Case, ONE_GROUP, bt, reference_test, row0,
                                                valid_groups)
 
 
@@ -31,17 +27,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(case, data):
-  check_reference(case, data)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-@hypothesis.settings(max_examples=10)
-@hypothesis.given(b=batches(contiguous=True))
-def test_segment_path_equals_fast_path(case, b):
-  check_paths_agree(case, b)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_spec_example():
