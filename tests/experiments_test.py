@@ -96,6 +96,7 @@ def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
     ("remax", 0.0, {}, "greedy_baseline"),                       # reward_baseline
     ("optimal_token_baseline", 0.0, {}, "policy_pass"),          # Σπ² from the policy pass
     ("reinforce_pp", 0.01, {"kl_coef": 0.05}, "reference_pass"),  # KL-in-reward and KL loss
+    ("dgpo", 0.0, {}, "reference_pass"),                          # logprob_ref and entropy
 ])
 def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_kwargs,
                                                    producer, tmp_path):
