@@ -3,8 +3,9 @@
 Command:
   python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir runs/grpo
 Variants: `:tiny` (2 steps, seconds; used by tests).
-Expected: about 1 min 45 s per run on 2 CPU cores; held-out accuracy rises from the SFT
-warm-up level to clearly higher after GRPO (see README for measured numbers).
+Expected: 2-3 minutes per run on 2 CPU cores; held-out greedy accuracy moves only a few
+points above the SFT warm-up level (mean of 3 seeds 0.296 -> 0.327, README); making this
+recipe learn decisively is issue 9.
 """
 from experiments.configs import common
 
