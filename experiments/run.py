@@ -6,6 +6,9 @@ rewards -> the extra forward passes the estimator / loss / KL term need
 minibatches (one jitted update) -> metrics, periodic eval, checkpoints, plots.
 
 Overrides: `--config.estimator=rloo --config.steps=50 --config.mesh=data=2,fsdp=4`.
+Method hyperparameters: `--config.estimator_kwargs.<k>=<v>` and `--config.loss_kwargs.<k>=<v>`
+for any argument the estimator / loss accepts (values are Python literals, else strings;
+a name the method does not take is refused with the valid names).
 Multi-process: `--coordinator=localhost:PORT --num_processes=2 --process_id=i`.
 """
 from __future__ import annotations
@@ -25,6 +28,54 @@ _LOCAL_DEVICES = flags.DEFINE_integer("local_cpu_devices", 0,
                                       "Fake CPU devices per process (0 = leave as is).")
 
 
+# Config groups whose keys are the chosen method's hyperparameters: open to any key on the
+# command line, validated against the method's signature when the run starts.
+METHOD_KWARGS = ("estimator_kwargs", "loss_kwargs")
+
+
+def _literal(text: str):
+  """'0.1' -> 0.1, 'True' -> True, '(1, 2)' -> (1, 2), 'batch' -> 'batch'."""
+  import ast
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def split_method_overrides(argv: list[str]) -> tuple[list[str], dict[str, dict]]:
+  """Takes `--config.<group>.<k>=<v>` for the groups in METHOD_KWARGS out of `argv`.
+
+  Returns the remaining arguments and {group: {k: parsed v}}. ml_collections refuses keys a
+  recipe did not declare, so these are applied after the config is loaded (`apply_method_
+  overrides`); `loop.check_method` validates them against the method's signature.
+  """
+  rest, found = [], {g: {} for g in METHOD_KWARGS}
+  for a in argv:
+    for group in METHOD_KWARGS:
+      prefix = f"--config.{group}."
+      if a.startswith(prefix):
+        key, eq, value = a[len(prefix):].partition("=")
+        if not eq or not key or "." in key:
+          raise ValueError(f"{a!r}: expected {prefix}<name>=<value>")
+        found[group][key] = _literal(value)
+        break
+    else:
+      rest.append(a)
+  return rest, found
+
+
+def apply_method_overrides(config, overrides: dict[str, dict]):
+  """Sets the method hyperparameters taken from the command line on a (locked) config."""
+  with config.unlocked():
+    for group, kv in overrides.items():
+      for k, v in kv.items():
+        config[group][k] = v
+  return config
+
+
+_METHOD_OVERRIDES: dict[str, dict] = {}
+
+
 def main(argv):
   del argv
   if _WORKDIR.value is None:
@@ -40,7 +91,11 @@ def main(argv):
     jax.distributed.initialize(coordinator_address=_COORD.value,
                                num_processes=_NPROC.value, process_id=_PID.value)
   from experiments import loop
-  loop.run(_CONFIG.value, _WORKDIR.value)
+  try:
+    loop.run(apply_method_overrides(_CONFIG.value, _METHOD_OVERRIDES), _WORKDIR.value)
+  except loop.SetupError as e:  # refused before any output: the reason, not a traceback
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 def check_overrides(argv: list[str]) -> str | None:
@@ -68,7 +123,7 @@ def check_overrides(argv: list[str]) -> str | None:
   except FileNotFoundError:
     return f"--config: recipe file {file!r} does not exist"
   cfg = mod.get_config(variant or None)
-  for a in argv:
+  for a in split_method_overrides(argv)[0]:
     if not a.startswith("--config."):
       continue
     key = a[len("--config."):].split("=", 1)[0]
@@ -85,7 +140,13 @@ def check_overrides(argv: list[str]) -> str | None:
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  err = check_overrides(sys.argv[1:])
+  try:
+    args, _METHOD_OVERRIDES = split_method_overrides(sys.argv[1:])
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  sys.argv = sys.argv[:1] + args
+  err = check_overrides(args)
   if err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(2)

@@ -15,7 +15,7 @@ import pytest
 
 import credit
 from experiments import loop, producers, train
-from experiments.run import check_overrides
+from experiments.run import apply_method_overrides, check_overrides, split_method_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "experiments",
@@ -188,6 +188,31 @@ def test_dataset_without_field_names_file_and_field(tmp_path):
   data.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")
   with pytest.raises(Exception, match=r"d\.jsonl.*prompt|prompt.*d\.jsonl"):
     loop.run(tiny(task="jsonl", data_path=str(data)), str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_method_hyperparameters_from_the_command_line(tmp_path):
+  rest, found = split_method_overrides(["--config=x", "--config.estimator_kwargs.scale=batch",
+                                        "--config.loss_kwargs.clip_high=0.28",
+                                        "--config.loss_kwargs.clip_ratio_c=None",
+                                        "--config.steps=3"])
+  assert rest == ["--config=x", "--config.steps=3"]
+  assert found == {"estimator_kwargs": {"scale": "batch"},
+                   "loss_kwargs": {"clip_high": 0.28, "clip_ratio_c": None}}
+  c = tiny()
+  c.lock()
+  apply_method_overrides(c, found)
+  assert c.estimator_kwargs.scale == "batch" and c.loss_kwargs.clip_high == 0.28
+  assert c.is_locked
+  m = loop.check_method(c)   # validated against the signatures
+  assert m.estimator_static["scale"] == "batch" and m.loss_kwargs["clip_high"] == 0.28
+  with pytest.raises(ValueError, match="expected --config.loss_kwargs.<name>=<value>"):
+    split_method_overrides(["--config.loss_kwargs.clip_high"])
+  cfg = os.path.join(ROOT, "experiments/configs/grpo_arithmetic.py:tiny")
+  r = run_cli(["--config", cfg, "--workdir", str(tmp_path / "w"),
+               "--config.estimator_kwargs.scal=batch"], timeout=120)
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert "no hyperparameter 'scal'" in r.stderr and "'scale'" in r.stderr
   assert not os.path.exists(tmp_path / "w")
 
 
