@@ -18,6 +18,7 @@ loader position, the step count), not in closures.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -34,6 +35,7 @@ import credit
 from credit import parallel
 from credit import tasks as tasks_lib
 from credit.models import ModelConfig, Decoder
+from credit.tasks.char_tokenizer import prompt_ids
 from experiments import checkpointing, producers, reporting, train
 
 SetupError = producers.SetupError
@@ -150,8 +152,13 @@ class Data:
 
 
 def build_data(c: ml_collections.ConfigDict) -> Data:
-  """Task, tokenizer and the train / held-out examples (deterministic in c.seed)."""
-  tok = tasks_lib.CharTokenizer()
+  """Task, tokenizer and the train / held-out examples (deterministic in c.seed).
+
+  The tokenizer is the checkpoint's (`checkpoint_tokenizer`) with `c.init_from`, else the
+  character tokenizer of the from-scratch models.
+  """
+  hf = _read_checkpoint_config(c.init_from) if c.init_from else None
+  tok = checkpoint_tokenizer(c, hf) if hf is not None else tasks_lib.CharTokenizer()
   if c.task in ("jsonl", "tfds"):
     if not c.data_path:
       raise SetupError(f"task={c.task!r} needs --config.data_path")
@@ -173,9 +180,62 @@ def build_data(c: ml_collections.ConfigDict) -> Data:
     for i, e in enumerate(train_ex):
       e["index"] = i  # stable prompt id (keys per-prompt estimator state, e.g. DCPO)
     eval_ex = task.generate(np.random.default_rng(10_000 + c.seed), c.num_eval_examples)
-  # +1 for bos; responses get +1 for eos.
-  max_prompt = max(len(tok.encode(e["prompt"])) for e in train_ex + eval_ex) + 1
+  # Prompt rows as the sampler gets them (bos or the chat template's specials included);
+  # responses get +1 for eos within max_new_tokens.
+  max_prompt = max(len(prompt_ids(tok, e["prompt"])) for e in train_ex + eval_ex)
+  context = (hf or {}).get("max_position_embeddings")
+  if context and max_prompt + c.max_new_tokens > context:
+    raise SetupError(f"the longest prompt ({max_prompt} tokens) + max_new_tokens "
+                     f"({c.max_new_tokens}) exceeds the model's context "
+                     f"(max_position_embeddings={context})")
   return Data(task, tok, train_ex, eval_ex, max_prompt, c.max_new_tokens)
+
+
+def _read_checkpoint_config(path: str) -> dict:
+  """config.json of a checkpoint directory; SetupError if it is not one."""
+  if not os.path.isdir(path):
+    raise SetupError(f"init_from={path!r} is not a directory")
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise SetupError(f"init_from={path!r} has no config.json")
+  if not any(f.endswith(".safetensors") for f in os.listdir(path)):
+    raise SetupError(f"init_from={path!r} has no *.safetensors weights")
+  try:
+    with open(os.path.join(path, "config.json")) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise SetupError(f"init_from={path!r}: config.json is not JSON ({e})") from None
+
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def checkpoint_tokenizer(c: ml_collections.ConfigDict, hf: dict):
+  """The `init_from` checkpoint's tokenizer in the task batch helpers' interface
+  (`TaskTokenizer`: chat template per `c.chat_template`, `c.system_prompt`,
+  `c.prompt_template`). Raises SetupError on missing tokenizer files, a vocabulary larger
+  than the model's embedding, or a template that cannot render."""
+  from credit.models import hf_tokenizer
+  if not os.path.exists(os.path.join(c.init_from, "tokenizer.json")):
+    raise SetupError(f"init_from={c.init_from!r} has no tokenizer.json (the checkpoint's "
+                     "tokenizer is needed to feed it prompts)")
+  mode = str(c.chat_template).strip().lower()
+  if mode not in ("auto",) + _TRUE + _FALSE:
+    raise SetupError(f"chat_template={c.chat_template!r}; valid: auto | true | false")
+  if "{prompt}" not in c.prompt_template:
+    raise SetupError(f"prompt_template={c.prompt_template!r} has no {{prompt}} field")
+  try:
+    base = hf_tokenizer.load_tokenizer(c.init_from)
+    use_chat = bool(base.chat_template) if mode == "auto" else mode in _TRUE
+    tok = hf_tokenizer.TaskTokenizer(base, chat_template=use_chat, system_prompt=c.system_prompt,
+                                     prompt_template=c.prompt_template)
+    tok.encode_prompt("1+1=")  # a template that cannot render fails here, not mid-run
+  except (ValueError, KeyError, IndexError) as e:  # ChatTemplateError is a ValueError
+    raise SetupError(f"init_from={c.init_from!r} tokenizer: {e}") from None
+  vocab = hf.get("vocab_size")
+  if vocab is not None and tok.vocab_size > vocab:
+    raise SetupError(f"init_from={c.init_from!r}: the tokenizer has {tok.vocab_size} ids but "
+                     f"the model's embedding only {vocab} (vocab_size)")
+  return tok
 
 
 def build_model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
@@ -193,12 +253,7 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
   """A tiny from-scratch policy, or `from_pretrained(c.init_from)` (+ LoRA)."""
   from credit import models
   if c.init_from:
-    if not os.path.isdir(c.init_from):
-      raise SetupError(f"init_from={c.init_from!r} is not a directory")
-    if not os.path.exists(os.path.join(c.init_from, "config.json")):
-      raise SetupError(f"init_from={c.init_from!r} has no config.json")
-    if not any(f.endswith(".safetensors") for f in os.listdir(c.init_from)):
-      raise SetupError(f"init_from={c.init_from!r} has no *.safetensors weights")
+    _read_checkpoint_config(c.init_from)
     model, mcfg = models.from_pretrained(c.init_from, mesh=mesh, remat=bool(c.model.remat))
   else:
     mcfg = build_model_config(c, tok)
@@ -323,7 +378,9 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   from credit.models import lora_trainable_mask
   from credit.sampling import Sampler
   graphdef, params, rest = train.split_model(model)
-  sampler = Sampler(model, pad_id=data.tokenizer.pad_id, stop_tokens=(data.tokenizer.eos_id,))
+  tok = data.tokenizer
+  sampler = Sampler(model, pad_id=tok.pad_id,
+                    stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,))
   prod_setup = producers.Setup(c, data, mesh, graphdef, rest, sampler, chunk,
                                c.prompts_per_step, c.group_size)
   trainable = lora_trainable_mask(params) if c.lora_rank else None
@@ -530,6 +587,15 @@ def export_policy(model: Decoder, mcfg: ModelConfig, out_dir: str, *, init_from:
         shutil.copyfile(src, os.path.join(out_dir, name))
 
 
+def _token_label(tokenizer, t: int) -> str:
+  """One response token as the heatmap writes it: its text, or <eos> / <id> (a byte
+  fragment or control character of a BPE tokenizer)."""
+  if t == tokenizer.eos_id:
+    return "<eos>"
+  text = tokenizer.decode([t])
+  return text if text and (text.isprintable() or text.isspace()) else f"<{t}>"
+
+
 def _finish_outputs(workdir, c, data: Data, last, reporting) -> dict[str, Any]:
   """Plots, the last step's token-credit heatmap and the summary table from what the run wrote."""
   path = os.path.join(workdir, "metrics.jsonl")
@@ -541,8 +607,7 @@ def _finish_outputs(workdir, c, data: Data, last, reporting) -> dict[str, Any]:
     for i in range(min(c.num_heatmap_samples, len(host["reward"]))):
       m = host["response_mask"][i]
       ids = host["tokens"][i][m]
-      toks.append(["<eos>" if int(t) == data.tokenizer.eos_id else
-                   (data.tokenizer.decode([int(t)]) or f"<{int(t)}>") for t in ids])
+      toks.append([_token_label(data.tokenizer, int(t)) for t in ids])
       advs.append(adv[i][m])
       labels.append(f"r={host['reward'][i]:.0f}")
     reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,

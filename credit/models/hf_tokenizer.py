@@ -153,3 +153,69 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
                    eos_token=_token_content(cfg.get("eos_token")),
                    pad_token=_token_content(cfg.get("pad_token")),
                    chat_template=template, extra_eos_ids=extra)
+
+
+class TaskTokenizer:
+  """A checkpoint's `Tokenizer` in the interface of `credit.tasks`' batch helpers.
+
+  Task prompts become the checkpoint's prompt format: `prompt_template.format(prompt=...)`,
+  then, when `chat_template`, the chat template over `[system?, user]` with the generation
+  prompt (the template writes its own special tokens); else the text with the tokenizer's
+  post-processor specials (e.g. Llama's bos), as `AutoTokenizer(text)` would. Responses are
+  encoded without specials (the batch helpers append `eos_id`), and decoded up to the first
+  end-of-sequence id with special tokens skipped.
+
+  Attributes:
+    tokenizer: the wrapped `Tokenizer`.
+    pad_id, eos_id: its pad and eos ids; bos_id is None (prompts carry their own specials).
+    stop_ids: every id that ends a generation (`Tokenizer.eos_token_ids`).
+  """
+
+  bos_id = None
+
+  def __init__(self, tokenizer: Tokenizer, *, chat_template: bool, system_prompt: str = "",
+               prompt_template: str = "{prompt}"):
+    if tokenizer.eos_token_id is None:
+      raise ValueError("the tokenizer has no eos token (tokenizer_config.json eos_token)")
+    if chat_template and not tokenizer.chat_template:
+      raise ChatTemplateError("chat_template requested but the tokenizer has none")
+    if system_prompt and not chat_template:
+      raise ValueError("a system prompt needs the chat template")
+    self.tokenizer = tokenizer
+    self.chat_template = chat_template
+    self.system_prompt = system_prompt
+    self.prompt_template = prompt_template
+    self.pad_id = tokenizer.pad_token_id
+    self.eos_id = tokenizer.eos_token_id
+    self.stop_ids = tokenizer.eos_token_ids
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.vocab_size
+
+  def prompt_text(self, prompt: str) -> str:
+    """The rendered prompt (chat template applied when enabled)."""
+    text = self.prompt_template.format(prompt=prompt)
+    if not self.chat_template:
+      return text
+    messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+    return self.tokenizer.apply_chat_template(messages + [{"role": "user", "content": text}],
+                                              add_generation_prompt=True)
+
+  def encode_prompt(self, prompt: str) -> list[int]:
+    """The whole prompt row for the sampler, specials included."""
+    return self.tokenizer.encode(self.prompt_text(prompt),
+                                 add_special_tokens=not self.chat_template)
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of plain text (a response), no specials added."""
+    return self.tokenizer.encode(text, add_special_tokens=False)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text up to the first stop id, special tokens skipped."""
+    ids = [int(i) for i in ids]
+    for n, i in enumerate(ids):
+      if i in self.stop_ids:
+        ids = ids[:n]
+        break
+    return self.tokenizer.decode(ids, skip_special_tokens=True)

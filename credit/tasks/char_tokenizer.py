@@ -122,7 +122,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_len: int, *,
 
   Args:
     tokenizer: `encode(text) -> list[int]` that adds no specials, `pad_id`, `bos_id`
-      (None: no bos is added).
+      (None: no bos is added); or one with `encode_prompt` (see `prompt_ids`).
     prompts: N strings.
     max_len: P, the padded prompt length; a longer prompt raises ValueError.
     add_bos: prepend `tokenizer.bos_id`.
@@ -130,9 +130,22 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_len: int, *,
   Returns:
     `(tokens [N,P] int32, mask [N,P] bool)`; mask is False on padding.
   """
-  bos = [tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None else []
-  rows = [bos + list(tokenizer.encode(p)) for p in prompts]
+  rows = [prompt_ids(tokenizer, p, add_bos=add_bos) for p in prompts]
   return pad_rows(rows, max_len, pad_id=tokenizer.pad_id, pad_left=True)
+
+
+def prompt_ids(tokenizer: Any, prompt: str, *, add_bos: bool = True) -> list[int]:
+  """One prompt's ids as `encode_prompts` lays them out (before padding).
+
+  A tokenizer with `encode_prompt(prompt) -> list[int]` (a checkpoint's prompt format,
+  e.g. `credit.models.hf_tokenizer.TaskTokenizer`: chat template, its own specials) gives
+  the whole row; otherwise the row is bos (when `add_bos` and `bos_id` is not None) +
+  `encode(prompt)`.
+  """
+  if hasattr(tokenizer, "encode_prompt"):
+    return list(tokenizer.encode_prompt(prompt))
+  bos = [tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None else []
+  return bos + list(tokenizer.encode(prompt))
 
 
 def encode_prompt_response(tokenizer: Any, prompts: Sequence[str], responses: Sequence[str],
@@ -166,7 +179,8 @@ def decode_responses(tokenizer: Any, tokens: np.ndarray, response_mask: np.ndarr
   """Texts of the response tokens of each row, up to the first eos.
 
   Args:
-    tokenizer: has `decode(ids) -> str` that stops at eos.
+    tokenizer: has `decode(ids) -> str` that stops at eos and writes no special tokens
+      (`CharTokenizer`, `credit.models.hf_tokenizer.TaskTokenizer`).
     tokens: [N,T] int token ids.
     response_mask: [N,T] bool, True on generated tokens.
 

@@ -35,6 +35,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data_dir = ""                 # tfds data dir; "" = <workdir>/data.
   # --- policy model ---
   c.init_from = ""                # local HF checkpoint dir; "" = train a tiny model from scratch.
+                                  # Its tokenizer (tokenizer.json, special tokens,
+                                  # generation_config stop ids) replaces the character tokenizer.
+  c.chat_template = "auto"        # init_from only: prompts through the checkpoint's chat template.
+                                  # auto = when it has one | true (refused if none) | false.
+  c.system_prompt = ""            # init_from only: the chat prompt's system message ("" = none).
+  c.prompt_template = "{prompt}"  # init_from only: the user message (or plain prompt) made from
+                                  # the task prompt, e.g. "Compute {prompt}".
   c.model = ml_collections.ConfigDict(dict(
       hidden_size=128,            # width D.
       intermediate_size=512,      # SwiGLU width.
