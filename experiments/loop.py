@@ -162,15 +162,23 @@ def build_data(c: ml_collections.ConfigDict) -> Data:
   if c.task in ("jsonl", "tfds"):
     if not c.data_path:
       raise SetupError(f"task={c.task!r} needs --config.data_path")
+    task = tasks_lib.MathVerifier()
     if c.task == "jsonl":
       if not os.path.exists(c.data_path):
         raise SetupError(f"data_path {c.data_path!r} does not exist")
-      examples = tasks_lib.load_jsonl(c.data_path, prompt_field=c.prompt_field,
-                                      answer_field=c.answer_field)
+      data_format = c.get("data_format", "auto")
+      if data_format not in tasks_lib.DATA_FORMATS:
+        raise SetupError(f"data_format={data_format!r}; valid: "
+                         f"{' | '.join(tasks_lib.DATA_FORMATS)}")
+      try:  # gold answers that math_verify cannot parse are refused here, with line numbers
+        examples = tasks_lib.load_jsonl(c.data_path, prompt_field=c.prompt_field,
+                                        answer_field=c.answer_field, data_format=data_format,
+                                        verifier=task)
+      except (ValueError, KeyError) as e:
+        raise SetupError(str(e)) from None
     else:
       examples = tasks_lib.load_tfds(c.data_path, "train", c.data_dir or None,
                                      prompt_field=c.prompt_field, answer_field=c.answer_field)
-    task = tasks_lib.MathVerifier()
     n_eval = min(c.num_eval_examples, max(1, len(examples) // 10))
     train_ex, eval_ex = examples[n_eval:], examples[:n_eval]
     train_ex = [dict(e, index=i) for i, e in enumerate(train_ex)]
@@ -278,11 +286,21 @@ def _sft_batches(data: Data, c, rng: np.random.Generator):
            "response_mask": b["response_mask"]}
 
 
-def evaluate(sampler, model_state, data: Data, c, batch_size: int) -> dict[str, float]:
-  """Greedy decoding on the held-out split: accuracy and mean reward."""
-  rewards = []
+def evaluate(sampler, model_state, data: Data, c, batch_size: int,
+             step: int = 0) -> dict[str, float]:
+  """Held-out evaluation: greedy accuracy and mean reward; with `c.eval_samples = k > 0` also
+  k samples per prompt at the training temperature / top_k / top_p:
+
+    eval_mean_at_k = mean reward over the k samples of every prompt (mean@k),
+    eval_pass_at_k = fraction of prompts with at least one correct (reward >= 1) sample.
+
+  The sampling key depends only on (c.seed, step), so a resumed run evaluates identically.
+  """
+  k = max(0, int(c.get("eval_samples", 0) or 0))
+  key = jax.random.fold_in(jax.random.key(c.seed + 7_919), step)
+  greedy, sampled = [], []
   ex = data.eval
-  for i in range(0, len(ex), batch_size):
+  for n, i in enumerate(range(0, len(ex), batch_size)):
     chunk = ex[i:i + batch_size]
     pad = batch_size - len(chunk)
     prompts = [e["prompt"] for e in chunk] + [chunk[-1]["prompt"]] * pad
@@ -291,9 +309,23 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int) -> dict[str, 
                   max_new_tokens=c.max_new_tokens, temperature=0.0)
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask})
     texts = tasks_lib.decode_responses(data.tokenizer, host["tokens"], host["response_mask"])
-    rewards.append(tasks_lib.verify_batch(data.task, chunk, texts[:len(chunk)]))
-  r = np.concatenate(rewards)
-  return {"eval_accuracy": float(np.mean(r >= 1.0)), "eval_reward": float(np.mean(r))}
+    greedy.append(tasks_lib.verify_batch(data.task, chunk, texts[:len(chunk)]))
+    if k:  # rows n*k .. n*k+k-1 continue prompt n
+      out = sampler(model_state, prompt_tokens=toks, prompt_mask=mask,
+                    key=jax.random.fold_in(key, n), max_new_tokens=c.max_new_tokens,
+                    num_samples=k, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+      host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask})
+      texts = tasks_lib.decode_responses(data.tokenizer, host["tokens"], host["response_mask"])
+      rows = [e for e in chunk for _ in range(k)]
+      sampled.append(np.asarray(tasks_lib.verify_batch(data.task, rows, texts[:len(rows)]),
+                                np.float64).reshape(len(chunk), k))
+  r = np.concatenate(greedy)
+  m = {"eval_accuracy": float(np.mean(r >= 1.0)), "eval_reward": float(np.mean(r))}
+  if k:
+    s = np.concatenate(sampled)
+    m["eval_mean_at_k"] = float(np.mean(s))
+    m["eval_pass_at_k"] = float(np.mean(np.any(s >= 1.0, axis=1)))
+  return m
 
 
 # --------------------------------------------------------------------------
@@ -520,7 +552,7 @@ def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, fl
 
 def _evaluate(run: Runner, rs: RunState) -> dict[str, float]:
   return evaluate(run.setup.sampler, run.setup.model_state(rs.train.params), run.data, run.c,
-                  run.eval_batch_size)
+                  run.eval_batch_size, step=rs.step)
 
 
 def record(run: Runner, rs: RunState, metrics: dict, writer, bar) -> None:

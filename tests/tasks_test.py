@@ -485,3 +485,15 @@ def test_math_verifier():
   mv.validate_examples([half, {"answer": "3"}])
   with pytest.raises(ValueError, match="indices \\[1\\]"):
     mv.validate_examples([half, {"answer": ""}])
+
+
+def test_math_verifier_unparsable_and_jsonl_formats(tmp_path):
+  mv = ct.MathVerifier()
+  assert mv.unparsable([{"answer": "3"}, {"answer": ""}, {"answer": "\\text{}"}]) == [1, 2]
+  path = tmp_path / "mixed.jsonl"
+  path.write_text('{"problem": "p", "solution": "\\\\boxed{\\\\frac{3}{4}}"}\n'
+                  '{"question": "q", "answer": "#### 1"}\n')
+  with pytest.raises(ct.MissingFieldError, match=r"mixed.jsonl:2 \(math format\)"):
+    ct.load_jsonl(path)  # the format is detected once per file, from its first line
+  path.write_text('{"question": "q", "answer": "r\\n#### 12,5"}\n')
+  assert ct.load_jsonl(path, verifier=mv) == [{"prompt": "q", "answer": "125"}]

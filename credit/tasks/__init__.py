@@ -2,7 +2,7 @@
 
 Tasks: `get_task("arithmetic" | "countdown" | "pivotal", **options)`; each has
 `generate(rng, n)`, `verify(example, response) -> float`, `demonstration(example)`.
-User data: `load_jsonl`, `load_tfds`, verified with `MathVerifier`.
+User data: `load_jsonl` (plain / GSM8K / MATH formats), `load_tfds`, verified with `MathVerifier`.
 tfds: `build_task_dataset`, `task_data_source`; batches: `make_loader` (grain).
 Token batches: `CharTokenizer`, `encode_prompts`, `encode_prompt_response`,
 `decode_responses`.
@@ -11,8 +11,9 @@ from credit.tasks.arithmetic import Arithmetic
 from credit.tasks.base import (Task, UnknownTaskError, as_example, get_task, list_tasks,
                                register_task, verify_batch)
 from credit.tasks.countdown import Countdown, ExpressionError, evaluate_expression, solve_countdown
-from credit.tasks.data import (ExampleSource, MissingFieldError, build_task_dataset, collate,
-                               default_data_dir, load_jsonl, load_tfds, make_loader,
+from credit.tasks.data import (DATA_FORMATS, ExampleSource, MissingFieldError, boxed_answer,
+                               build_task_dataset, collate, default_data_dir, detect_format,
+                               gsm8k_answer, load_jsonl, load_tfds, make_loader,
                                task_data_source, task_tfds_name)
 from credit.tasks.math_verifier import MathVerifier
 from credit.tasks.pivotal import Pivotal
@@ -20,10 +21,11 @@ from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode
                                     encode_prompts, pad_rows)
 
 __all__ = [
-    "Arithmetic", "CharTokenizer", "Countdown", "ExampleSource", "ExpressionError",
+    "DATA_FORMATS", "Arithmetic", "CharTokenizer", "Countdown", "ExampleSource", "ExpressionError",
     "MathVerifier", "MissingFieldError", "Pivotal", "Task", "UnknownTaskError", "as_example",
-    "build_task_dataset", "collate", "decode_responses", "default_data_dir",
-    "encode_prompt_response", "encode_prompts", "evaluate_expression", "get_task",
-    "list_tasks", "load_jsonl", "load_tfds", "make_loader", "pad_rows", "register_task",
-    "solve_countdown", "task_data_source", "task_tfds_name", "verify_batch",
+    "boxed_answer", "build_task_dataset", "collate", "decode_responses", "default_data_dir",
+    "detect_format", "encode_prompt_response", "encode_prompts", "evaluate_expression",
+    "get_task", "gsm8k_answer", "list_tasks", "load_jsonl", "load_tfds", "make_loader",
+    "pad_rows", "register_task", "solve_countdown", "task_data_source", "task_tfds_name",
+    "verify_batch",
 ]

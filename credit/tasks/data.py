@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -114,9 +115,71 @@ def _check_fields(where: str, present: Sequence[str], prompt_field: str,
           f"Pass {role}_field= to name the right one.")
 
 
+DATA_FORMATS = ("auto", "gsm8k", "math", "plain")
+
+
+def boxed_answer(text: str) -> str | None:
+  """The content of the LAST `\\boxed{...}` in `text` (balanced braces), else None.
+
+  Nested braces work: "so \\boxed{\\frac{1}{2}}" -> "\\frac{1}{2}". A box never closed is
+  ignored (the previous complete one, if any, is returned).
+  """
+  found = None
+  for m in re.finditer(r"\\boxed\s*\{", text):
+    depth, start = 1, m.end()
+    for i in range(start, len(text)):
+      ch = text[i]
+      if ch == "{":
+        depth += 1
+      elif ch == "}":
+        depth -= 1
+        if depth == 0:
+          found = text[start:i]
+          break
+  return found.strip() if found is not None else None
+
+
+def gsm8k_answer(text: str) -> str | None:
+  """The final answer of a GSM8K solution: what follows the last "####", commas removed."""
+  if "####" not in text:
+    return None
+  return text.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def detect_format(record: Mapping[str, Any], prompt_field: str = "prompt",
+                  answer_field: str = "answer") -> str:
+  """The JSONL format of one record: "plain" | "gsm8k" | "math".
+
+  In order: "plain" when the record has `prompt_field` and `answer_field` (so naming fields
+  always wins); "gsm8k" for {"question", "answer"} with "####" in the answer; "math" for
+  {"problem", "solution"}; else "plain" (whose field check then names what is missing).
+  """
+  if prompt_field in record and answer_field in record:
+    return "plain"
+  if ("question" in record and isinstance(record.get("answer"), str)
+      and "####" in record["answer"]):
+    return "gsm8k"
+  if "problem" in record and "solution" in record:
+    return "math"
+  return "plain"
+
+
 def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
-               answer_field: str = "answer") -> list[dict]:
+               answer_field: str = "answer", data_format: str = "auto", *,
+               verifier: Any = None) -> list[dict]:
   """User examples from a JSON-lines file: one object per line, blank lines skipped.
+
+  Formats (`data_format`; "auto" detects it from the first record with `detect_format`, and
+  every line must then be in that format):
+    plain: {prompt_field: ..., answer_field: ...} as given.
+    gsm8k: {"question": ..., "answer": "... reasoning ...\\n#### 1,234"}; the prompt is the
+      question, the gold answer what follows "####" with commas removed ("1234").
+    math: {"problem": ..., "solution": "... \\boxed{...} ..."}; the prompt is the problem,
+      the gold answer the content of the last \\boxed{...} (nested braces kept).
+
+  Args:
+    verifier: e.g. `MathVerifier()`; when given, every gold answer must parse with its
+      `parse_gold`, else ValueError naming the file and the line numbers.
 
   Returns:
     `[{"prompt": str, "answer": str}, ...]`; a numeric answer becomes its str.
@@ -125,10 +188,15 @@ def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
     MissingFieldError (a KeyError): a line without the prompt or answer field;
       the message names the file, the line number, the missing field and the
       fields present.
-    ValueError: a line that is not a JSON object, or a non-text prompt.
+    ValueError: a line that is not a JSON object, a non-text prompt, a gsm8k answer
+      without "####", a math solution without \\boxed{...}, an unknown format, or
+      (with `verifier`) gold answers that do not parse.
   """
+  if data_format not in DATA_FORMATS:
+    raise ValueError(f"data_format={data_format!r}; valid: {' | '.join(DATA_FORMATS)}")
   path = os.fspath(path)
-  out = []
+  out, lines = [], []
+  fmt = None if data_format == "auto" else data_format
   with open(path, encoding="utf-8") as f:
     for lineno, line in enumerate(f, start=1):
       if not line.strip():
@@ -140,10 +208,36 @@ def load_jsonl(path: str | os.PathLike, prompt_field: str = "prompt",
         raise ValueError(f"{where}: not valid JSON ({e})") from None
       if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-      out.append(_user_example(record, where, prompt_field, answer_field))
+      if fmt is None:
+        fmt = detect_format(record, prompt_field, answer_field)
+      out.append(_formatted_example(record, where, fmt, prompt_field, answer_field))
+      lines.append(lineno)
   if not out:
     raise ValueError(f"{path}: no examples")
+  if verifier is not None:
+    bad = [lines[i] for i in verifier.unparsable(out)]
+    if bad:
+      raise ValueError(
+          f"{path}: {len(bad)} gold answer(s) do not parse with {type(verifier).__name__} "
+          f"({fmt} format), at lines {bad[:20]}{' ...' if len(bad) > 20 else ''}")
   return out
+
+
+def _formatted_example(record: Mapping[str, Any], where: str, fmt: str, prompt_field: str,
+                       answer_field: str) -> dict:
+  if fmt == "plain":
+    return _user_example(record, where, prompt_field, answer_field)
+  if fmt == "gsm8k":
+    ex = _user_example(record, where + " (gsm8k format)", "question", "answer")
+    gold = gsm8k_answer(ex["answer"])
+    if not gold:
+      raise ValueError(f"{where}: gsm8k format: the answer has no final '#### <answer>'")
+  else:
+    ex = _user_example(record, where + " (math format)", "problem", "solution")
+    gold = boxed_answer(ex["answer"])
+    if not gold:
+      raise ValueError(f"{where}: math format: the solution has no complete \\boxed{{...}}")
+  return {"prompt": ex["prompt"], "answer": gold}
 
 
 def _user_example(record: Mapping[str, Any], where: str, prompt_field: str,

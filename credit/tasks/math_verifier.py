@@ -59,12 +59,16 @@ class MathVerifier:
     ok = math_verify.verify(gold, pred, float_rounding=self.float_rounding, timeout_seconds=t)
     return float(ok)
 
+  def unparsable(self, examples) -> list[int]:
+    """Indices of the examples whose gold answer does not parse (empty: all fine)."""
+    return [i for i, e in enumerate(examples) if not self.parse_gold(text_field(e, "answer"))]
+
   def validate_examples(self, examples) -> None:
     """Raises ValueError listing the examples whose gold answer does not parse.
 
     Call it once on user data before training: `verify` raises on such an example.
     """
-    bad = [i for i, e in enumerate(examples) if not self.parse_gold(text_field(e, "answer"))]
+    bad = self.unparsable(examples)
     if bad:
       raise ValueError(f"{len(bad)} gold answers do not parse with math_verify, at indices "
                        f"{bad[:20]}{' ...' if len(bad) > 20 else ''}")

@@ -28,8 +28,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.task = "arithmetic"           # built-in task (credit.tasks.list_tasks()) or "jsonl" / "tfds".
   c.task_kwargs = ml_collections.ConfigDict({"max_digits": 2})  # task constructor args.
   c.data_path = ""                # JSONL file or tfds name for task="jsonl"/"tfds".
-  c.prompt_field = "prompt"       # field names in user data.
-  c.answer_field = "answer"
+  c.data_format = "auto"          # task="jsonl": auto (detected from the first line) | plain
+                                  # ({prompt_field, answer_field}) | gsm8k ({"question", "answer"};
+                                  # gold = what follows "####", commas removed) | math
+                                  # ({"problem", "solution"}; gold = the last \\boxed{...}).
+                                  # Gold answers math_verify cannot parse are refused at start-up.
+  c.prompt_field = "prompt"       # field names in user data (plain format; auto picks plain
+  c.answer_field = "answer"       # whenever the first line has both).
   c.num_train_examples = 20000    # size of the generated train split (built-in tasks).
   c.num_eval_examples = 256       # size of the held-out split used for accuracy.
   c.data_dir = ""                 # tfds data dir; "" = <workdir>/data.
@@ -88,6 +93,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_minibatches = 2           # minibatches per epoch.
   # --- evaluation, checkpoints, output ---
   c.eval_every = 20               # steps between held-out evaluations (greedy decoding).
+  c.eval_samples = 0              # k > 0: evaluations also draw k samples per prompt (temperature,
+                                  # top_k, top_p as in training) and report eval_mean_at_k (mean
+                                  # reward) and eval_pass_at_k (fraction of prompts with a correct
+                                  # sample). 0 = off.
   c.checkpoint_every = 10         # steps between checkpoints (0 = never).
   c.keep_checkpoints = 2          # checkpoints kept on disk.
   c.export_hf = True              # write the final policy to <workdir>/hf_policy (HF safetensors).
