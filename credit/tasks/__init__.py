@@ -1,6 +1,6 @@
 """Built-in verifiable tasks (no download), a character tokenizer, data sources and loaders.
 
-Tasks: `get_task("arithmetic" | "countdown" | "pivotal", **options)`; each has
+Tasks: `get_task("arithmetic" | "countdown" | "pivotal" | "copy_digit", **options)`; each has
 `generate(rng, n)`, `verify(example, response) -> float`, `demonstration(example)`.
 User data: `load_jsonl` (plain / GSM8K / MATH formats), `load_tfds`, verified with `MathVerifier`.
 tfds: `build_task_dataset`, `task_data_source`; batches: `make_loader` (grain).
@@ -10,6 +10,7 @@ Token batches: `CharTokenizer`, `encode_prompts`, `encode_prompt_response`,
 from credit.tasks.arithmetic import Arithmetic
 from credit.tasks.base import (Task, UnknownTaskError, as_example, get_task, list_tasks,
                                register_task, verify_batch)
+from credit.tasks.copy_digit import CopyDigit
 from credit.tasks.countdown import Countdown, ExpressionError, evaluate_expression, solve_countdown
 from credit.tasks.data import (DATA_FORMATS, ExampleSource, MissingFieldError, boxed_answer,
                                build_task_dataset, collate, default_data_dir, detect_format,
@@ -21,7 +22,7 @@ from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode
                                     encode_prompts, pad_rows)
 
 __all__ = [
-    "DATA_FORMATS", "Arithmetic", "CharTokenizer", "Countdown", "ExampleSource", "ExpressionError",
+    "DATA_FORMATS", "Arithmetic", "CharTokenizer", "CopyDigit", "Countdown", "ExampleSource", "ExpressionError",
     "MathVerifier", "MissingFieldError", "Pivotal", "Task", "UnknownTaskError", "as_example",
     "boxed_answer", "build_task_dataset", "collate", "decode_responses", "default_data_dir",
     "detect_format", "encode_prompt_response", "encode_prompts", "evaluate_expression",
