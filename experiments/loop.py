@@ -254,7 +254,7 @@ def build_model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
                      rope_theta=m.rope_theta, family=m.family, qk_norm=m.family == "qwen3",
                      qkv_bias=m.family == "qwen2", tie_embeddings=False,
                      eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
-                     remat=bool(m.remat))
+                     remat=bool(m.remat), param_dtype=m.param_dtype, dtype=m.compute_dtype)
 
 
 def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, ModelConfig]:
@@ -262,7 +262,9 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
   from credit import models
   if c.init_from:
     _read_checkpoint_config(c.init_from)
-    model, mcfg = models.from_pretrained(c.init_from, mesh=mesh, remat=bool(c.model.remat))
+    model, mcfg = models.from_pretrained(c.init_from, mesh=mesh, remat=bool(c.model.remat),
+                                         param_dtype=c.model.param_dtype,
+                                         dtype=c.model.compute_dtype)
   else:
     mcfg = build_model_config(c, tok)
     with jax.set_mesh(mesh):

@@ -57,6 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
       rope_theta=10000.0,         # RoPE base.
       family="qwen3",             # llama | qwen2 | qwen3 (architecture variant for from-scratch models).
       remat=False,                # activation checkpointing per block (also for init_from models).
+      param_dtype="float32",      # parameter storage: float32 | bfloat16 (policy and reference).
+      compute_dtype="float32",    # activations: float32 | bfloat16; log-prob scoring and the
+                                  # losses accumulate in float32 either way (Adam moments follow
+                                  # param_dtype).
   ))
   c.lora_rank = 0                 # >0: train LoRA adapters only (on lora_targets).
   c.lora_alpha = 16.0             # LoRA scale alpha/rank.
