@@ -71,6 +71,20 @@ def _generic(name: str, rng: np.random.Generator, dims: dict) -> np.ndarray:
   return rng.integers(0, 3, shape).astype(np.int32)
 
 
+def mixed_layout(seed: int, contiguous: bool = False):
+  """(reward, lengths, group_id) of a mixed batch: group 0 all equal, row 5 fully masked,
+  group ids permuted unless `contiguous`."""
+  rng = np.random.default_rng(seed)
+  reward = rng.choice([0., 1., 0.5, 2.], B)
+  reward[:G] = 1.0
+  lengths = rng.integers(1, T + 1, B)
+  lengths[5] = 0
+  gid = contiguous_ids()
+  if not contiguous:
+    gid = gid[rng.permutation(B)]
+  return reward, lengths, gid
+
+
 def make_fields(seed: int = 0, *, reward=None, lengths=None, group_id=None,
                 holes: bool = False, dims: dict | None = None) -> dict[str, np.ndarray]:
   """Every contract field for one batch (numpy, float32/int32/bool).

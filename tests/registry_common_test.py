@@ -24,7 +24,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import credit
 from credit import registry
-from tests.contract_fields import B, G, N, NUM_PROMPTS, T, contiguous_ids, make_fields, random_state
+from tests.contract_fields import (B, G, N, NUM_PROMPTS, T, make_fields,
+                                   mixed_layout, random_state)
 
 # --------------------------------------------------------------------------
 # Estimator cases: the defaults, plus every optional input switched on.
@@ -96,15 +97,8 @@ def assert_close(got, want, rtol=1e-5, atol=1e-6):
 
 
 def _batch(seed, contiguous=False, **kw):
-  """A mixed batch: group 0 all-equal, row 5 fully masked; ids permuted unless contiguous."""
-  rng = np.random.default_rng(seed)
-  reward = rng.choice([0., 1., 0.5, 2.], B)
-  reward[:G] = 1.0
-  lengths = rng.integers(1, T + 1, B)
-  lengths[5] = 0
-  gid = contiguous_ids()
-  if not contiguous:
-    gid = gid[rng.permutation(B)]
+  """A mixed batch (`mixed_layout`) with every contract field."""
+  reward, lengths, gid = mixed_layout(seed, contiguous)
   return make_fields(seed, reward=reward, lengths=lengths, group_id=gid, **kw)
 
 

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 
 from credit import registry
 from credit.advantages.outcome.dcpo import DCPOState
-from tests.contract_fields import B, G, N, NUM_PROMPTS, T, contiguous_ids, make_fields
+from tests.contract_fields import (B, G, N, NUM_PROMPTS, T, contiguous_ids, make_fields,
+                                   mixed_layout)
 
 __all__ = ["B", "G", "N", "NUM_PROMPTS", "T", "BASE", "ONE_GROUP", "Case", "assert_close",
-           "batches", "bt", "check_paths_agree", "check_reference", "contiguous_ids",
+           "batches", "bt", "reference_test", "check_reference", "contiguous_ids",
            "fixed_batch", "grpo_rows", "make_batch", "row0", "run", "token_x", "valid_groups",
            "whiten_np"]
 
@@ -54,15 +55,8 @@ def make_batch(reward, lengths, group_id, seed=0, holes=False) -> dict:
 
 
 def fixed_batch(seed=3, contiguous=False, holes=False) -> dict:
-  """A mixed batch: group 0 all equal, row 5 fully masked; ids permuted unless contiguous."""
-  rng = np.random.default_rng(seed)
-  reward = rng.choice([0., 1., 0.5, 2.], B)
-  reward[:G] = 1.0
-  lengths = rng.integers(1, T + 1, B)
-  lengths[5] = 0
-  gid = contiguous_ids()
-  if not contiguous:
-    gid = gid[rng.permutation(B)]
+  """A mixed batch (`tests.contract_fields.mixed_layout`) plus a DCPO state."""
+  reward, lengths, gid = mixed_layout(seed, contiguous)
   return make_batch(reward, lengths, gid, seed, holes=holes)
 
 
