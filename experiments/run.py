@@ -7,8 +7,9 @@ minibatches (one jitted update) -> metrics, periodic eval, checkpoints, plots.
 
 Overrides: `--config.estimator=rloo --config.steps=50 --config.mesh=data=2,fsdp=4`.
 Method hyperparameters: `--config.estimator_kwargs.<k>=<v>` and `--config.loss_kwargs.<k>=<v>`
-for any argument the estimator / loss accepts (values are Python literals, else strings;
-a name the method does not take is refused with the valid names).
+for any argument the estimator / loss accepts, and `--config.task_kwargs.<k>=<v>` for any task
+option (values are Python literals, else strings; a name the method or task does not take is
+refused with the valid names).
 Multi-process: `--coordinator=localhost:PORT --num_processes=2 --process_id=i`.
 """
 from __future__ import annotations
@@ -28,9 +29,10 @@ _LOCAL_DEVICES = flags.DEFINE_integer("local_cpu_devices", 0,
                                       "Fake CPU devices per process (0 = leave as is).")
 
 
-# Config groups whose keys are the chosen method's hyperparameters: open to any key on the
-# command line, validated against the method's signature when the run starts.
-METHOD_KWARGS = ("estimator_kwargs", "loss_kwargs")
+# Config groups whose keys are the chosen method's hyperparameters or the task's options: open to
+# any key on the command line, validated when the run starts (against the method's signature,
+# or the task's dataclass fields by `credit.tasks.get_task`).
+METHOD_KWARGS = ("estimator_kwargs", "loss_kwargs", "task_kwargs")
 
 
 def _literal(text: str):

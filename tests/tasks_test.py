@@ -193,6 +193,32 @@ def test_arithmetic_answers_match_python():
   assert all(not e["answer"].startswith("-") for e in examples)
 
 
+@pytest.mark.parametrize("prompt,slip", [
+    ("47+38=", 75), ("12+13=", None), ("19+91=", 100), ("52-38=", 24), ("38-52=", -24),
+    ("50-38=", 22), ("58-32=", None), ("32-58=", None), ("7*8=", None)])
+def test_forgotten_carry(prompt, slip):
+  assert ct.arithmetic.forgotten_carry(prompt) == slip
+
+
+def test_imperfect_demonstrator_forgets_carries_at_its_rate():
+  task = ct.Arithmetic(max_digits=2, demo_carry_error=0.7)
+  examples = task.generate(np.random.default_rng(0), 4000)
+  rng = np.random.default_rng(1)
+  carry = [e for e in examples if ct.arithmetic.forgotten_carry(e["prompt"]) is not None]
+  plain = [e for e in examples if ct.arithmetic.forgotten_carry(e["prompt"]) is None]
+  assert 0.35 < len(carry) / len(examples) < 0.5
+  # Problems without a carry are always demonstrated right; carries are forgotten at ~70%.
+  assert all(task.verify(e, task.demonstration(e, rng)) == 1.0 for e in plain)
+  wrong = np.mean([task.verify(e, task.demonstration(e, rng)) == 0.0 for e in carry])
+  assert abs(wrong - 0.7) < 0.04
+  # Without an rng (or with demo_carry_error=0) the demonstration is the answer.
+  assert all(task.demonstration(e) == e["answer"] for e in carry)
+  exact = ct.Arithmetic(max_digits=2)
+  assert all(exact.demonstration(e, rng) == e["answer"] for e in carry)
+  with pytest.raises(ValueError, match="demo_carry_error"):
+    ct.Arithmetic(demo_carry_error=1.5)
+
+
 # ---------------------------------------------------------------- countdown
 
 

@@ -38,7 +38,10 @@ class Task(Protocol):
 
   def verify(self, example: Mapping[str, Any], response: str) -> float: ...
 
-  def demonstration(self, example: Mapping[str, Any]) -> str: ...
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
+    """A response the supervised warm-up imitates. `rng` draws from a stochastic demonstrator
+    (a task option, e.g. arithmetic's `demo_carry_error`); deterministic tasks ignore it."""
 
 
 class UnknownTaskError(KeyError):

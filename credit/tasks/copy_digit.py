@@ -35,5 +35,6 @@ class CopyDigit:
   def verify(self, example: Mapping[str, Any], response: str) -> float:
     return float(response.strip() == text_field(example, "answer"))
 
-  def demonstration(self, example: Mapping[str, Any]) -> str:
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
     return text_field(example, "answer")

@@ -302,7 +302,8 @@ class Countdown:
       return 0.0
     return 1.0 if value == target else float(self.format_reward)
 
-  def demonstration(self, example: Mapping[str, Any]) -> str:
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
     """The example's constructed `answer` when it verifies, else a solver's expression."""
     if "answer" in example:
       answer = text_field(example, "answer")

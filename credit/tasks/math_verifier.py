@@ -16,6 +16,8 @@ import dataclasses
 import threading
 from typing import Any, Mapping
 
+import numpy as np
+
 from credit.tasks.base import text_field
 
 
@@ -73,6 +75,7 @@ class MathVerifier:
       raise ValueError(f"{len(bad)} gold answers do not parse with math_verify, at indices "
                        f"{bad[:20]}{' ...' if len(bad) > 20 else ''}")
 
-  def demonstration(self, example: Mapping[str, Any]) -> str:
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
     """The gold answer in a box (what a minimal correct response looks like)."""
     return f"\\boxed{{{text_field(example, 'answer')}}}"

@@ -88,7 +88,8 @@ class Pivotal:
     p, value = self._pivot(example)
     return float(len(response) > p and response[p] == str(value))
 
-  def demonstration(self, example: Mapping[str, Any]) -> str:
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
     if "answer" in example:
       return text_field(example, "answer")
     p, value = self._pivot(example)
