@@ -194,8 +194,9 @@ def test_arithmetic_answers_match_python():
 
 
 @pytest.mark.parametrize("prompt,slip", [
-    ("47+38=", 75), ("12+13=", None), ("19+91=", 100), ("52-38=", 24), ("38-52=", -24),
-    ("50-38=", 22), ("58-32=", None), ("32-58=", None), ("7*8=", None)])
+    ("47+38=", 75), ("12+13=", None), ("67+58=", 15), ("55+45=", 90), ("56+45=", 91), ("91+12=", 3),
+    ("52-38=", 26), ("38-52=", -26), ("50-38=", 28), ("58-32=", None), ("32-58=", None),
+    ("7+8=", 5), ("7*8=", None)])
 def test_forgotten_carry(prompt, slip):
   assert ct.arithmetic.forgotten_carry(prompt) == slip
 
@@ -206,7 +207,7 @@ def test_imperfect_demonstrator_forgets_carries_at_its_rate():
   rng = np.random.default_rng(1)
   carry = [e for e in examples if ct.arithmetic.forgotten_carry(e["prompt"]) is not None]
   plain = [e for e in examples if ct.arithmetic.forgotten_carry(e["prompt"]) is None]
-  assert 0.35 < len(carry) / len(examples) < 0.5
+  assert 0.55 < len(carry) / len(examples) < 0.65
   # Problems without a carry are always demonstrated right; carries are forgotten at ~70%.
   assert all(task.verify(e, task.demonstration(e, rng)) == 1.0 for e in plain)
   wrong = np.mean([task.verify(e, task.demonstration(e, rng)) == 0.0 for e in carry])

@@ -38,12 +38,12 @@ class Arithmetic:
       (so short numbers are not swamped by long ones).
     ops: operators drawn uniformly, any of "+-*".
     allow_negative: if False, `a - b` has `a >= b` (operands swapped).
-    demo_carry_error: an imperfect demonstrator for the supervised warm-up: on problems whose
-      units digits need a carry (+) or a borrow (-), its demonstration forgets it with this
-      probability (47+38 -> "75", 52-38 -> "24", 38-52 -> "-24": the answer off by 10 in
-      magnitude), the typical slip of a weaker model. Imitating it reaches at best the accuracy
-      of the problems without a carry; the verifier stays exact, so RL can go beyond it.
-      0 = always correct. Applies only when the warm-up passes an rng.
+    demo_carry_error: an imperfect demonstrator for the supervised warm-up: on problems that
+      need a carry (+) or a borrow (-), its demonstration forgets them with this probability,
+      working each column on its own (67+58 -> "15", 52-38 -> "26"; `forgotten_carry`), the
+      classic slip of column arithmetic. Above 0.5, imitating it gets at best the problems
+      without a carry right (about 40% of 2-digit +/-); the verifier stays exact, so RL can
+      go beyond it. 0 = always correct. Applies only when the warm-up passes an rng.
   """
   min_digits: int = 2
   max_digits: int = 3
@@ -98,21 +98,24 @@ class Arithmetic:
 
 
 def forgotten_carry(prompt: str) -> int | None:
-  """The answer to `prompt` ("a+b=" / "a-b=") with the units carry or borrow forgotten, or None
-  when the units digits need none (or the operator is "*").
+  """The answer to `prompt` ("a+b=" / "a-b=") worked column by column with every carry and
+  borrow forgotten, or None when that is the true answer (no column needs one) or the
+  operator is "*". The two classic column-arithmetic slips:
 
-    a + b with (a mod 10) + (b mod 10) >= 10:  a + b - 10
-    a - b, x = max(a, b), y = min(a, b), (x mod 10) < (y mod 10):  sign(a - b) · (x - y + 10)
+    a + b: each column (a_i + b_i) mod 10            (67+58 -> 15, 47+38 -> 75)
+    a - b: x = max(a, b), y = min(a, b); each column |x_i − y_i| ("smaller from larger"),
+           with the sign of a − b                     (52-38 -> 26, 38-52 -> -26)
   """
   m = _PROBLEM.fullmatch(prompt.strip())
   if m is None:
     raise ValueError(f"not an arithmetic prompt: {prompt!r}")
   a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
-  if op == "+":
-    return a + b - 10 if a % 10 + b % 10 >= 10 else None
-  if op == "-":
-    x, y = max(a, b), min(a, b)
-    if x % 10 >= y % 10:
-      return None
-    return (x - y + 10) * (1 if a >= b else -1)
-  return None
+  if op not in "+-":
+    return None
+  x, y = (a, b) if op == "+" else (max(a, b), min(a, b))
+  slip, place = 0, 1
+  while x or y:
+    col = (x % 10 + y % 10) % 10 if op == "+" else abs(x % 10 - y % 10)
+    slip, place, x, y = slip + col * place, place * 10, x // 10, y // 10
+  slip = -slip if op == "-" and a < b else slip
+  return None if slip == _OPS[op](a, b) else slip
