@@ -22,7 +22,8 @@ class Field(NamedTuple):
   """One row of the contract table.
 
   shape: letters, one per axis (B batch, T tokens, K turns/steps, R reward components,
-    k top-k entries); fields sharing a letter must agree on its size.
+    k top-k entries, M prompt interventions, A tokens of a teacher-forced reference answer,
+    F follow-up texts); fields sharing a letter must agree on its size.
   dtype: "i" integer, "b" bool (or a 0/1 numeric mask), "f" floating.
   meaning: what the array holds.
   finite: values must be finite where used (under `response_mask` for [B,T..] fields,
@@ -56,6 +57,8 @@ CONTRACT: dict[str, Field] = {
                          True),
     "step_mask": Field("BK", "b", "valid entries of step_reward"),
     "token_reward": Field("BT", "f", "dense per-token rewards", True),
+    "flag_mask": Field("BT", "b", "tokens inside spans a judge / PRM flagged as wrong "
+                       "(Perceval: hallucinated perceptual claims); penalised"),
     "sample_weight": Field("B", "f", "per-sample loss weight", True),
     # --- log-probs and model statistics ---
     "logprob": Field("BT", "f", "current policy log-prob of the sampled token (differentiated)",
@@ -66,6 +69,26 @@ CONTRACT: dict[str, Field] = {
     "logprob_sampler": Field("BT", "f", "log-prob reported by the rollout engine", True),
     "logprob_alt": Field("BT", "f", "the same tokens scored under another context "
                          "(answer-conditioned, counterfactual, privileged)", True),
+    "logprob_alt_pos": Field("BT", "f", "the sampled tokens scored by the behaviour policy "
+                             "under a positive contrastive context (CSCR: 'this answer is "
+                             "correct'; T-REG: 'improve the response')", True),
+    "logprob_alt_neg": Field("BT", "f", "the same under the negative contrastive context "
+                             "(CSCR: 'this answer is incorrect'; T-REG: 'worsen the response')",
+                             True),
+    "logprob_interventions": Field("BTM", "f", "the sampled tokens scored by the behaviour "
+                                   "policy under M answer-preserving prompt interventions "
+                                   "(SCAPO semifactuals)", True),
+    "logprob_prm": Field("BT", "f", "implicit process reward model's log-prob of the sampled "
+                         "token (PRIME's online PRM, trained by `credit.losses.prm`; its "
+                         "reference is `logprob_ref`)", True),
+    "logprob_answer": Field("BA", "f", "log-prob of each reference-answer token, "
+                            "teacher-forced after prompt ⊕ response by the behaviour policy "
+                            "(likelihood rewards); anything where `answer_mask` is 0"),
+    "logprob_answer_prior": Field("BA", "f", "the same answer tokens after the prompt alone "
+                                  "(no response; RLPR debiasing)"),
+    "answer_mask": Field("BA", "b", "valid tokens of `logprob_answer` (right-padded)"),
+    "logprob_followup": Field("BF", "f", "mean per-token log-prob of follow-up text f given "
+                              "prompt ⊕ response (FLR; positive follow-ups first)", True),
     "teacher_topk_logprob": Field("BTk", "f", "top-k teacher log-probs (last entry: tail "
                                   "bucket)"),
     "teacher_topk_ids": Field("BTk", "i", "token ids of teacher_topk_logprob (tail: -1)"),

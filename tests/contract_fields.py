@@ -18,7 +18,7 @@ import credit
 N, G, T = 4, 4, 6
 B = N * G
 NUM_PROMPTS = N + 3
-DIMS = {"B": B, "T": T, "K": 3, "R": 2, "k": 4}
+DIMS = {"B": B, "T": T, "K": 3, "R": 2, "k": 4, "M": 2, "A": 3, "F": 3}
 
 
 def contiguous_ids(nb: int = B) -> np.ndarray:
@@ -56,6 +56,8 @@ _SPECIAL: dict[str, Callable[[np.random.Generator, dict, dict], Any]] = {
     "parent_id": lambda r, d, f: np.full(d["B"], -1, np.int32),
     "prefix_len": lambda r, d, f: np.zeros(d["B"], np.int32),
     "policy_version": lambda r, d, f: np.zeros(d["B"], np.int32),
+    "answer_mask": lambda r, d, f: (np.arange(d["A"])[None, :]
+                                    < r.integers(1, d["A"] + 1, d["B"])[:, None]),
 }
 
 

@@ -15,6 +15,10 @@ equal to the verifier's sign. This module is private (not imported as a method b
 
   from credit.advantages.token._redistribute import redistribute, mix_with_uniform
 
+Also shared here: `sequence_advantage` (the GRPO Â_b the token estimators start from, with
+the group-std convention as a choice) and `signed_weights` (w = 1 + α·sign(Â_b)·s[b,t],
+the polarity-aware modulation of EAPO, Perceval and T-REG).
+
 Every function is pure, jit/vmap-safe, returns float32 [B,T] with exact zeros outside
 `response_mask`, and never divides by zero (also in gradients): values outside the mask,
 even NaN or inf, never reach the output.
@@ -30,7 +34,11 @@ from credit import ops
 
 Array = jax.Array
 
-__all__ = ["redistribute", "normalize_budget", "mix_with_uniform"]
+__all__ = ["redistribute", "normalize_budget", "mix_with_uniform", "sequence_advantage",
+           "signed_weights", "GROUP_STDS", "SINGLETONS"]
+
+GROUP_STDS = ("unbiased", "population", "none")
+SINGLETONS = ops.SINGLETONS
 
 
 def _weights_and_mask(weight_BT: ArrayLike, response_mask: ArrayLike) -> tuple[Array, Array]:
@@ -147,3 +155,70 @@ def mix_with_uniform(score_BT: ArrayLike, response_mask: ArrayLike, *, alpha: Ar
   alpha = jnp.asarray(alpha, jnp.float32)
   mask_BT = jnp.asarray(response_mask).astype(bool)
   return jnp.where(mask_BT, (1.0 - alpha) + alpha * w_BT, 0.0)
+
+
+def sequence_advantage(reward_B: ArrayLike, group_id_B: ArrayLike, valid_B: ArrayLike, *,
+                       num_groups: int, group_size: int | None,
+                       group_std: str = "unbiased", eps: ArrayLike = 1e-6,
+                       singleton: str = "zero") -> Array:
+  """GRPO sequence advantage Â_b = (R_b − μ_g)/(σ_g + ε) of the valid rows ([B] float32).
+
+  `group_std` (static): "unbiased" σ (ddof 1, verl / torch.std), "population" σ (ddof 0), or
+  "none" (no division: R − μ_g, Dr.GRPO / verl `norm_adv_by_std_in_grpo=False`). All-equal
+  groups give exact 0 (ε is added to σ, not to the variance). Invalid rows (see
+  `ops.group_rows`) give 0 and take no part in the statistics. A group with one valid row
+  gives 0 (`singleton="zero"`), or its raw reward R_b (`singleton="raw"`: verl's μ = 0,
+  σ = 1 for a lone sample). Callers check `group_std`/`singleton` eagerly.
+  """
+  reward_B = jnp.asarray(reward_B, jnp.float32)
+  valid_B = jnp.asarray(valid_B, bool)
+  eps = jnp.asarray(eps, jnp.float32)
+  cen_B = ops.group_normalize(reward_B, group_id_B, num_groups, valid=valid_B, scale=False,
+                              group_size=group_size)
+  mom = ops.group_moments_rows(reward_B, group_id_B, valid_B, num_groups, group_size)
+  if group_std == "none":
+    adv_B = cen_B
+  else:
+    std_B = mom.std
+    if group_std == "population":  # σ_pop = σ · √((n − 1)/n)
+      std_B = std_B * ops.safe_sqrt(jnp.maximum(mom.count - 1.0, 0.0)
+                                    / jnp.maximum(mom.count, 1.0))
+    adv_B = cen_B / (std_B + eps)
+  lone_B = mom.count == 1
+  adv_B = jnp.where(lone_B, reward_B if singleton == "raw" else 0.0, adv_B)
+  return jnp.where(valid_B, adv_B, 0.0)
+
+
+def signed_weights(adv_B: ArrayLike, score_BT: ArrayLike, response_mask: ArrayLike, *,
+                   alpha: ArrayLike, clip: bool = True) -> Array:
+  """Polarity-aware token weights w[b,t] = 1 + α · sign(Â_b) · s[b,t] on valid tokens.
+
+  A token with a positive score s gets more credit in a response with Â > 0 and more blame
+  in one with Â < 0 (|A| grows); a negative score does the opposite. For |s| ≤ 1 and
+  α ∈ [0,1], w ≥ 0 (sign kept); with `clip` (static) w is clipped at 0 otherwise. Â = 0
+  gives w = 1. Scores outside the mask are ignored (NaN-safe).
+
+  Args:
+    adv_B: [B] float sequence advantages (only their sign is used).
+    score_BT: [B,T] float token scores.
+    response_mask: [B,T] bool.
+    alpha: modulation strength (may be an array).
+    clip: static, clip w at 0.
+
+  Returns:
+    [B,T] float32 weights, 0 outside the mask.
+
+  >>> import numpy as np
+  >>> w = signed_weights(np.array([2., -1., 0.]), np.array([[0.5, -1.], [0.5, -1.], [1., 1.]]),
+  ...                    np.ones((3, 2), bool), alpha=0.5)
+  >>> np.asarray(w).tolist()
+  [[1.25, 0.5], [0.75, 1.5], [1.0, 1.0]]
+  """
+  adv_B = jnp.asarray(adv_B, jnp.float32)
+  chex.assert_rank(adv_B, 1)
+  s_BT, mask_BT = _weights_and_mask(score_BT, response_mask)
+  chex.assert_equal_shape_prefix([adv_B, s_BT], 1)
+  w_BT = 1.0 + jnp.asarray(alpha, jnp.float32) * jnp.sign(adv_B)[:, None] * s_BT
+  if clip:
+    w_BT = jnp.maximum(w_BT, 0.0)
+  return jnp.where(mask_BT, w_BT, 0.0)

@@ -1,0 +1,171 @@
+"""Tests for the T-REG estimator and regulariser (credit/advantages/token/treg.py).
+
+Spec: shared/methods/token_and_implicit.md §13. The numpy reference is written from the
+formulas. Registry-wide properties live in tests/registry_common_test.py.
+"""
+from __future__ import annotations
+
+import doctest
+import functools
+import math
+
+import hypothesis
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from credit import registry
+from credit.advantages import grpo_advantages
+from credit.advantages.token import treg as tr
+from tests.advantages.token._ref import G, N, T, B, batches, pick, ref_grpo, valid_tokens
+
+FIELDS = ("reward", "group_id", "response_mask", "logprob_alt_pos", "logprob_alt_neg")
+PLUS = np.array([[-0.5, -1.0, -0.2]], np.float32)
+MINUS = np.array([[-1.5, -0.8, -0.2]], np.float32)
+SPEC_R = [0.4621, -0.0997, 0.0]
+CONFIGS = {
+    "default": dict(),
+    "no_renorm_population": dict(renormalize=False, alpha=0.9, group_std="population"),
+    "additive": dict(mode="additive"),
+    "additive_fast": dict(mode="additive", alpha=0.2, group_size=G, group_std="none"),
+}
+
+
+def sigmoid(x):
+  return 1.0 / (1.0 + math.exp(-x))
+
+
+def ref_treg(b, *, alpha=0.5, mode="redistribute", renormalize=True, group_size=None,
+             group_std="unbiased"):
+  mask = b["response_mask"]
+  adv = ref_grpo(b["reward"], b["group_id"], mask, group_size=group_size, group_std=group_std)
+  out = np.zeros(mask.shape)
+  for i in range(mask.shape[0]):
+    ts = valid_tokens(mask, i)
+    if not ts:
+      continue
+    r = [2 * sigmoid(float(b["logprob_alt_pos"][i, t]) - float(b["logprob_alt_neg"][i, t])) - 1
+         for t in ts]
+    if mode == "additive":
+      for t, x in zip(ts, r):
+        out[i, t] = adv[i] + alpha * x
+      continue
+    w = [max(1 + alpha * float(np.sign(adv[i])) * x, 0.0) for x in r]
+    if renormalize:
+      w = [len(ts) * x / sum(w) for x in w]
+    for t, x in zip(ts, w):
+      out[i, t] = adv[i] * x
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(name):
+  return jax.jit(functools.partial(tr.treg_advantages, num_groups=N, **CONFIGS[name]))
+
+
+def test_registered_in_token_family():
+  spec = registry.get_estimator("treg")
+  assert spec.family == "token" and spec.confidence == "inferred"
+  assert spec.needs == set(FIELDS)
+  assert "2412.02685" in spec.paper
+
+
+def test_doctests():
+  res = doctest.testmod(tr, optionflags=doctest.NORMALIZE_WHITESPACE)
+  assert res.attempted > 0 and res.failed == 0
+
+
+def test_spec_example():
+  r = tr.treg_token_rewards(response_mask=np.ones((1, 3), bool), logprob_alt_pos=PLUS,
+                            logprob_alt_neg=MINUS)
+  np.testing.assert_allclose(np.asarray(r[0]), SPEC_R, atol=1e-3)
+  kw = dict(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
+            response_mask=np.ones((2, 3), bool), logprob_alt_pos=np.tile(PLUS, (2, 1)),
+            logprob_alt_neg=np.tile(MINUS, (2, 1)), num_groups=1, group_std="population")
+  # Spec adapter: A = Â + α r̂ with Â = ±1.
+  add = np.asarray(tr.treg_advantages(mode="additive", **kw))
+  np.testing.assert_allclose(add, [[1 + 0.5 * x for x in SPEC_R],
+                                   [-1 + 0.5 * x for x in SPEC_R]], atol=1e-3)
+  # Default: w = 1 ± α r̂, renormalised to sum 3.
+  w_pos = np.array([1 + 0.5 * x for x in SPEC_R])
+  w_neg = np.array([1 - 0.5 * x for x in SPEC_R])
+  red = np.asarray(tr.treg_advantages(**kw))
+  np.testing.assert_allclose(red, [3 * w_pos / w_pos.sum(), -3 * w_neg / w_neg.sum()],
+                             atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.given(data=st.data())
+def test_matches_numpy_reference(name, data):
+  cfg = CONFIGS[name]
+  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
+  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
+  np.testing.assert_allclose(got, ref_treg(b, **cfg), rtol=1e-4, atol=1e-5)
+
+
+@hypothesis.settings(max_examples=8, deadline=None)
+@hypothesis.given(b=batches())
+def test_reductions_sign_and_budget(b):
+  grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
+                                    num_groups=N))
+  kw = pick(b, *FIELDS)
+  agree = dict(kw, logprob_alt_neg=b["logprob_alt_pos"])
+  for mode in ("redistribute", "additive"):
+    for a in (tr.treg_advantages(num_groups=N, alpha=0.0, mode=mode, **kw),
+              tr.treg_advantages(num_groups=N, mode=mode, **agree)):
+      np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-5, atol=1e-6)
+  a = np.asarray(tr.treg_advantages(num_groups=N, **kw), np.float64)
+  np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
+  np.testing.assert_allclose(a.sum(-1), grpo.astype(np.float64).sum(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_regularizer_loss():
+  mask = np.array([[1, 1, 1], [1, 1, 0]], bool)
+  lp = np.array([[-0.3, -1.2, -0.5], [-0.7, -0.1, 0.0]], np.float32)
+  ref = np.array([[-0.5, -1.0, -0.5], [-0.2, -0.3, 0.0]], np.float32)
+  plus = np.array([[-0.5, -1.0, -0.2], [-1.0, -0.4, 0.0]], np.float32)
+  minus = np.array([[-1.5, -0.8, -0.2], [-0.5, -0.6, 0.0]], np.float32)
+  got = np.asarray(tr.treg_regularizer_loss(logprob=lp, logprob_ref=ref, logprob_alt_pos=plus,
+                                            logprob_alt_neg=minus, response_mask=mask))
+  want = []
+  for i in range(2):
+    ts = valid_tokens(mask, i)
+    terms = []
+    for t in ts:
+      r = 2 * sigmoid(float(plus[i, t] - minus[i, t])) - 1
+      rho = 0.1 * float(lp[i, t] - ref[i, t])
+      terms.append(-math.log(sigmoid(r * rho / 0.1)))
+    want.append(sum(terms) / len(ts))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  # Agreement lowers the loss: raising logprob on a token with r̂ > 0 decreases it.
+  g = jax.grad(lambda x: tr.treg_regularizer_loss(
+      logprob=x, logprob_ref=ref, logprob_alt_pos=plus, logprob_alt_neg=minus,
+      response_mask=mask).sum())(jnp.asarray(lp))
+  assert float(g[0, 0]) < 0 and float(g[0, 1]) > 0 and float(g[1, 2]) == 0.0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(mode="sum"), "mode"),
+    (dict(group_std="sample"), "group_std"),
+    (dict(group_size=3), "multiple"),
+    (dict(group_id=None), "group_id"),
+])
+def test_bad_static_args_raise(kwargs, match):
+  z = np.zeros((B, T), np.float32)
+  base = dict(reward=np.zeros(B, np.float32), group_id=np.zeros(B, np.int32),
+              response_mask=np.ones((B, T), bool), logprob_alt_pos=z, logprob_alt_neg=z,
+              num_groups=N)
+  base.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    tr.treg_advantages(**base)
+
+
+def test_shape_mismatch_raises():
+  z = np.zeros((B, T), np.float32)
+  with pytest.raises(AssertionError):
+    tr.treg_advantages(reward=np.zeros(B, np.float32), group_id=np.zeros(B, np.int32),
+                       response_mask=np.ones((B, T), bool), logprob_alt_pos=z,
+                       logprob_alt_neg=np.zeros((B, T + 1), np.float32), num_groups=N)
