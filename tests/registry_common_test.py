@@ -240,12 +240,20 @@ def test_permutation_within_groups(case):
 # and why. Every other estimator taking `group_id` must give exact zeros there.
 EQUAL_GROUP_NOT_ZERO = {
     "optimal_token_baseline": "B* = G·ΣW/(ΣW+ε): the baseline differs from G by O(ε)",
+    "prime": "the implicit process rewards differ between samples of an equal-outcome group",
+    "vimpo": "A = R − V_t with V_t built from the log-ratios, not from the reward alone",
+    "logprob_reward": "the reward is the answer log-likelihood, not the `reward` field",
+    "verifree": "the reward is the answer probability, not the `reward` field",
+    "rlpr": "the reward is the answer's mean token probability, not the `reward` field",
+    "jepo": "credit comes from the answer log-likelihoods, not the `reward` field",
+    "flr": "the reward is the follow-up likelihood, not the `reward` field",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {
     "gdpo": "batch whitening shifts every row by the batch mean",
     "reinforce_pp_baseline": "batch whitening shifts every row by the batch mean",
     "dcpo": "the prompt's history gives a baseline for a single sample",
+    "vimpo": "a single sample's anchor is its own reward: A = −β Σ_{s<t} ℓ_s",
 }
 
 

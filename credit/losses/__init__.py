@@ -8,6 +8,8 @@
   kl.py            `kl_penalty`, `kl_loss`, `kl_in_reward`, `KL_KINDS`
   entropy.py       `entropy_bonus`
   value.py         `value_loss`
+  prm.py           implicit-PRM training objectives: `prm_ce_loss`, `prm_dpo_loss`,
+                   `prm_kto_loss`, `prm_vanilla_kto_loss`
 
 A registered loss is used by name: `credit.get_policy_loss("ppo_clip").fn(...)` is
 `ppo_clip_loss(...)` followed by `reduce_policy_loss(...)`.
@@ -18,6 +20,8 @@ from credit.losses.reduction import LossOutput, TokenLoss, policy_loss, reduce_p
 from credit.losses.kl import KL_KINDS, kl_in_reward, kl_loss, kl_penalty
 from credit.losses.entropy import entropy_bonus
 from credit.losses.value import value_loss
+from credit.losses.prm import (prm_ce_loss, prm_dpo_loss, prm_kto_loss, prm_sequence_logratio,
+                               prm_vanilla_kto_loss)
 from credit.losses import policy
 from credit.losses.policy import *  # noqa: F401,F403  (every per-token `<key>_loss`)
 
@@ -25,5 +29,7 @@ __all__ = [
     "AGG_MODES", "aggregate_loss", "ImportanceCorrection", "importance_correction",
     "LossOutput", "TokenLoss", "policy_loss", "reduce_policy_loss", "KL_KINDS",
     "kl_in_reward", "kl_loss", "kl_penalty", "entropy_bonus", "value_loss", "policy",
+    "prm_ce_loss", "prm_dpo_loss", "prm_kto_loss", "prm_sequence_logratio",
+    "prm_vanilla_kto_loss",
     *policy.__all__,
 ]

@@ -1,0 +1,88 @@
+"""JEPO: the group's Jensen bound log mean_g π(a* | x, z_g), credited to each chain of thought
+by its leave-one-out contribution."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from credit import ops
+from credit.advantages.implicit import _likelihood as lk
+from credit.registry import register_estimator
+
+Array = jax.Array
+
+__all__ = ["jepo_advantages"]
+
+_PAPER = ("Beyond Verifiable Rewards: Scaling Reinforcement Learning for Language Models to "
+          "Unverifiable Data (JEPO) (Tang, Wang, Madaan, Munos), arXiv 2503.19618")
+
+
+def _masked_logmeanexp(x_B: Array, sel_BB: Array) -> tuple[Array, Array]:
+  """log mean_{j: sel[i,j]} exp(x_j) per row i, and the count (0 where nothing selected)."""
+  n_B = jnp.sum(sel_BB, axis=-1, dtype=jnp.float32)
+  xx_BB = jnp.where(sel_BB, x_B[None, :], -jnp.inf)
+  top_B = jnp.max(xx_BB, axis=-1)
+  top_B = jax.lax.stop_gradient(jnp.where(n_B > 0, top_B, 0.0))
+  e_BB = jnp.where(sel_BB, jnp.exp(jnp.where(sel_BB, x_B[None, :] - top_B[:, None], 0.0)), 0.0)
+  s_B = jnp.sum(e_BB, axis=-1)
+  ok_B = n_B > 0
+  out_B = top_B + jnp.log(jnp.where(ok_B, s_B, 1.0)) - jnp.log(jnp.maximum(n_B, 1.0))
+  return jnp.where(ok_B, out_B, 0.0), n_B
+
+
+@register_estimator("jepo",
+                    needs=("group_id", "response_mask", "logprob_answer", "answer_mask"),
+                    paper=_PAPER, static_argnames=("num_groups", "group_size"))
+def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
+                    logprob_answer: ArrayLike, answer_mask: ArrayLike, num_groups: int,
+                    group_size: int | None = None, reward_scale: ArrayLike = 1.0) -> Array:
+  """Multi-sample JEPO: leave-one-out credit for the group's Jensen evidence bound.
+
+  Paper: "Beyond Verifiable Rewards: Scaling Reinforcement Learning for Language Models to
+  Unverifiable Data" (Tang, Wang, Madaan, Munos), arXiv 2503.19618
+  (`shared/methods/token_and_implicit.md` §17). The chain of thought z is a latent variable;
+  with G samples z_1..z_G of a prompt the objective is the bound
+  L_G = log (1/G) Σ_g π(a* | x, z_g) ≤ log π(a* | x).
+
+  Confidence: inferred. The spec gives L_G "shared by the group (approximate)"; a reward
+  shared by the whole group has zero group-baselined advantage, so each sample is credited
+  here with its leave-one-out contribution (ours, the VIMCO control variate of Mnih and
+  Rezende, arXiv 1602.06725), with ℓ_g = Σ_j log π(a*_j | x, z_g, a*_{<j}):
+
+  .. math::
+    A_g = L_G − log (1/(G−1)) Σ_{h≠g} exp(ℓ_h)
+
+  constant over the response tokens of sample g. A_g > 0 when z_g raises the group's
+  answer likelihood. The supervised term on the answer tokens (∇ of L_G through ℓ) is a
+  separate loss, not part of these advantages. Rows with an empty response or no answer
+  tokens take no part; singleton groups get 0; a group whose ℓ are all equal gets 0.
+  The leave-one-out sums are taken over a [B,B] same-group mask (O(B²) memory).
+
+  Args:
+    group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
+    response_mask: [B,T] bool.
+    logprob_answer: [B,A] float log-probs of the reference-answer tokens.
+    answer_mask: [B,A] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    reward_scale: multiplies A (ours).
+
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+  """
+  fn = "jepo_advantages"
+  lp_BA, _, has_B = lk.answer_inputs(logprob_answer, answer_mask,
+                                     jnp.shape(logprob_answer)[0])
+  ell_B = jnp.sum(lp_BA, axis=-1)
+  rows = lk.rows(fn, group_id, response_mask, num_groups, group_size, ell_B, has_B)
+  valid_B = rows.valid
+  gid_B = rows.group_id
+  same_BB = (gid_B[:, None] == gid_B[None, :]) & valid_B[:, None] & valid_B[None, :]
+  eye_BB = jnp.eye(gid_B.shape[0], dtype=bool)
+  ell_B = jnp.where(valid_B, ell_B, 0.0)
+  full_B, n_B = _masked_logmeanexp(ell_B, same_BB)
+  loo_B, _ = _masked_logmeanexp(ell_B, same_BB & ~eye_BB)
+  adv_B = jnp.where(valid_B & (n_B > 1), full_B - loo_B, 0.0)
+  adv_B = jnp.asarray(reward_scale, jnp.float32) * adv_B
+  return ops.broadcast_to_tokens(adv_B, rows.mask)
