@@ -9,8 +9,12 @@
   step-0 checkpoint.
 * `rl_step`: the planned producers in order (rollout, rewards, the extra passes the method
   needs), the estimator with exactly its data fields, the update with exactly the loss's.
-* `record`: periodic eval, metrics, progress, checkpoints.
+* `record`: periodic eval, metrics, sampled rollouts, progress, checkpoints.
 * `finish`: HF export, plots, summary.
+
+What a run writes for its reader (process 0): metrics.jsonl (+ TensorBoard), samples.jsonl
+(a few rollouts every `c.samples_every` steps, as the model saw them), curves.png,
+token_credit.png, summary.md (before / after, wall time).
 
 Everything threaded from step to step is in `RunState` (the checkpointed pytree, the
 loader position, the step count), not in closures.
@@ -23,7 +27,7 @@ import os
 import shutil
 import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -276,12 +280,13 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
 
 
 def _sft_batches(data: Data, c, rng: np.random.Generator):
-  """Demonstration batches (prompt + correct response) for supervised warm-up."""
-  n = len(data.train)
+  """Demonstration batches (prompt + correct response) for supervised warm-up, drawn from the
+  first `c.sft_examples` train examples (all when 0)."""
+  n = min(c.sft_examples, len(data.train)) if c.sft_examples > 0 else len(data.train)
   while True:
     idx = rng.integers(0, n, size=c.sft_batch_size)
     ex = [data.train[i] for i in idx]
-    demos = [data.task.demonstration(e) for e in ex]
+    demos = [data.task.demonstration(e, rng) for e in ex]
     b = tasks_lib.encode_prompt_response(data.tokenizer, [e["prompt"] for e in ex], demos,
                                          data.max_prompt_len, data.max_response_len)
     yield {"tokens": b["tokens"], "attn_mask": b["prompt_mask"] | b["response_mask"],
@@ -366,6 +371,17 @@ class Runner:
       reporting.write_message(f"[credit] {message}")
 
 
+class StepBatch(NamedTuple):
+  """What the heatmap needs of one step: host (numpy tokens, masks, reward, group_id, texts),
+  adv ([B,T] advantages, left on the device until the run finishes), prompts (the N task
+  prompts, by group id) and whether a group got mixed rewards."""
+  step: int
+  host: dict
+  adv: Any
+  prompts: list
+  mixed: bool
+
+
 @dataclasses.dataclass
 class RunState:
   """What changes from step to step.
@@ -373,15 +389,17 @@ class RunState:
   train: the train state pytree. ref_params: the frozen reference policy (None unless a
   planned producer keeps one). Both are checkpointed. loader: the prompt iterator (its
   position is saved with each checkpoint). step: RL steps completed. checked: the first
-  batch of this process's run has been validated. last: the final step's host batch for
-  the token-credit heatmap.
+  batch of this process's run has been validated. heatmap: the batch of the most recent step
+  with a mixed-reward group (else of the most recent step), for the token-credit heatmap.
+  samples: this step's rows for samples.jsonl (empty on other steps and other processes).
   """
   train: train.TrainState
   ref_params: Any
   loader: Any
   step: int = 0
   checked: bool = False
-  last: tuple | None = None
+  heatmap: StepBatch | None = None
+  samples: list = dataclasses.field(default_factory=list)
 
   def checkpoint(self) -> dict[str, Any]:
     return {"train": self.train, "ref_params": self.ref_params}
@@ -535,10 +553,58 @@ def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
                           dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask))
   jax.block_until_ready(state.params)
   times["update"] = time.perf_counter() - t0
-  host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
+  host = dict(ctx.host, **parallel.to_host({k: batch[k] for k in ("reward", "group_id")}))
+  step, samples = rs.step + 1, []
+  heatmap = _heatmap_batch(rs.heatmap, StepBatch(
+      step, host, adv, [str(p) for p in ctx.examples["prompt"]],
+      reporting.has_mixed_group(host["reward"], host["group_id"])))
+  if c.samples_every and c.samples_per_step and (step % c.samples_every == 0 or step == c.steps):
+    adv_host = np.asarray(parallel.to_host(adv))  # every process: a collective on several
+    if run.is_main:
+      samples = _sample_rows(run.data.tokenizer, host, adv_host, ctx.examples, step,
+                             c.samples_per_step)
   metrics = _step_metrics(upd, host, adv, time.perf_counter() - t_step, times)
-  last = (host, np.asarray(parallel.to_host(adv))) if rs.step + 1 == c.steps else None
-  return dataclasses.replace(rs, train=state, step=rs.step + 1, checked=True, last=last), metrics
+  return dataclasses.replace(rs, train=state, step=step, checked=True, heatmap=heatmap,
+                             samples=samples), metrics
+
+
+def _heatmap_batch(kept: StepBatch | None, new: StepBatch) -> StepBatch:
+  """The batch the heatmap shows: the newest with a mixed-reward group, else the newest."""
+  return kept if kept is not None and kept.mixed and not new.mixed else new
+
+
+def _prompt_text(tokenizer, ids) -> str:
+  """A prompt row as the model got it: a checkpoint tokenizer's text with its specials (chat
+  template markers), else the character tokenizer's text (bos and pad skipped)."""
+  inner = getattr(tokenizer, "tokenizer", None)
+  if inner is not None:
+    return inner.decode(ids, skip_special_tokens=False)
+  return tokenizer.decode(ids)
+
+
+def _sample_rows(tokenizer, host: dict, adv, examples, step: int, num: int) -> list[dict]:
+  """Up to `num` rollouts of a step for samples.jsonl, from groups with mixed rewards first
+  (`reporting.select_rows`, two per group: a good and a bad one side by side).
+
+  Each row: step, group, row (in the batch), prompt (the prompt tokens decoded), response
+  (decoded up to eos), response_ids (eos included), reward, advantages (per response token),
+  answer (the task's gold answer, when its examples have one).
+  """
+  answers = examples.get("answer")
+  out = []
+  for i in reporting.select_rows(host["reward"], host["group_id"], num, per_group=2):
+    g, resp = int(host["group_id"][i]), host["response_mask"][i]
+    ids = host["tokens"][i][resp]
+    text = host["texts"][i] if "texts" in host else tokenizer.decode(ids)
+    row = {"step": step, "group": g, "row": i,
+           "prompt": _prompt_text(tokenizer, host["tokens"][i][host["prompt_mask"][i]]),
+           "response": text, "response_ids": [int(t) for t in ids],
+           "reward": float(host["reward"][i]),
+           "advantages": [round(float(a), 6) for a in adv[i][resp]]}
+    if answers is not None:
+      row["answer"] = str(answers[g])
+    out.append(row)
+  return out
 
 
 def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, float]:
@@ -557,13 +623,47 @@ def _evaluate(run: Runner, rs: RunState) -> dict[str, float]:
                   run.eval_batch_size, step=rs.step)
 
 
-def record(run: Runner, rs: RunState, metrics: dict, writer, bar) -> None:
-  """After a step: periodic eval, metrics row, progress, checkpoint, the test kill hook."""
+@dataclasses.dataclass
+class Outputs:
+  """Process 0's run files and wall clock.
+
+  metrics: metrics.jsonl (+ TensorBoard). samples: samples.jsonl. t0: `time.perf_counter()`
+  when this process's `run` began. offset: the wall time the rows kept from earlier runs in
+  the workdir had reached (the restored step's; 0 for a fresh run), so `wall_time()` counts
+  the whole run across resumes (less the work lost after the restored checkpoint).
+  """
+  metrics: reporting.MetricsWriter
+  samples: reporting.SamplesWriter
+  t0: float
+  offset: float = 0.0
+
+  @classmethod
+  def open(cls, workdir: str, *, resume_step: int | None, t0: float) -> Outputs:
+    metrics = reporting.MetricsWriter(workdir, resume_step=resume_step)
+    samples = reporting.SamplesWriter(workdir, resume_step=resume_step)
+    kept = reporting.read_metrics(metrics.path) if resume_step is not None else []
+    offset = max((float(r["wall_time"]) for r in kept if "wall_time" in r), default=0.0)
+    return cls(metrics, samples, t0, offset)
+
+  def wall_time(self) -> float:
+    return self.offset + time.perf_counter() - self.t0
+
+  def close(self) -> None:
+    self.metrics.close()
+    self.samples.close()
+
+
+def record(run: Runner, rs: RunState, metrics: dict, out: Outputs | None, bar) -> None:
+  """After a step: periodic eval, metrics row (with `wall_time`), sampled rollouts, progress,
+  checkpoint, the test kill hook."""
   c, done = run.c, rs.step
   if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
+    t0 = time.perf_counter()
     metrics.update(_evaluate(run, rs))
-  if writer:
-    writer.write(done, metrics)
+    metrics["eval_time"] = time.perf_counter() - t0
+  if out:
+    out.metrics.write(done, dict(metrics, wall_time=out.wall_time()))
+    out.samples.write(rs.samples)
   bar.update(done, metrics)
   if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.steps):
     save(run, rs)
@@ -571,38 +671,51 @@ def record(run: Runner, rs: RunState, metrics: dict, writer, bar) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def finish(run: Runner, rs: RunState, writer) -> dict[str, Any]:
-  """Export (every process takes part: save_pretrained all-gathers), plots and summary."""
+def finish(run: Runner, rs: RunState, out: Outputs | None) -> dict[str, Any]:
+  """Export and the heatmap's advantages to the host (every process takes part: both gather
+  across processes), then plots and summary on process 0."""
   run.ckpt.close()
   c, s = run.c, run.setup
   if c.export_hf:
     export_policy(train.merge_model(s.graphdef, rs.train.params, s.rest), run.mcfg,
                   os.path.join(run.workdir, "hf_policy"), init_from=c.init_from)
-  if not writer:
+  heatmap = rs.heatmap
+  if heatmap is not None:
+    heatmap = heatmap._replace(adv=np.asarray(parallel.to_host(heatmap.adv)))
+  if not out:
     return {}
-  writer.close()
-  return _finish_outputs(run.workdir, c, run.data, rs.last, reporting)
+  out.close()
+  return _finish_outputs(run.workdir, c, run.data, heatmap, reporting)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains `config` into `workdir`; returns the final summary dict."""
+  """Trains `config` into `workdir`; returns the final summary dict.
+
+  The step-0 row of metrics.jsonl (fresh runs) holds the starting policy's evaluation, its
+  `eval_time`, the `warm_up_time` (SFT warm-up and step-0 checkpoint) and `wall_time`.
+  """
+  t_start = time.perf_counter()
   runner, rs = setup(config, workdir)
+  t0 = time.perf_counter()
   rs = restore_or_warm_up(runner, rs)
+  warm_up_time = time.perf_counter() - t0
   resumed = rs.step > 0
-  writer = (reporting.MetricsWriter(workdir, resume_step=rs.step if resumed else None)
-            if runner.is_main else None)
+  out = (Outputs.open(workdir, resume_step=rs.step if resumed else None, t0=t_start)
+         if runner.is_main else None)
   bar = reporting.ProgressBar(config.steps, initial=rs.step,
                               disable=None if config.progress else True)
   if not resumed:
+    t0 = time.perf_counter()
     ev = _evaluate(runner, rs)
-    if writer:
-      writer.write(0, ev)
+    ev["eval_time"] = time.perf_counter() - t0
+    if out:
+      out.metrics.write(0, dict(ev, warm_up_time=warm_up_time, wall_time=out.wall_time()))
     runner.say(f"step 0 eval_accuracy {ev['eval_accuracy']:.3f}")
   while rs.step < config.steps:
     rs, metrics = rl_step(runner, rs)
-    record(runner, rs, metrics, writer, bar)
+    record(runner, rs, metrics, out, bar)
   bar.close()
-  return finish(runner, rs, writer)
+  return finish(runner, rs, out)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -630,27 +743,48 @@ def _token_label(tokenizer, t: int) -> str:
   return text if text and (text.isprintable() or text.isspace()) else f"<{t}>"
 
 
-def _finish_outputs(workdir, c, data: Data, last, reporting) -> dict[str, Any]:
-  """Plots, the last step's token-credit heatmap and the summary table from what the run wrote."""
+def _heatmap(workdir, c, data: Data, batch: StepBatch, reporting) -> None:
+  """token_credit.png: up to `c.num_heatmap_samples` responses of `batch`, three per group
+  from groups with mixed rewards first (good and bad side by side), each labelled with its
+  prompt and reward."""
+  host = batch.host
+  toks, advs, labels = [], [], []
+  for i in reporting.select_rows(host["reward"], host["group_id"], c.num_heatmap_samples,
+                                 per_group=3):
+    m = host["response_mask"][i]
+    toks.append([_token_label(data.tokenizer, int(t)) for t in host["tokens"][i][m]])
+    advs.append(batch.adv[i][m])
+    labels.append(f"{reporting.short_text(batch.prompts[int(host['group_id'][i])])} "
+                  f"r={float(host['reward'][i]):g}")
+  note = "" if batch.mixed else " (no group with mixed rewards)"
+  reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
+                              labels=labels,
+                              title=f"{c.estimator}: per-token advantages, step {batch.step}{note}")
+
+
+def _settings(c) -> dict[str, Any]:
+  """The config essentials summary.md opens with."""
+  def with_kwargs(name, kwargs):
+    kwargs = dict(kwargs)
+    return f"{name} {kwargs}" if kwargs else name
+  return {"estimator": with_kwargs(c.estimator, c.estimator_kwargs),
+          "policy_loss": with_kwargs(c.policy_loss, c.loss_kwargs),
+          "task": c.data_path if c.task in ("jsonl", "tfds") else c.task,
+          "policy": c.init_from or "from scratch", "steps": c.steps,
+          "prompts x samples per step": f"{c.prompts_per_step} x {c.group_size}",
+          "SFT warm-up steps": c.sft_steps, "seed": c.seed}
+
+
+def _finish_outputs(workdir, c, data: Data, heatmap: StepBatch | None,
+                    reporting) -> dict[str, Any]:
+  """Plots, the token-credit heatmap and summary.md from what the run wrote."""
   path = os.path.join(workdir, "metrics.jsonl")
-  reporting.plot_curves(path, os.path.join(workdir, "curves.png"),
-                        keys=("reward_mean", "accuracy", "eval_accuracy", "loss", "step_time"))
-  if last is not None:
-    host, adv = last
-    toks, advs, labels = [], [], []
-    for i in range(min(c.num_heatmap_samples, len(host["reward"]))):
-      m = host["response_mask"][i]
-      ids = host["tokens"][i][m]
-      toks.append([_token_label(data.tokenizer, int(t)) for t in ids])
-      advs.append(adv[i][m])
-      labels.append(f"r={host['reward'][i]:.0f}")
-    reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
-                                labels=labels, title=f"{c.estimator}: per-token advantages")
+  reporting.plot_curves(path, os.path.join(workdir, "curves.png"))
+  if heatmap is not None:
+    _heatmap(workdir, c, data, heatmap, reporting)
   rows = reporting.read_metrics(path)
-  keys = ["reward_mean", "accuracy", "eval_accuracy", "loss", "step_time"]
-  table = reporting.summary_table(rows, [k for k in keys if any(k in r for r in rows)])
-  reporting.write_text_atomic(os.path.join(workdir, "summary.md"),
-                              f"# {c.estimator} / {c.policy_loss} on {c.task}\n\n{table}\n")
+  reporting.write_text_atomic(os.path.join(workdir, "summary.md"), reporting.run_summary(
+      rows, title=f"{c.estimator} / {c.policy_loss} on {c.task}", settings=_settings(c)))
   evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
   return {"eval_accuracy_first": evals[0] if evals else None,
           "eval_accuracy_last": evals[-1] if evals else None, "rows": len(rows)}

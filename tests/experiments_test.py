@@ -33,8 +33,8 @@ def tiny(recipe="grpo_arithmetic", **overrides):
   return c
 
 
-def read_metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+def read_metrics(workdir, name="metrics.jsonl"):
+  with open(os.path.join(workdir, name)) as f:
     return [json.loads(line) for line in f]
 
 
@@ -46,10 +46,24 @@ def run_cli(args, env_extra=None, timeout=600):
                         capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """`tiny_run(recipe) -> (workdir, summary)`: the recipe's `:tiny` run, done once per module
+  and shared by the tests that inspect its outputs."""
+  done = {}
+
+  def get(recipe="grpo_arithmetic"):
+    if recipe not in done:
+      wd = str(tmp_path_factory.mktemp(recipe) / "run")
+      done[recipe] = (wd, loop.run(tiny(recipe), wd))
+    return done[recipe]
+
+  return get
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_tiny_recipe_runs_end_to_end(recipe, tmp_path):
-  wd = str(tmp_path / recipe)
-  summary = loop.run(tiny(recipe), wd)
+def test_tiny_recipe_runs_end_to_end(recipe, tiny_run):
+  wd, summary = tiny_run(recipe)
   rows = read_metrics(wd)
   steps = [r["step"] for r in rows]
   assert steps[0] == 0 and steps[-1] == 2, steps
@@ -75,6 +89,60 @@ def test_tiny_recipe_runs_end_to_end(recipe, tmp_path):
       want = theirs(torch.tensor(tokens)).logits.numpy()
     got, _ = ours(jnp.asarray(tokens, jnp.int32))
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+
+
+def test_samples_jsonl_holds_rollouts_as_the_model_saw_them(tiny_run):
+  """samples.jsonl of the tiny run (samples_every=10 > steps: the last step only): rows with
+  the prompt as fed (decoded from the prompt tokens), the response, its ids, reward and one
+  advantage per response token."""
+  wd, _ = tiny_run()
+  c = tiny()
+  rows = read_metrics(wd, "samples.jsonl")
+  assert len(rows) == c.samples_per_step and {r["step"] for r in rows} == {c.steps}
+  data = loop.build_data(c)
+  answer_of = {e["prompt"]: e["answer"] for e in data.train}
+  for r in rows:
+    assert set(r) == {"step", "group", "row", "prompt", "response", "response_ids", "reward",
+                      "advantages", "answer"}
+    assert r["prompt"] in answer_of and r["answer"] == answer_of[r["prompt"]]
+    assert r["row"] // c.group_size == r["group"] < c.prompts_per_step
+    assert 1 <= len(r["response_ids"]) == len(r["advantages"]) <= c.max_new_tokens
+    assert r["response"] == data.tokenizer.decode(r["response_ids"])
+    assert r["reward"] == data.task.verify({"answer": r["answer"]}, r["response"])
+    assert all(np.isfinite(r["advantages"]))
+  # Two rows per group, from groups with mixed rewards first.
+  groups = [r["group"] for r in rows]
+  assert groups[0] == groups[1] and groups[2] == groups[3]
+
+
+def test_summary_md_compares_start_and_end(tiny_run):
+  wd, summary = tiny_run()
+  text = open(os.path.join(wd, "summary.md")).read()
+  rows = read_metrics(wd)
+  step0 = rows[0]
+  assert step0["step"] == 0 and {"eval_accuracy", "eval_time", "warm_up_time",
+                                 "wall_time"} <= set(step0)
+  assert all("wall_time" in r for r in rows)
+  evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+  assert summary["eval_accuracy_first"] == step0["eval_accuracy"] == evals[0]
+  line = next(l for l in text.splitlines() if l.startswith("| held-out accuracy (greedy) |"))
+  assert line.endswith(f"| step 0 \u2192 step {tiny().steps} |"), line
+  for prefix in ("| train reward, mean of 1 step |", "| mean response length (tokens), mean of 1",
+                 "| total (start to last step) |", "| SFT warm-up", "| time_sampling |",
+                 "| time_update |", "| estimator | grpo |", "| seed | 0 |", "| reward_mean |"):
+    assert any(l.startswith(prefix) for l in text.splitlines()), prefix
+
+
+def test_heatmap_keeps_the_latest_mixed_step():
+  def batch(step, mixed):
+    return loop.StepBatch(step, {}, None, [], mixed)
+
+  kept = None
+  for step, mixed in ((1, False), (2, True), (3, False), (4, False)):
+    kept = loop._heatmap_batch(kept, batch(step, mixed))
+  assert kept.step == 2 and kept.mixed
+  assert loop._heatmap_batch(kept, batch(5, True)).step == 5
+  assert loop._heatmap_batch(batch(1, False), batch(2, False)).step == 2
 
 
 @pytest.mark.parametrize("change,match", [
@@ -260,7 +328,7 @@ def test_unknown_config_key_and_wrong_type_are_named():
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
   cfg = os.path.join(ROOT, "experiments/configs/grpo_arithmetic.py:tiny")
   common = ["--config", cfg, "--config.steps=4", "--config.mesh=data=1",
-            "--config.eval_every=0"]
+            "--config.eval_every=0", "--config.samples_every=1"]
   full = str(tmp_path / "full")
   r = run_cli(common + ["--workdir", full])
   assert r.returncode == 0, r.stderr[-3000:]
@@ -278,6 +346,15 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     for k in ("reward_mean", "loss", "pg_loss", "grad_norm", "response_length", "ratio_mean"):
       if k in x:
         np.testing.assert_allclose(x[k], y[k], rtol=1e-6, atol=1e-7, err_msg=f"step {x['step']} {k}")
+  # The wall clock carries on across the resume; samples.jsonl lost its rows after step 2.
+  assert np.all(np.diff([x["wall_time"] for x in b]) > 0)
+  a, b = (read_metrics(d, "samples.jsonl") for d in (full, killed))
+  assert [x["step"] for x in a] == [x["step"] for x in b] == [s for s in (1, 2, 3, 4)
+                                                              for _ in range(4)]
+  for x, y in zip(a, b):
+    assert {k: v for k, v in x.items() if k != "advantages"} == {
+        k: v for k, v in y.items() if k != "advantages"}
+    np.testing.assert_allclose(x["advantages"], y["advantages"], atol=1e-6)
 
 
 def _free_port():

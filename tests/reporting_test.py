@@ -208,3 +208,136 @@ def test_summary_table(tmp_path):
   rp.write_text_atomic(tmp_path / "summary.md", table)
   assert (tmp_path / "summary.md").read_text() == table
   assert os.listdir(tmp_path) == ["summary.md"]
+
+
+def _run_rows(steps=40, eval_every=10):
+  """Rows shaped like a runner's metrics.jsonl: step-0 eval with timings, per-step training
+  metrics with time_* parts and wall_time, periodic eval rows."""
+  rows = [{"step": 0, "eval_accuracy": 0.1, "eval_reward": 0.1, "eval_pass_at_k": 0.3,
+           "eval_time": 2.0, "warm_up_time": 5.0, "wall_time": 10.0}]
+  wall = 10.0
+  for s in range(1, steps + 1):
+    step_time = 20.0 if s == 1 else 1.0
+    wall += step_time
+    row = {"step": s, "reward_mean": s / steps, "accuracy": s / (2 * steps),
+           "response_length": 30.0 - s / 4, "loss": 1.0 / s, "step_time": step_time,
+           "time_sampling": 0.6 * step_time, "time_update": 0.4 * step_time,
+           "time_overhead": 0.0}
+    if s % eval_every == 0:
+      row.update(eval_accuracy=0.1 + s / 100, eval_pass_at_k=0.3 + s / 100, eval_time=0.5)
+      wall += 0.5
+    row["wall_time"] = wall
+    rows.append(row)
+  return rows
+
+
+def test_plot_curves_draws_what_a_run_records(tmp_path):
+  with rp.MetricsWriter(tmp_path, tensorboard=False) as mw:
+    for row in _run_rows(steps=80):
+      mw.write(row["step"], {k: v for k, v in row.items() if k != "step"})
+  keys = rp.plot_curves(tmp_path / rp.METRICS_FILE, tmp_path / "curves.png")
+  assert keys == ["reward_mean", "accuracy", "eval_accuracy", "response_length", "loss",
+                  "step_time"]
+  img = _check_png(tmp_path / "curves.png")
+  assert img.shape[1] > img.shape[0]  # 3 x 2 panels
+
+
+def test_samples_writer_appends_and_truncates_on_resume(tmp_path):
+  def rows(step):
+    return [{"step": step, "prompt": "12+34=", "response": "46", "response_ids": [8, 10, 2],
+             "reward": float(i), "advantages": [0.5, -0.5, 0.0]} for i in range(2)]
+
+  full, resumed = tmp_path / "full", tmp_path / "resumed"
+  with rp.SamplesWriter(full) as sw:
+    for s in (10, 20, 30):
+      sw.write(rows(s))
+  with rp.SamplesWriter(resumed) as sw:
+    for s in (10, 20):
+      sw.write(rows(s))
+  with open(resumed / rp.SAMPLES_FILE, "a") as f:
+    f.write('{"step": 30, "prom')  # killed mid-line after the step-15 checkpoint
+  with rp.SamplesWriter(resumed, resume_step=15) as sw:
+    assert sw.last_step == 10
+    assert [r["step"] for r in rp.read_metrics(resumed / rp.SAMPLES_FILE)] == [10, 10]
+    for s in (20, 30):
+      sw.write(rows(s))
+    with pytest.raises(ValueError, match="before the last"):
+      sw.write(rows(5))
+    with pytest.raises(ValueError, match="int 'step'"):
+      sw.write([{"prompt": "x"}])
+  assert (resumed / rp.SAMPLES_FILE).read_bytes() == (full / rp.SAMPLES_FILE).read_bytes()
+  assert rp.read_metrics(full / rp.SAMPLES_FILE)[1] == rows(10)[1]
+  # Fresh run: emptied; with nothing written it stays empty.
+  rp.SamplesWriter(resumed).close()
+  assert rp.read_metrics(resumed / rp.SAMPLES_FILE) == []
+
+
+def test_select_rows_prefers_mixed_groups_and_pairs_good_with_bad():
+  # Group 0: all wrong; group 1: mixed; group 2: all right; group 3: mixed.
+  reward = np.array([0, 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1], np.float32)
+  group = np.repeat(np.arange(4), 4)
+  rows = rp.select_rows(reward, group, 6, per_group=3)
+  assert rows == [4, 7, 6, 15, 14, 12]
+  assert [int(group[r]) for r in rows] == [1, 1, 1, 3, 3, 3]
+  assert reward[rows[0]] == 1 and reward[rows[1]] == 0  # good and bad side by side
+  # More rows than the mixed groups hold: the uniform groups follow.
+  rows = rp.select_rows(reward, group, 8, per_group=2)
+  assert [int(group[r]) for r in rows] == [1, 1, 3, 3, 0, 0, 2, 2]
+  assert rp.has_mixed_group(reward, group)
+  assert not rp.has_mixed_group(np.ones(4), np.array([0, 0, 1, 1]))
+  assert rp.select_rows(np.ones(4), np.array([0, 0, 1, 1]), 3, per_group=2) == [0, 1, 2]
+  assert rp.select_rows(reward, group, 0) == []
+  assert rp.short_text("What  is\n 12+34?", 40) == "What is 12+34?"
+  assert rp.short_text("x" * 50, 40) == "x" * 39 + "\u2026"
+
+
+def test_plot_token_credit_fits_short_responses(tmp_path):
+  """Short answers: the grid is as wide as the longest response, not `wrap` columns."""
+  tokens = [["4", "6", "<eos>"], ["4", "7", "<eos>"], ["9", "<eos>"]]
+  advantages = [np.array([1.0, 0.5, 0.2]), np.array([-1.0, -0.5, -0.2]), np.array([0.0, -1.0])]
+  labels = [rp.short_text("A very long word problem about clips sold in April and May") + " r=1",
+            "12+34= r=0", "12+34= r=0"]
+  out = tmp_path / "short.png"
+  rp.plot_token_credit(out, tokens, advantages, labels=labels, wrap=20)
+  narrow = _check_png(out)
+  rp.plot_token_credit(out, [t * 7 for t in tokens], [np.tile(a, 7) for a in advantages],
+                       labels=labels, wrap=20)
+  wide = _check_png(out)
+  assert narrow.shape[1] < 0.7 * wide.shape[1], (narrow.shape, wide.shape)
+
+
+def test_run_summary_before_after_and_time(tmp_path):
+  rows = _run_rows(steps=40)
+  text = rp.run_summary(rows, title="grpo / ppo_clip on arithmetic",
+                        settings={"estimator": "grpo", "seed": 0})
+  assert text.startswith("# grpo / ppo_clip on arithmetic\n")
+  assert "| estimator | grpo |" in text and "| seed | 0 |" in text
+  lines = text.splitlines()
+  row = lambda prefix: next(l for l in lines if l.startswith(prefix))  # noqa: E731
+  # Held-out: the starting policy (step 0) against the last evaluation.
+  assert row("| held-out accuracy (greedy) |") == (
+      "| held-out accuracy (greedy) | 0.1 | 0.5 | +0.4 | step 0 \u2192 step 40 |")
+  assert row("| held-out pass@k") == "| held-out pass@k (sampled) | 0.3 | 0.7 | +0.4 | step 0 \u2192 step 40 |"
+  # Training: first 10 steps against the last 10.
+  assert row("| train reward, mean of 10 steps |") == (
+      "| train reward, mean of 10 steps | 0.1375 | 0.8875 | +0.75 | "
+      "steps 1\u201310 \u2192 steps 31\u201340 |")
+  assert row("| mean response length (tokens)").split(" | ")[1:3] == ["28.62", "21.12"]
+  assert "mean@k" not in text  # absent metrics are left out
+  # Wall time: total from the clock, the step-0 parts, RL = steps + evals + other.
+  assert row("| total (start to last step) |") == "| total (start to last step) | 71.0 | 100% |"
+  assert row("| SFT warm-up") == "| SFT warm-up (with the step-0 checkpoint) | 5.00 | 7% |"
+  assert row("| setup") == "| setup (model, data, compile, restore) | 3.00 | 4% |"
+  assert row("| RL |") == "| RL | 61.0 | 86% |"
+  assert row("| \u2003RL steps") == "| \u2003RL steps (sum of step_time) | 59.0 | 83% |"
+  assert row("| \u2003evaluations") == "| \u2003evaluations | 2.00 | 3% |"
+  assert row("| \u2003checkpoints") == "| \u2003checkpoints, logging, other | 0 | 0% |"
+  # Step time without the compiling first step, with its parts.
+  assert row("| step time (mean of steps 2\u201340; step 1, compiling, took 20.0 s)") is not None
+  assert row("| step_time |") == "| step_time | 1.00 | 100% |"
+  assert row("| time_sampling |") == "| time_sampling | 0.60 | 60% |"
+  assert "| reward_mean | 0.025 | 1 | 1 | 40 | max | 40 |" in text
+  # A short run: the windows shrink so they do not overlap.
+  short = rp.before_after_table(_run_rows(steps=4, eval_every=2))
+  assert "| train reward, mean of 2 steps | 0.375 | 0.875 | +0.5 | steps 1\u20132 \u2192 steps 3\u20134 |" in short
+  assert rp.run_summary([], title="empty").startswith("# empty")

@@ -69,6 +69,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft_steps = 0                 # number of SFT steps before RL (0 = none).
   c.sft_batch_size = 64           # demonstrations per SFT step.
   c.sft_learning_rate = 3e-3      # AdamW lr for SFT (cosine to 10%).
+  c.sft_examples = 0              # demonstrations available for SFT: the first n train examples
+                                  # (0 = all). RL still draws prompts from the whole train split.
   # --- rollouts ---
   c.prompts_per_step = 32         # N prompts per RL step.
   c.group_size = 8                # G samples per prompt.
@@ -104,7 +106,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 10         # steps between checkpoints (0 = never).
   c.keep_checkpoints = 2          # checkpoints kept on disk.
   c.export_hf = True              # write the final policy to <workdir>/hf_policy (HF safetensors).
-  c.num_heatmap_samples = 6       # responses drawn in the token-credit heatmap.
+  c.num_heatmap_samples = 6       # responses drawn in the token-credit heatmap (3 per group,
+                                  # groups with mixed rewards first).
+  c.samples_every = 10            # steps between rollouts written to samples.jsonl (and the last
+                                  # step); 0 = off.
+  c.samples_per_step = 4          # rollouts written per such step (mixed-reward groups first).
   c.progress = True               # tqdm bar.
   # --- scale ---
   c.mesh = "data=-1"              # mesh axes, e.g. "data=2,fsdp=4"; -1 takes the remaining devices.
