@@ -1,13 +1,16 @@
 # One command sets up a fresh machine and runs what you asked for.
 #   make test   - create .venv, install credit[all], run the whole test suite
 #   make run    - create .venv, install, train the default recipe (GRPO on arithmetic)
+#   make control - the same wall time spent on supervised warm-up only (README table)
+#   SEED=1 make run  - another seed (WORKDIR defaults to runs/default, runs/default_sft_only)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-8)
 WORKDIR ?= runs/default
+SEED ?= 0
 
-.PHONY: test run bench setup
+.PHONY: test run control bench setup
 
 $(STAMP): setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -22,7 +25,10 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests notebooks --nbmake -p no:cacheprovider
 
 run: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir $(WORKDIR)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir $(WORKDIR) --config.seed=$(SEED)
+
+control: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.run --config experiments/configs/grpo_arithmetic.py:sft_only --workdir $(WORKDIR)_sft_only --config.seed=$(SEED)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/estimators.py

@@ -91,6 +91,25 @@ def test_tiny_recipe_runs_end_to_end(recipe, tiny_run):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
 
+def test_sft_only_control_runs_no_rl_step(tmp_path):
+  """The default recipe's control (`:sft_only`): the warm-up is longer, no RL step runs, and
+  the run still evaluates the policy, writes its summary and exports it."""
+  mod = importlib.import_module("experiments.configs.grpo_arithmetic")
+  c = mod.get_config("tiny,sft_only")
+  c.mesh = "data=1"
+  assert c.steps == 0 and c.sft_steps == tiny().sft_steps + 2
+  assert mod.get_config("sft_only").sft_steps == (mod.SFT_STEPS
+                                                  + mod.CONTROL_EXTRA_SFT_STEPS)
+  wd = str(tmp_path / "run")
+  summary = loop.run(c, wd)
+  rows = read_metrics(wd)
+  assert [r["step"] for r in rows] == [0] and "eval_accuracy" in rows[0]
+  assert summary["eval_accuracy_first"] == rows[0]["eval_accuracy"]
+  assert os.path.exists(os.path.join(wd, "summary.md"))
+  assert os.path.exists(os.path.join(wd, "hf_policy", "model.safetensors"))
+  assert not os.path.exists(os.path.join(wd, "token_credit.png"))
+
+
 def test_samples_jsonl_holds_rollouts_as_the_model_saw_them(tiny_run):
   """samples.jsonl of the tiny run (samples_every=10 > steps: the last step only): rows with
   the prompt as fed (decoded from the prompt tokens), the response, its ids, reward and one
