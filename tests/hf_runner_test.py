@@ -93,6 +93,7 @@ def test_runner_uses_the_checkpoint_tokenizer_end_to_end(ckpt, tmp_path, monkeyp
   d, ids = ckpt
   hf_tok = transformers.AutoTokenizer.from_pretrained(d)
   c = tiny(init_from=str(d), system_prompt=SYSTEM, prompt_template="Compute {prompt}")
+  c.task_kwargs.demo_carry_error = 0.0  # demonstrations = gold answers, compared below
   eos = ids["<|im_end|>"]
 
   # SFT demonstrations: the same template, the response, then eos.
@@ -147,6 +148,18 @@ def test_runner_uses_the_checkpoint_tokenizer_end_to_end(ckpt, tmp_path, monkeyp
       assert text == hf_tok.decode(resp, skip_special_tokens=True)
       n_checked += 1
   assert n_checked == 2 * c.prompts_per_step * c.group_size
+
+  # samples.jsonl shows the prompt as rendered by the chat template (specials included).
+  with open(wd / "samples.jsonl") as f:
+    samples = [json.loads(line) for line in f]
+  assert samples
+  for s in samples:
+    task_prompt = s["prompt"].split("Compute ", 1)[1].split("<|im_end|>", 1)[0]
+    assert s["prompt"] == hf_tok.decode(_hf_prompt(hf_tok, task_prompt),
+                                        skip_special_tokens=False)
+    assert s["prompt"].startswith("<|im_start|>system") and s["prompt"].endswith("assistant\n")
+    assert s["response"] == hf_tok.decode(
+        [t for t in s["response_ids"] if t != eos], skip_special_tokens=True)
 
   out = wd / "hf_policy"
   for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
