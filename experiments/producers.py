@@ -98,8 +98,9 @@ class Producer:
   name: what errors and timings call it. provides / requires: contract fields.
   build: `build(setup, wanted) -> produce`, with `wanted` the provided fields the plan uses.
   phase: the timing bucket it is reported under (`time_<phase>`).
-  when: enabled under this config (resolved at setup). keeps_reference: the run keeps a
-  frozen copy of the initial policy in `ctx.ref_params` (and checkpoints it).
+  when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
+  needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
+  policy in `ctx.ref_params` (and checkpoints it).
   """
   name: str
   provides: tuple[str, ...]
@@ -109,6 +110,7 @@ class Producer:
   doc: str
   when: Callable[[ml_collections.ConfigDict], bool] = lambda c: True
   keeps_reference: bool = False
+  off_doc: str = ""
 
 
 # --------------------------------------------------------------------------
@@ -200,6 +202,102 @@ def _build_greedy_baseline(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def _task_flags_spans(c: ml_collections.ConfigDict) -> bool:
+  """The configured task is a built-in one with `flag_chars` (character spans judged wrong)."""
+  try:
+    task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+  except (KeyError, TypeError, ValueError):
+    return False
+  return callable(getattr(task, "flag_chars", None))
+
+
+def _build_task_flags(s: Setup, wanted: frozenset) -> Produce:
+  tok, task, G = s.data.tokenizer, s.data.task, s.group_size
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+    n = len(ctx.examples["prompt"])
+    flags = np.zeros(resp.shape, bool)
+    for b in range(n * G):
+      example = tasks_lib.as_example({k: ctx.examples[k][b // G] for k in ctx.examples})
+      ids = tokens[b][resp[b]]
+      flags[b, resp[b]] = tasks_lib.token_flags(
+          tok, ids, task.flag_chars(example, tok.decode(ids)))
+    return {"flag_mask": parallel.shard_batch(flags, s.mesh)}
+
+  return produce
+
+
+def answer_ids(tokenizer, answer: str) -> list[int]:
+  """A gold answer's token ids as the likelihood rewards teacher-force it: text + eos."""
+  return list(tokenizer.encode(answer)) + [tokenizer.eos_id]
+
+
+def append_answer(tokens_BS: np.ndarray, keep_BS: np.ndarray, answer_BA: np.ndarray,
+                  answer_mask_BA: np.ndarray, pad_id: int) -> tuple[np.ndarray, ...]:
+  """Host layout of `prefix ⊕ answer` rows for teacher-forced answer scoring.
+
+  The kept tokens of each row stay in place (pad elsewhere); the answer follows the last
+  kept column. Returns (tokens [B,S+A] int32, attn_mask [B,S+A] bool, positions [B,A] int32
+  of the answer tokens; padded answer entries point past the answer, at pad).
+  """
+  B, S = tokens_BS.shape
+  A = answer_BA.shape[1]
+  cols_S = np.arange(S)
+  start_B = np.where(keep_BS.any(1), np.max(np.where(keep_BS, cols_S + 1, 0), axis=1), 0)
+  pos_BA = (start_B[:, None] + np.arange(A)[None, :]).astype(np.int32)
+  seq = np.full((B, S + A), pad_id, np.int32)
+  seq[:, :S] = np.where(keep_BS, tokens_BS, pad_id)
+  attn = np.zeros((B, S + A), bool)
+  attn[:, :S] = keep_BS
+  np.put_along_axis(seq, pos_BA, np.where(answer_mask_BA, answer_BA, pad_id), axis=1)
+  np.put_along_axis(attn, pos_BA, answer_mask_BA, axis=1)
+  return seq, attn, pos_BA
+
+
+def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
+  tok, G = s.data.tokenizer, s.group_size
+  stops = np.asarray(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+  # A, the answer width, is fixed for the run: the longest gold answer of the train split.
+  A = max(len(answer_ids(tok, tasks_lib.as_example(e)["answer"])) for e in s.data.train)
+  P = s.data.max_prompt_len
+  score = s.scorer()
+
+  @jax.jit
+  def answer_logprobs(params, tokens, attn_mask, pos, answer_mask):
+    logprob, _ = score(params, tokens, attn_mask)
+    return jnp.where(answer_mask, jnp.take_along_axis(logprob, pos, axis=1), 0.0)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    host = ctx.host
+    tokens, resp, prompt = host["tokens"], host["response_mask"], host["prompt_mask"]
+    rows = [answer_ids(tok, tasks_lib.as_example({"a": a})["a"])
+            for a in ctx.examples["answer"]]
+    if max(map(len, rows)) > A:
+      raise ValueError(f"a gold answer of {max(map(len, rows))} tokens is longer than the "
+                       f"run's answer width A={A} (the longest of the train split)")
+    ans_NA, amask_NA = tasks_lib.pad_rows(rows, A, pad_id=tok.pad_id, pad_left=False)
+    ans_BA, amask_BA = np.repeat(ans_NA, G, axis=0), np.repeat(amask_NA, G, axis=0)
+    # The response without its final stop token (a row cut at the budget keeps all of it).
+    last_B = np.max(np.where(resp, np.arange(resp.shape[1]), -1), axis=1)
+    ends = (last_B >= 0) & np.isin(tokens[np.arange(len(last_B)), last_B], stops)
+    body = resp.copy()
+    body[np.flatnonzero(ends), last_B[ends]] = False
+    params = state.params
+    out = {"answer_mask": parallel.shard_batch(amask_BA, s.mesh)}
+    seq, attn, pos = append_answer(tokens, prompt | body, ans_BA, amask_BA, tok.pad_id)
+    out["logprob_answer"] = answer_logprobs(params, *parallel.shard_batch(
+        (seq, attn, pos), s.mesh), out["answer_mask"])
+    if "logprob_answer_prior" in wanted:
+      seq, attn, pos = append_answer(tokens[:, :P], prompt[:, :P], ans_BA, amask_BA,
+                                     tok.pad_id)
+      out["logprob_answer_prior"] = answer_logprobs(params, *parallel.shard_batch(
+          (seq, attn, pos), s.mesh), out["answer_mask"])
+    return out
+
+  return produce
+
+
 LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 
 # The table. Order matters only between producers of the same field: the first enabled
@@ -213,7 +311,8 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("sampler_logprob_old", ("logprob_old",), ("response_mask",),
              _build_sampler_logprob_old, "scoring",
              "behaviour log-probs reported by the sampler (raw model, temperature 1)",
-             when=lambda c: c.logprob_old_source == "sampler"),
+             when=lambda c: c.logprob_old_source == "sampler",
+             off_doc="logprob_old_source='sampler'"),
     Producer("policy_pass", ("logprob", "logprob_old", "entropy", "sum_pi_squared"),
              ("tokens",), _build_policy_pass, "scoring",
              "one no-gradient pass of the policy: log-probs (logprob_old recomputed by the "
@@ -223,6 +322,14 @@ PRODUCERS: tuple[Producer, ...] = (
              keeps_reference=True),
     Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
              "reward of the greedy response per prompt (ReMax)"),
+    Producer("task_flags", ("flag_mask",), ("tokens", "response_mask"), _build_task_flags,
+             "reward", "the task's `flag_chars` (character spans judged wrong) on the response "
+             "tokens", when=_task_flags_spans,
+             off_doc="needs a built-in task with flag_chars, e.g. arithmetic"),
+    Producer("answer_pass", ("logprob_answer", "answer_mask", "logprob_answer_prior"),
+             ("tokens", "response_mask"), _build_answer_pass, "scoring",
+             "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
+             "(its stop token dropped), and after the prompt alone for the prior"),
 )
 
 for _p in PRODUCERS:
@@ -282,8 +389,12 @@ def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
         missing.setdefault(who, []).append(field)
   if missing:
     why = "; ".join(f"{who} needs {sorted(fs)}" for who, fs in missing.items())
+    absent = {f for fs in missing.values() for f in fs}
+    off = "".join(f"; producer {p.name!r} makes {sorted(absent & set(p.provides))} but is off "
+                  f"under this config ({p.off_doc or 'see its `when`'})"
+                  for p in table if absent & set(p.provides))
     raise SetupError(f"{why}, which no field producer of this loop makes (it can make "
-                     f"{sorted(made)}); add a producer to experiments/producers.py or use a "
+                     f"{sorted(made)}){off}; add a producer to experiments/producers.py or use a "
                      "recipe with an environment or critic that provides them")
   wanted: dict[str, set] = {table[0].name: set()}
   todo = list(needed)

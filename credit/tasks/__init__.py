@@ -5,7 +5,7 @@ Tasks: `get_task("arithmetic" | "countdown" | "pivotal" | "copy_digit", **option
 User data: `load_jsonl` (plain / GSM8K / MATH formats), `load_tfds`, verified with `MathVerifier`.
 tfds: `build_task_dataset`, `task_data_source`; batches: `make_loader` (grain).
 Token batches: `CharTokenizer`, `encode_prompts`, `encode_prompt_response`,
-`decode_responses`.
+`decode_responses`, `token_flags` (a task's character flags on response tokens).
 """
 from credit.tasks.arithmetic import Arithmetic
 from credit.tasks.base import (Task, UnknownTaskError, as_example, get_task, list_tasks,
@@ -19,7 +19,7 @@ from credit.tasks.data import (DATA_FORMATS, ExampleSource, MissingFieldError, b
 from credit.tasks.math_verifier import MathVerifier
 from credit.tasks.pivotal import Pivotal
 from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode_prompt_response,
-                                    encode_prompts, pad_rows)
+                                    encode_prompts, pad_rows, token_flags)
 
 __all__ = [
     "DATA_FORMATS", "Arithmetic", "CharTokenizer", "CopyDigit", "Countdown", "ExampleSource", "ExpressionError",
@@ -28,5 +28,5 @@ __all__ = [
     "detect_format", "encode_prompt_response", "encode_prompts", "evaluate_expression",
     "get_task", "gsm8k_answer", "list_tasks", "load_jsonl", "load_tfds", "make_loader",
     "pad_rows", "register_task", "solve_countdown", "task_data_source", "task_tfds_name",
-    "verify_batch",
+    "token_flags", "verify_batch",
 ]

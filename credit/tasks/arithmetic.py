@@ -88,6 +88,38 @@ class Arithmetic:
   def verify(self, example: Mapping[str, Any], response: str) -> float:
     return float(response.strip() == text_field(example, "answer"))
 
+  def flag_chars(self, example: Mapping[str, Any], response: str) -> np.ndarray:
+    """Per-character flags of a wrong response: from its first wrong character onward.
+
+    The span a process judge would mark, in the convention of first-error step labels
+    (PRM800K, ProcessBench): the response is compared with the gold answer character by
+    character after any leading whitespace; the first character that differs, and
+    everything after it, is flagged. A response the verifier accepts gets no flag. The
+    last entry stands for the end of the response (its stop token): flagged when the
+    response stops too early (a strict prefix of the answer, e.g. "35" for "357") or ends
+    after a flagged character.
+
+      57+68= "125" -> ....   "115" -> .###   "12" -> ..#   "1256" -> ...##
+
+    Args:
+      example: the example (its `answer`).
+      response: the response text, decoded up to eos.
+
+    Returns:
+      [len(response) + 1] bool.
+    """
+    flags = np.zeros(len(response) + 1, bool)
+    if self.verify(example, response) == 1.0:
+      return flags
+    answer = text_field(example, "answer")
+    start = len(response) - len(response.lstrip())
+    body = response[start:]
+    k = 0
+    while k < min(len(body), len(answer)) and body[k] == answer[k]:
+      k += 1
+    flags[start + k:] = True
+    return flags
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     answer = text_field(example, "answer")

@@ -9,6 +9,14 @@ A task is a small frozen dataclass (hashable, no state) with
   int_fields: dict[str, tuple[int, ...]]      task-specific integer fields and their shapes
   max_prompt_chars, max_response_chars: int   bounds over every generated example
 
+and optionally
+
+  flag_chars(example, response) -> [len(response)+1] bool
+                                              characters inside spans judged wrong (the
+                                              last entry: the response's end, its stop
+                                              token); the runner's `flag_mask` producer
+                                              maps them to response tokens (Perceval)
+
 Each example is a dict with `prompt: str`, `answer: str` (a reference correct
 response) and the task's `int_fields` (python ints, or lists for shaped fields).
 

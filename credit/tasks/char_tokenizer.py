@@ -193,3 +193,45 @@ def decode_responses(tokenizer: Any, tokens: np.ndarray, response_mask: np.ndarr
     raise ValueError(f"tokens {tokens.shape} and response_mask {response_mask.shape} "
                      "must both be [N,T]")
   return [tokenizer.decode(t[m]) for t, m in zip(tokens, response_mask)]
+
+
+def token_flags(tokenizer: Any, ids: Sequence[int] | np.ndarray,
+                char_flags: Sequence[bool] | np.ndarray) -> np.ndarray:
+  """Per-token flags of one response from per-character flags of its decoded text.
+
+  Token j covers the characters `[len(decode(ids[:j])), len(decode(ids[:j+1])))` of
+  `text = decode(ids)`, and is flagged when any of them is. A token that adds no character
+  (a special skipped by `decode`) is not flagged, except a final one after the whole text
+  (the stop token), which takes the end flag `char_flags[-1]`. Exact when the decode of a
+  prefix is a prefix of the decode (`CharTokenizer`: one token per character; byte-level
+  BPE except inside a multi-byte character, whose bytes then share its flag); lengths are
+  clipped to stay monotone otherwise. Costs O(L²) characters of decoding per row.
+
+  Args:
+    tokenizer: has `decode(ids) -> str` (stops at eos, writes no specials).
+    ids: [L] the response's token ids (as under `response_mask`, stop token included).
+    char_flags: [len(text) + 1] bool (a task's `flag_chars`).
+
+  Returns:
+    [L] bool.
+
+  >>> tok = CharTokenizer()
+  >>> token_flags(tok, tok.encode("115", add_eos=True), [0, 1, 1, 1]).tolist()
+  [False, True, True, True]
+  """
+  ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+  flags = np.asarray(char_flags, bool).reshape(-1)
+  n_chars = len(tokenizer.decode(ids))
+  if flags.shape[0] != n_chars + 1:
+    raise ValueError(f"{flags.shape[0]} character flags for a response of {n_chars} "
+                     "characters; expected one per character and one for the end")
+  out = np.zeros(len(ids), bool)
+  start = 0
+  for j in range(len(ids)):
+    end = min(max(len(tokenizer.decode(ids[:j + 1])), start), n_chars)
+    if end > start:
+      out[j] = flags[start:end].any()
+    elif j == len(ids) - 1 and start == n_chars:
+      out[j] = flags[n_chars]
+    start = end
+  return out
