@@ -553,7 +553,7 @@ def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
                           dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask))
   jax.block_until_ready(state.params)
   times["update"] = time.perf_counter() - t0
-  host = dict(ctx.host, **parallel.to_host({k: batch[k] for k in ("reward", "group_id")}))
+  host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
   step, samples = rs.step + 1, []
   heatmap = _heatmap_batch(rs.heatmap, StepBatch(
       step, host, adv, [str(p) for p in ctx.examples["prompt"]],

@@ -32,6 +32,7 @@ from flax import nnx
 
 from credit import CONTRACT, parallel
 from credit import tasks as tasks_lib
+from credit.tasks.char_tokenizer import prompt_ids
 from experiments import train
 
 Produce = Callable[[Any, Mapping[str, Any], "StepContext"], dict]
@@ -78,7 +79,7 @@ class StepContext:
   prompt_tokens, prompt_mask: [N,P] host arrays of the encoded prompts.
   ref_params: the frozen reference policy (None unless a planned producer keeps one).
   Filled by the rollout root: attn_mask [B,T] (prompt | response, sharded), host (numpy
-  copies: tokens, response_mask, prompt_mask; `texts` once decoded), extras (other arrays,
+  copies: tokens, response_mask, prompt_mask, group_id; `texts` once decoded), extras (other arrays,
   e.g. the sampler's raw log-probs).
   """
   key: jax.Array
@@ -130,7 +131,7 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
                              "prompt_mask": out.prompt_mask})
     resp = host["response_mask"]
-    ctx.host.update(host)
+    ctx.host.update(host, group_id=group_id)
     ctx.attn_mask = parallel.shard_batch(host["prompt_mask"] | resp, s.mesh)
     ctx.extras["logprob_raw"] = out.logprob_raw
     fields = parallel.shard_batch({
@@ -298,6 +299,130 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def _prompt_texts(ctx: StepContext) -> list[str]:
+  """The step's N prompts as str."""
+  return [tasks_lib.as_example({"p": p})["p"] for p in ctx.examples["prompt"]]
+
+
+def _prompt_width(tok, prompts: Iterable[str], what: str) -> int:
+  """The longest of `prompts` as `encode_prompts` lays it out; SetupError if one cannot be
+  encoded by the run's tokenizer."""
+  try:
+    return max(len(prompt_ids(tok, p)) for p in prompts)
+  except ValueError as e:
+    raise SetupError(f"{what}: the run's tokenizer cannot encode it ({e})") from None
+
+
+def _response_rescorer(s: Setup, width: int) -> Callable:
+  """rescore(params, prompts [N] str, batch) -> [B,T] log-probs of the sampled response
+  tokens after other prompts (one per group; G rows each), 0 outside `response_mask`.
+
+  The prompts are encoded as the loop encodes its own (`tasks_lib.encode_prompts`: bos,
+  left padding) to the run's fixed `width` (a longer prompt raises ValueError); the response
+  columns [P, T) of the rollout follow, so the response keeps its [B,T] columns.
+  """
+  tok, G, P = s.data.tokenizer, s.group_size, s.data.max_prompt_len
+  score = s.scorer()
+
+  @jax.jit
+  def rescore(params, prompt_tokens, prompt_mask, tokens, response_mask):
+    seq = jnp.concatenate([prompt_tokens, tokens[:, P:]], axis=1)
+    attn = jnp.concatenate([prompt_mask, response_mask[:, P:]], axis=1)
+    logprob, _ = score(params, seq, attn)
+    return jnp.where(response_mask, jnp.pad(logprob[:, width:], ((0, 0), (P, 0))), 0.0)
+
+  def run(params, prompts: list[str], batch: Mapping[str, Any]):
+    toks, mask = tasks_lib.encode_prompts(tok, prompts, width)
+    toks, mask = np.repeat(toks, G, axis=0), np.repeat(mask, G, axis=0)
+    return rescore(params, *parallel.shard_batch((toks, mask), s.mesh), batch["tokens"],
+                   batch["response_mask"])
+
+  return run
+
+
+ALT_CONTEXTS = {"logprob_alt_pos": "alt_context_pos", "logprob_alt_neg": "alt_context_neg"}
+
+
+def _alt_contexts_encodable(c: ml_collections.ConfigDict) -> bool:
+  """The alt_context prefixes are strings the run's tokenizer can encode: checked here, before
+  any file is written, for the character tokenizer of from-scratch runs; a checkpoint's
+  tokenizer (`init_from`) is checked when the producer is built."""
+  prefixes = [c.get(key) for key in ALT_CONTEXTS.values()]
+  if not all(isinstance(p, str) for p in prefixes):
+    return False
+  if c.get("init_from"):
+    return True
+  try:
+    for p in prefixes:
+      tasks_lib.CharTokenizer().encode(p)
+  except ValueError:
+    return False
+  return True
+
+
+def _build_alt_context_pass(s: Setup, wanted: frozenset) -> Produce:
+  tok = s.data.tokenizer
+  prefixes = {}
+  for field in sorted(wanted):
+    key = ALT_CONTEXTS[field]
+    prefix = s.c[key]
+    if not isinstance(prefix, str):
+      raise SetupError(f"{key}={prefix!r} must be a string (a prefix of the prompt)")
+    try:
+      tok.encode(prefix)
+    except ValueError as e:
+      raise SetupError(f"{key}={prefix!r} cannot be encoded by the run's tokenizer ({e})"
+                       ) from None
+    prefixes[field] = prefix
+  # The width of the modified prompts is fixed for the run: the longest over the train split.
+  width = _prompt_width(tok, (p + tasks_lib.as_example(e)["prompt"] for p in prefixes.values()
+                              for e in s.data.train), "a prompt with its alt_context prefix")
+  rescore = _response_rescorer(s, width)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    prompts = _prompt_texts(ctx)
+    return {f: rescore(state.params, [p + q for q in prompts], batch)
+            for f, p in prefixes.items()}
+
+  return produce
+
+
+def _task_has_interventions(c: ml_collections.ConfigDict) -> bool:
+  """The configured task is a built-in one with `interventions` (answer-preserving prompts)."""
+  try:
+    task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+  except (KeyError, TypeError, ValueError):
+    return False
+  return callable(getattr(task, "interventions", None))
+
+
+def _build_interventions_pass(s: Setup, wanted: frozenset) -> Produce:
+  tok, task = s.data.tokenizer, s.data.task
+
+  def interventions(example) -> list[str]:
+    return task.interventions(tasks_lib.as_example(example))
+
+  train_prompts = [interventions(e) for e in s.data.train]
+  M = len(train_prompts[0])
+  if M < 1 or any(len(ps) != M for ps in train_prompts):
+    raise SetupError(f"task {task.name!r}: `interventions` must give the same number M >= 1 "
+                     f"of prompts for every example, got {sorted({len(p) for p in train_prompts})}")
+  width = _prompt_width(tok, (p for ps in train_prompts for p in ps),
+                        f"an intervention prompt of task {task.name!r}")
+  rescore = _response_rescorer(s, width)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    n = len(ctx.examples["prompt"])
+    rows = [interventions({k: ctx.examples[k][i] for k in ctx.examples}) for i in range(n)]
+    if any(len(r) != M for r in rows):
+      raise ValueError(f"task {task.name!r} gave {sorted({len(r) for r in rows})} "
+                       f"interventions; the run's M is {M}")
+    return {"logprob_interventions": jnp.stack(
+        [rescore(state.params, [r[m] for r in rows], batch) for m in range(M)], axis=-1)}
+
+  return produce
+
+
 LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 
 # The table. Order matters only between producers of the same field: the first enabled
@@ -330,6 +455,20 @@ PRODUCERS: tuple[Producer, ...] = (
              ("tokens", "response_mask"), _build_answer_pass, "scoring",
              "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
              "(its stop token dropped), and after the prompt alone for the prior"),
+    Producer("alt_context_pass", ("logprob_alt_pos", "logprob_alt_neg"),
+             ("tokens", "response_mask"), _build_alt_context_pass, "scoring",
+             "the policy re-scores the response tokens after the prompt prefixed with "
+             "c.alt_context_pos / c.alt_context_neg (contrastive contexts: CSCR, T-REG)",
+             when=_alt_contexts_encodable,
+             off_doc="alt_context_pos / alt_context_neg must be strings the run's tokenizer "
+                     "can encode; the character tokenizer has only "
+                     f"{tasks_lib.CharTokenizer().chars!r}"),
+    Producer("interventions_pass", ("logprob_interventions",), ("tokens", "response_mask"),
+             _build_interventions_pass, "scoring",
+             "the policy re-scores the response tokens after each of the task's M "
+             "answer-preserving prompt rewrites (`interventions`; SCAPO)",
+             when=_task_has_interventions,
+             off_doc="needs a built-in task with interventions, e.g. arithmetic"),
 )
 
 for _p in PRODUCERS:

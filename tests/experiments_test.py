@@ -311,15 +311,20 @@ def test_method_hyperparameters_from_the_command_line(tmp_path):
   rest, found = split_method_overrides(["--config=x", "--config.estimator_kwargs.scale=batch",
                                         "--config.loss_kwargs.clip_high=0.28",
                                         "--config.loss_kwargs.clip_ratio_c=None",
+                                        "--config.task_kwargs.min_digits=1",
                                         "--config.steps=3"])
   assert rest == ["--config=x", "--config.steps=3"]
   assert found == {"estimator_kwargs": {"scale": "batch"},
-                   "loss_kwargs": {"clip_high": 0.28, "clip_ratio_c": None}}
+                   "loss_kwargs": {"clip_high": 0.28, "clip_ratio_c": None},
+                   "task_kwargs": {"min_digits": 1}}
   c = tiny()
   c.lock()
   apply_method_overrides(c, found)
   assert c.estimator_kwargs.scale == "batch" and c.loss_kwargs.clip_high == 0.28
   assert c.is_locked
+  assert loop.build_data(c).task.min_digits == 1  # task options: the task's dataclass fields
+  with pytest.raises(TypeError, match=r"no option\(s\) \['min_digit'\].*'min_digits'"):
+    loop.build_data(apply_method_overrides(tiny(), {"task_kwargs": {"min_digit": 1}}))
   m = loop.check_method(c)   # validated against the signatures
   assert m.estimator_static["scale"] == "batch" and m.loss_kwargs["clip_high"] == 0.28
   with pytest.raises(ValueError, match="expected --config.loss_kwargs.<name>=<value>"):
@@ -412,9 +417,11 @@ def test_mesh_and_multiprocess_runs_match_single_device(tmp_path):
   exported = {n: load_file(str(tmp_path / n / "hf_policy" / "model.safetensors"))
               for n in ("single", "mesh", "multi")}
   assert sorted(exported["multi"]) == sorted(exported["single"])
+  # Adam normalises each update to ~lr, so a parameter whose gradient is near zero can move by
+  # a visible fraction of lr (3e-4) on summation-order noise alone: atol is 1/30 of lr.
   for name in ("mesh", "multi"):
     for k, v in exported["single"].items():
-      np.testing.assert_allclose(exported[name][k], v, rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
+      np.testing.assert_allclose(exported[name][k], v, rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
   base = runs["single"]
   for name in ("mesh", "multi"):
     assert [r["step"] for r in runs[name]] == [r["step"] for r in base]

@@ -1,8 +1,10 @@
-"""Field producers of the runner: task span flags (`flag_mask`) and the teacher-forced answer
-pass (`logprob_answer`, `answer_mask`, `logprob_answer_prior`), unit and end to end."""
+"""Field producers of the runner: task span flags (`flag_mask`), the teacher-forced answer
+pass (`logprob_answer`, `answer_mask`, `logprob_answer_prior`) and the response re-scored under
+other prompts (`logprob_alt_pos` / `_neg`, `logprob_interventions`), unit and end to end."""
 import importlib
 import json
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -156,6 +158,111 @@ def test_answer_logprobs_match_direct_scoring_of_each_row(tmp_path):
 
 
 # --------------------------------------------------------------------------
+# Re-scoring the response under other prompts: contrastive contexts, interventions.
+# --------------------------------------------------------------------------
+
+
+def test_arithmetic_interventions_keep_the_answer():
+  task = tasks_lib.get_task("arithmetic", min_digits=1, max_digits=3, ops="+-*")
+  tok = CharTokenizer()
+  examples = task.generate(np.random.default_rng(0), 300)
+  assert {next(ch for ch in e["prompt"] if ch in "+-*") for e in examples} == set("+-*")
+  for e in examples:
+    rewrites = task.interventions(e)
+    assert len(rewrites) == 2 and e["prompt"] not in rewrites
+    for p in rewrites:
+      assert p.endswith("=") and str(eval(p[:-1])) == e["answer"], (e, p)  # pylint: disable=eval-used
+      assert task.verify(dict(e, prompt=p), e["answer"]) == 1.0
+      tok.encode(p)
+  assert task.interventions({"prompt": "12+34=", "answer": "46"}) == ["34+12=", "12+34+0="]
+  assert task.interventions({"prompt": "12-34=", "answer": "-22"}) == ["0+12-34=", "12-34+0="]
+  assert task.interventions({"prompt": "7*7=", "answer": "49"}) == ["0+7*7=", "7*7+0="]
+  with pytest.raises(ValueError, match="not an arithmetic prompt"):
+    task.interventions({"prompt": "12+=", "answer": "12"})
+
+
+@pytest.mark.parametrize("estimator,producer,wanted", [
+    ("cscr", "alt_context_pass", {"logprob_alt_pos", "logprob_alt_neg"}),
+    ("treg", "alt_context_pass", {"logprob_alt_pos", "logprob_alt_neg"}),
+    ("scapo", "interventions_pass", {"logprob_interventions"}),
+])
+def test_rescoring_methods_plan_their_producer(estimator, producer, wanted):
+  plan = {p.producer.name: p.wanted for p in loop.check_method(tiny(estimator=estimator)).plan}
+  assert plan[producer] == wanted
+
+
+def test_interventions_are_refused_for_a_task_without_them():
+  c = tiny(estimator="scapo", task="countdown")
+  c.task_kwargs = {}
+  with pytest.raises(loop.SetupError,
+                     match=r"'scapo' needs \['logprob_interventions'\].*'interventions_pass'.*off"):
+    loop.check_method(c)
+
+
+def test_alt_context_the_tokenizer_cannot_encode_is_refused(tmp_path):
+  # Before any file (the character tokenizer has no capitals) ...
+  wd = tmp_path / "w"
+  with pytest.raises(loop.SetupError, match=r"'cscr' needs \['logprob_alt_neg', "
+                     r"'logprob_alt_pos'\].*'alt_context_pass'.*off.*alt_context_pos"):
+    loop.run(tiny(estimator="cscr", alt_context_pos="Correct: "), str(wd))
+  assert not os.path.exists(wd)
+  loop.check_method(tiny(estimator="grpo", alt_context_pos="Correct: "))  # unused: no matter
+  # ... and when the producer is built (a checkpoint's tokenizer), naming the config field.
+  setup = types.SimpleNamespace(
+      c=tiny(alt_context_neg="Wrong: "), group_size=2,
+      data=types.SimpleNamespace(tokenizer=CharTokenizer(), train=[{"prompt": "1+2="}]))
+  with pytest.raises(loop.SetupError, match=r"alt_context_neg='Wrong: ' cannot be encoded"):
+    producers._build_alt_context_pass(setup, frozenset({"logprob_alt_pos", "logprob_alt_neg"}))
+
+
+def test_rescored_logprobs_match_direct_scoring_of_each_row(tmp_path):
+  """logprob_alt_pos / _neg [b] and logprob_interventions [b, :, m] equal the log-probs of the
+  response tokens in bos ⊕ other prompt ⊕ response scored directly (prompt = alt_context
+  prefix + prompt, or the task's m-th intervention), at the response's own columns and 0
+  elsewhere; on a 4-way data mesh."""
+  c = tiny(estimator="cscr", mesh="data=4", sft_steps=0)
+  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+  assert "alt_context_pass" in [s.name for s in run.stages]
+  (interventions,) = [p for p in producers.PRODUCERS if p.name == "interventions_pass"]
+  batch.update(producers.Planned(interventions, frozenset({"logprob_interventions"}))
+               .build(run.setup)(rs.train, batch, ctx))
+  tok, task, G = run.data.tokenizer, run.data.task, c.group_size
+  score = jax.jit(train.make_scorer(run.setup.graphdef, run.setup.rest, None))
+  host = jax.tree.map(np.asarray, {k: batch[k] for k in (
+      "logprob_alt_pos", "logprob_alt_neg", "logprob_interventions", "tokens",
+      "response_mask")})
+  B, T = host["tokens"].shape
+  assert host["logprob_interventions"].shape == (B, T, 2)
+  fields = {"logprob_alt_pos": host["logprob_alt_pos"], "logprob_alt_neg": host["logprob_alt_neg"],
+            "intervention 0": host["logprob_interventions"][..., 0],
+            "intervention 1": host["logprob_interventions"][..., 1]}
+  for field, got in fields.items():
+    pairs = []
+    for b in range(B):
+      example = {k: ctx.examples[k][b // G] for k in ctx.examples}
+      prompt = str(example["prompt"])
+      if field.startswith("intervention"):
+        prompt = task.interventions(example)[int(field[-1])]
+      else:
+        prompt = c[producers.ALT_CONTEXTS[field]] + prompt
+      response = [int(t) for t in host["tokens"][b][host["response_mask"][b]]]
+      pairs.append((prompt_ids(tok, prompt), response))
+    seq, mask = tasks_lib.pad_rows([p + r for p, r in pairs], None, pad_id=tok.pad_id,
+                                   pad_left=False)
+    want, _ = score(rs.train.params, jnp.asarray(seq), jnp.asarray(mask))
+    for b, (prefix, response) in enumerate(pairs):
+      resp = host["response_mask"][b]
+      np.testing.assert_allclose(got[b][resp],
+                                 np.asarray(want)[b, len(prefix):len(prefix) + len(response)],
+                                 atol=2e-5, rtol=1e-5, err_msg=f"{field} row {b}")
+      assert np.all(got[b][~resp] == 0.0)
+  # The contexts change the scores (else the test could not tell them from the plain prompt).
+  plain = np.asarray(batch["logprob_old"])
+  assert not np.allclose(host["logprob_alt_pos"], plain, atol=1e-4)
+  assert not np.allclose(host["logprob_alt_pos"], host["logprob_alt_neg"], atol=1e-4)
+
+
+# --------------------------------------------------------------------------
 # End to end.
 # --------------------------------------------------------------------------
 
@@ -175,6 +282,8 @@ def test_methods_plan_the_new_producers(estimator, wanted):
 @pytest.mark.parametrize("estimator,producer", [
     ("perceval", "task_flags"),
     ("rlpr", "answer_pass"),   # logprob_answer and the prompt-only prior
+    ("cscr", "alt_context_pass"),
+    ("scapo", "interventions_pass"),
 ])
 def test_new_producers_run_end_to_end(estimator, producer, tmp_path):
   c = tiny(estimator=estimator, debug_checks=True, eval_every=0, export_hf=False,

@@ -120,6 +120,26 @@ class Arithmetic:
     flags[start + k:] = True
     return flags
 
+  def interventions(self, example: Mapping[str, Any]) -> list[str]:
+    """M = 2 answer-preserving rewrites of the prompt (SCAPO's semifactual interventions).
+
+    The problem is restated with the same value, so the gold answer and the verifier are
+    unchanged; every rewrite uses only the prompt's own characters and "0":
+
+      "a+b=" -> ["b+a=", "a+b+0="]     "a-b=" -> ["0+a-b=", "a-b+0="]
+      "a*b=" -> ["b*a=", "a*b+0="]
+
+    (evaluated left to right, as written); with a == b the swap would be the prompt itself,
+    so "0+a op b=" stands in for it. Raises ValueError on a prompt that is not "a op b=".
+    """
+    prompt = text_field(example, "prompt")
+    m = _PROBLEM.fullmatch(prompt.strip())
+    if m is None:
+      raise ValueError(f"not an arithmetic prompt: {prompt!r}")
+    a, op, b = m.groups()
+    first = f"0+{a}{op}{b}=" if op == "-" or a == b else f"{b}{op}{a}="
+    return [first, f"{a}{op}{b}+0="]
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     answer = text_field(example, "answer")

@@ -16,6 +16,10 @@ and optionally
                                               last entry: the response's end, its stop
                                               token); the runner's `flag_mask` producer
                                               maps them to response tokens (Perceval)
+  interventions(example) -> list[str]         M answer-preserving rewrites of the prompt (M
+                                              fixed per task); the runner's
+                                              `logprob_interventions` producer re-scores the
+                                              response after each (SCAPO)
 
 Each example is a dict with `prompt: str`, `answer: str` (a reference correct
 response) and the task's `int_fields` (python ints, or lists for shaped fields).

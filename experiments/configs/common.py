@@ -89,6 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.kl_coef = 0.0                 # β of a KL-to-reference loss term (0 = no reference model).
   c.kl_kind = "k3"                # KL estimator for that term.
   c.entropy_coef = 0.0            # entropy bonus coefficient.
+  c.alt_context_pos = "correct: "  # cscr / treg: prefix of the prompt for logprob_alt_pos (run's tokenizer).
+  c.alt_context_neg = "wrong: "   # cscr / treg: the same for logprob_alt_neg ("" = the plain prompt).
   # --- optimisation ---
   c.steps = 100                   # RL steps.
   c.learning_rate = 1e-3          # AdamW peak lr for RL.
