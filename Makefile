@@ -9,6 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-8)
 WORKDIR ?= runs/default
 SEED ?= 0
+TEST_WORKERS ?= 2
 
 .PHONY: test run control bench setup
 
@@ -22,7 +23,7 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests notebooks --nbmake -p no:cacheprovider
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests notebooks --nbmake -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir $(WORKDIR) --config.seed=$(SEED)
