@@ -172,20 +172,18 @@ def sequence_advantage(reward_B: ArrayLike, group_id_B: ArrayLike, valid_B: Arra
   """
   reward_B = jnp.asarray(reward_B, jnp.float32)
   valid_B = jnp.asarray(valid_B, bool)
-  eps = jnp.asarray(eps, jnp.float32)
+  if group_std != "population":  # the library's GRPO normalisation (ops.group_normalize)
+    return ops.group_normalize(reward_B, group_id_B, num_groups, valid=valid_B,
+                               scale=group_std == "unbiased", eps=eps, singleton=singleton,
+                               group_size=group_size)
   cen_B = ops.group_normalize(reward_B, group_id_B, num_groups, valid=valid_B, scale=False,
                               group_size=group_size)
   mom = ops.group_moments_rows(reward_B, group_id_B, valid_B, num_groups, group_size)
-  if group_std == "none":
-    adv_B = cen_B
-  else:
-    std_B = mom.std
-    if group_std == "population":  # σ_pop = σ · √((n − 1)/n)
-      std_B = std_B * ops.safe_sqrt(jnp.maximum(mom.count - 1.0, 0.0)
-                                    / jnp.maximum(mom.count, 1.0))
-    adv_B = cen_B / (std_B + eps)
-  lone_B = mom.count == 1
-  adv_B = jnp.where(lone_B, reward_B if singleton == "raw" else 0.0, adv_B)
+  # σ_pop = σ · √((n − 1)/n) from the unbiased σ of the group.
+  std_B = mom.std * ops.safe_sqrt(jnp.maximum(mom.count - 1.0, 0.0)
+                                  / jnp.maximum(mom.count, 1.0))
+  adv_B = cen_B / (std_B + jnp.asarray(eps, jnp.float32))
+  adv_B = jnp.where(mom.count == 1, reward_B if singleton == "raw" else 0.0, adv_B)
   return jnp.where(valid_B, adv_B, 0.0)
 
 

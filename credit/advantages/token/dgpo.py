@@ -11,7 +11,8 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice, check_int
-from credit.advantages.token._redistribute import mix_with_uniform, normalize_budget, redistribute
+from credit.advantages.token._redistribute import (mix_with_uniform, normalize_budget,
+                                                   redistribute, sequence_advantage)
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -98,20 +99,6 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
   else:
     w_BT = mix_with_uniform(s_BT, mask_BT, alpha=alpha, prior=eps)
   return jax.lax.stop_gradient(w_BT)
-
-
-def _sequence_advantage(reward_B, gid_B, valid_B, num_groups, group_size, group_std, eps):
-  """GRPO advantage per row; invalid rows and singleton groups give exact 0."""
-  if group_std == "unbiased":
-    return ops.group_normalize(reward_B, gid_B, num_groups, valid=valid_B, eps=eps,
-                               group_size=group_size)
-  cen_B = ops.group_normalize(reward_B, gid_B, num_groups, valid=valid_B, scale=False,
-                              group_size=group_size)
-  mom = ops.group_moments_rows(reward_B, gid_B, valid_B, num_groups, group_size)
-  count_B, std_B = mom.count, mom.std
-  # Population std from the unbiased one: σ_pop = σ · √((n − 1)/n).
-  ratio_B = jnp.maximum(count_B - 1.0, 0.0) / jnp.maximum(count_B, 1.0)
-  return cen_B / (std_B * ops.safe_sqrt(ratio_B) + eps)
 
 
 @register_estimator(
@@ -224,8 +211,8 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   check_choice("dgpo_advantages", "group_std", group_std, _GROUP_STDS)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       "dgpo_advantages", reward, group_id, num_groups, group_size, response_mask=response_mask)
-  adv_B = _sequence_advantage(reward_B, gid_B, valid_B, num_groups, group_size, group_std,
-                              jnp.asarray(eps, jnp.float32))
+  adv_B = sequence_advantage(reward_B, gid_B, valid_B, num_groups=num_groups,
+                             group_size=group_size, group_std=group_std, eps=eps)
   w_BT = dgpo_weights(response_mask=mask_BT, logprob_old=logprob_old, logprob_ref=logprob_ref,
                       entropy=entropy, weighting=weighting, temperature=temperature,
                       alpha=alpha, gate_power=gate_power, vocab_size=vocab_size, eps=eps,
