@@ -217,10 +217,11 @@ def _build_task_flags(s: Setup, wanted: frozenset) -> Produce:
 
   def produce(state, batch, ctx: StepContext) -> dict:
     tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
-    n = len(ctx.examples["prompt"])
+    examples = [tasks_lib.as_example({k: ctx.examples[k][i] for k in ctx.examples})
+                for i in range(len(ctx.examples["prompt"]))]
     flags = np.zeros(resp.shape, bool)
-    for b in range(n * G):
-      example = tasks_lib.as_example({k: ctx.examples[k][b // G] for k in ctx.examples})
+    for b in range(len(examples) * G):
+      example = examples[b // G]
       ids = tokens[b][resp[b]]
       flags[b, resp[b]] = tasks_lib.token_flags(
           tok, ids, task.flag_chars(example, tok.decode(ids)))
