@@ -98,6 +98,8 @@ CONTRACT: dict[str, Field] = {
     "is_weights": Field("BT", "f", "truncated rollout importance weights", True),
     # --- critic and targets ---
     "values": Field("BT", "f", "critic values", True),
+    "values_ref": Field("BT", "f", "values of the reference-guided critic (it sees the "
+                        "reference answer in its context; ReDiPPO)", True),
     "values_old": Field("BT", "f", "critic values at rollout time", True),
     "advantages": Field("BT", "f", "what an estimator returns and a policy loss consumes",
                         True),

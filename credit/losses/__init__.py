@@ -8,6 +8,7 @@
   kl.py            `kl_penalty`, `kl_loss`, `kl_in_reward`, `KL_KINDS`
   entropy.py       `entropy_bonus`
   value.py         `value_loss`
+  echo.py          `observation_ce_loss` (ECHO's auxiliary cross-entropy on observation tokens)
   prm.py           implicit-PRM training objectives: `prm_ce_loss`, `prm_dpo_loss`,
                    `prm_kto_loss`, `prm_vanilla_kto_loss`
 
@@ -20,6 +21,7 @@ from credit.losses.reduction import LossOutput, TokenLoss, policy_loss, reduce_p
 from credit.losses.kl import KL_KINDS, kl_in_reward, kl_loss, kl_penalty
 from credit.losses.entropy import entropy_bonus
 from credit.losses.value import value_loss
+from credit.losses.echo import OBS_CE_MODES, observation_ce_loss
 from credit.losses.prm import (prm_ce_loss, prm_dpo_loss, prm_kto_loss, prm_sequence_logratio,
                                prm_vanilla_kto_loss)
 from credit.losses import policy
@@ -29,6 +31,7 @@ __all__ = [
     "AGG_MODES", "aggregate_loss", "ImportanceCorrection", "importance_correction",
     "LossOutput", "TokenLoss", "policy_loss", "reduce_policy_loss", "KL_KINDS",
     "kl_in_reward", "kl_loss", "kl_penalty", "entropy_bonus", "value_loss", "policy",
+    "OBS_CE_MODES", "observation_ce_loss",
     "prm_ce_loss", "prm_dpo_loss", "prm_kto_loss", "prm_sequence_logratio",
     "prm_vanilla_kto_loss",
     *policy.__all__,
