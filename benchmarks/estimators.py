@@ -82,6 +82,12 @@ EXTRA_CONFIGS: dict[str, list[tuple[str, dict]]] = {
 }
 
 
+# Hyperparameters without a default (the runner fills them from the model; see docstrings).
+REQUIRED_HYPER: dict[str, dict] = {
+    "dgpo": {"vocab_size": 151_936},  # Qwen-sized |V| for the entropy gate H/log|V|
+}
+
+
 def _time(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
   """Best (minimum) wall and process-CPU seconds of `fn()` over `repeats` calls, after one
   warm-up call. The minimum is the least contaminated by other processes on a shared box."""
@@ -133,6 +139,7 @@ def build_calls(batch: int, seq: int, group: int):
     if missing:
       yield name, "-", None, f"no input factory for {missing}"
       continue
+    static.update(REQUIRED_HYPER.get(name, {}))
     paths = [("fast", group), ("segment", None)] if "group_size" in params else [("", None)]
     configs = [("", {})] + EXTRA_CONFIGS.get(name, [])
     for label, hyper in configs:

@@ -32,17 +32,24 @@ from tests.contract_fields import (B, G, N, NUM_PROMPTS, T, make_fields,
 # --------------------------------------------------------------------------
 
 
+# Hyperparameters without a usable default that a recipe must set (see each docstring).
+REQUIRED_HYPER = {
+    "dgpo": (("vocab_size", 50),),   # the paper's entropy gate H/log|V|
+}
+
+
 def _variants(name: str) -> list[tuple[str, tuple, tuple]]:
   """(id, hyperparameters, optional contract inputs): the defaults, and every optional input
   switched on (the optional-needs switches set, plus every other contract field the function
   accepts, e.g. dense `token_reward`, `is_weights`)."""
   spec = registry.get_estimator(name)
-  out = [(name, (), ())]
+  base = REQUIRED_HYPER.get(name, ())
+  out = [(name, base, ())]
   switches = tuple(sorted({(s, 0.1) for _, s in spec.optional_needs}))
   extras = tuple(sorted(p for p in spec.params if p in credit.CONTRACT
                         and p not in spec.needs_for(dict(switches))))
   if switches or extras:
-    out.append((name + "+optional", switches, extras))
+    out.append((name + "+optional", base + switches, extras))
   return out
 
 
@@ -241,7 +248,8 @@ def test_permutation_within_groups(case):
 EQUAL_GROUP_NOT_ZERO = {
     "optimal_token_baseline": "B* = G·ΣW/(ΣW+ε): the baseline differs from G by O(ε)",
     "prime": "the implicit process rewards differ between samples of an equal-outcome group",
-    "vimpo": "A = R − V_t with V_t built from the log-ratios, not from the reward alone",
+    "vimpo": "the actor advantage comes from the log-ratios alone (whitened over the batch)",
+    "treg": "additive mode: A = Â + α r̂, and r̂ is not zero where Â is",
     "logprob_reward": "the reward is the answer log-likelihood, not the `reward` field",
     "verifree": "the reward is the answer probability, not the `reward` field",
     "rlpr": "the reward is the answer's mean token probability, not the `reward` field",
@@ -253,7 +261,8 @@ SINGLETON_NOT_ZERO = {
     "gdpo": "batch whitening shifts every row by the batch mean",
     "reinforce_pp_baseline": "batch whitening shifts every row by the batch mean",
     "dcpo": "the prompt's history gives a baseline for a single sample",
-    "vimpo": "a single sample's anchor is its own reward: A = −β Σ_{s<t} ℓ_s",
+    "vimpo": "the actor advantage comes from the log-ratios alone (whitened over the batch)",
+    "treg": "additive mode: A = Â + α r̂ with Â = 0",
 }
 
 
@@ -275,7 +284,8 @@ def test_degenerate_batches_give_finite_values_and_gradients(case):
   outs = run(case, b)
   assert all(np.all(np.isfinite(x)) for x in outs)
   assert np.all(outs[0][~mask] == 0.0)
-  if ("group_id" in spec.needs and spec.name not in SINGLETON_NOT_ZERO and not case[1]):
+  if ("group_id" in spec.needs and spec.name not in SINGLETON_NOT_ZERO
+      and "+optional" not in case[0]):
     assert np.all(outs[0][G] == 0.0), outs[0][G]          # group 1 is a singleton
   # All rewards equal everywhere (fresh state: no history). Only then, since batch-whitened
   # estimators shift an all-equal group by the batch mean.
@@ -345,7 +355,7 @@ def test_vmap_over_a_hyperparameter(name):
     pytest.skip(f"{name} has no float hyperparameter that may be traced")
   default = inspect.signature(spec.fn).parameters[hp].default
   values = np.asarray([default, 0.5 * default + 0.1], np.float32)
-  case = (name, (), ())
+  case = (name, REQUIRED_HYPER.get(name, ()), ())
   b = _batch(29)
   names, static = _arguments(case, None)
   data = {n: b[n] for n in names}

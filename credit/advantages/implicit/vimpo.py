@@ -1,7 +1,7 @@
 """VIMPO: values implied by the policy's log-ratio to the reference (KL-regularised optimum)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import chex
 import jax
@@ -9,19 +9,26 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit import ops
+from credit._checks import check_choice
 from credit.registry import register_estimator
 
 Array = jax.Array
 
 __all__ = ["VimpoOutput", "vimpo_advantages"]
 
-_PAPER = "VIMPO: policy-implied value from KL-regularised optimality, arXiv 2606.20008"
+_PAPER = ("VIMPO: Value-Implicit Policy Optimization for LLMs (Kang, Feng, Levine, Song, Zhao), "
+          "arXiv 2606.20008")
+_KL_ESTIMATES = ("k3", "none")
+# Whitening guard of the TRL port (`_masked_whiten`).
+_WHITEN_EPS = 1e-8
+# k3 evaluates e^{−ℓ}; ℓ is clamped from below so that it stays finite in float32.
+_K3_MIN_LOG_RATIO = -30.0
 
 
 class VimpoOutput(NamedTuple):
-  """advantages: [B,T] stop-gradient actor advantages; value_loss: scalar terminal
-  consistency loss (differentiable in `logprob`); values: [B,T] implied values V_t
-  (stop-gradient), zero outside the mask."""
+  """advantages: [B,T] stop-gradient actor advantages (whitened over the batch);
+  value_loss: scalar terminal-value loss (differentiable in `logprob`); values: [B,T]
+  implied values V_t (stop-gradient), zero outside the mask."""
   advantages: Array
   value_loss: Array
   values: Array
@@ -29,38 +36,62 @@ class VimpoOutput(NamedTuple):
 
 @register_estimator("vimpo",
                     needs=("reward", "group_id", "response_mask", "logprob", "logprob_ref"),
-                    paper=_PAPER, static_argnames=("num_groups", "group_size"),
+                    paper=_PAPER,
+                    static_argnames=("num_groups", "group_size", "kl_estimate"),
                     returns_output=True)
 def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob: ArrayLike, logprob_ref: ArrayLike,
-                     num_groups: int, group_size: int | None = None, beta: ArrayLike = 0.1,
-                     clip: ArrayLike = 10.0) -> VimpoOutput:
-  """VIMPO: the implied value V_t = b_g + β Σ_{s<t} ℓ_s, its advantage and value loss.
+                     num_groups: int, group_size: int | None = None,
+                     beta: ArrayLike = 5e-4, gae_lambda: ArrayLike = 1.0,
+                     clip: ArrayLike | None = None,
+                     kl_estimate: Literal["k3", "none"] = "k3",
+                     token_kl: ArrayLike | None = None) -> VimpoOutput:
+  """VIMPO: the policy-implied value, its terminal loss and the implied TD actor advantage.
 
-  Paper: VIMPO, arXiv 2606.20008 (`shared/methods/token_and_implicit.md` §14). In a token
-  MDP whose optimum is KL-regularised, β log(π*/π_ref)(a_t|s_t) = r_t + V(s_{t+1}) − V(s_t);
-  with no intermediate reward and V(s_T) = 0 the value of every prefix follows from the
-  log-ratios, a squared terminal-consistency loss injects the outcome R, and the actor
-  advantage comes for free.
+  Paper: "VIMPO: Value-Implicit Policy Optimization for LLMs" (Kang, Feng, Levine, Song,
+  Zhao), arXiv 2606.20008 (Eq. 4, §3.3–3.5, Algorithm 1). In a token MDP whose optimum is
+  KL-regularised, β log(π*/π_ref)(a_t|s_t) = r_t + V(s_{t+1}) − V(s_t); with the reward only
+  at the end, the policy's own log-ratios imply every prefix value, a terminal-value loss
+  is the only place the reward enters, and the actor follows the implied TD errors.
 
-  Confidence: inferred (from the abstract and summaries: terminal condition V(s_T) = 0,
-  squared value loss, PPO actor). The formulas below, the anchor and the clip are the
-  spec's derivation (ours), not the paper's equations. With ℓ_t = log π(y_t) − log
-  π_ref(y_t) on valid tokens and b_g the mean reward of the row's group:
+  Confidence: code-verified (port-verified: the HF TRL port `huggingface/trl`
+  `trl/experimental/vimpo/vimpo_trainer.py` and `vimpo_config.py`, which cites the paper;
+  the authors' repository backprop07/VIMPO was not retrievable; an equation-level digest
+  of the paper agrees term by term). With ℓ_t = log π_θ(y_t) − log π_ref(y_t),
+  ρ_t = β ℓ_t, κ_t = β KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) (no gradient), b_g the mean reward of
+  the row's group:
 
   .. math::
-    V_t = b_g + clip(β Σ_{s<t} ℓ_s, −C, C)
-    A_t = R − V_t                                    (stop-gradient)
-    L_V = mean_b ( clip(β Σ_t ℓ_{b,t}, −C, C) + b_g − R_b )²
+    L_V = ½ · mean_b [ Σ_t M_{b,t} (ρ_{b,t} − sg κ_{b,t}) − (R_b − b_g) ]²
+    δ_t = sg(ρ_t − κ_t),   A_t = Σ_{l≥0} λ^l δ_{t+l}       (reverse over valid tokens)
+    Â_t = (A_t − mean)/(std + 1e-8)      (mean, population std over every valid token)
+    V_t = b_g + Σ_{s<t} (ρ_s − κ_s)                         (`values`, diagnostic)
 
-  Use `advantages` with a PPO-clip policy loss and add c_V·`value_loss` (c_V = 1, ours);
-  the gradient of `value_loss` flows into `logprob` only.
+  Defaults as the port: β = 5e-4, λ = 1, reward centred but not scaled (the port enforces
+  `scale_rewards="none"`), frozen reference. Use `advantages` with a PPO-clip policy loss
+  (no KL term: β enters here) and add `value_loss`: the port's objective is
+  L = L_V + c_A · L_PPO with c_A = 5e-3, i.e. the value loss weighs 200× the actor loss
+  (the runner's `loss = policy + c_V·value_loss` needs c_V = 200 for the same balance).
+  The gradient of `value_loss` flows into `logprob` only.
 
-  Choices (ours): b_g is the critic-free anchor V_0 (a singleton group has b = R, so
-  A = −clip(β Σ_{s<t} ℓ)); rows that are empty or outside [0, num_groups) get zeros and
-  take no part in b_g or in the mean of L_V; sums over time skip masked positions.
-  Because the advantage depends on the log-ratio, equal outcomes in a group do not give
-  zero advantages.
+  κ_t, the deviation: the port computes the exact full-vocabulary KL per position. The
+  rollout contract has no such field, so by default (`kl_estimate="k3"`) κ_t is the
+  sampled-token estimate k3 = β(e^{−ℓ_t} − 1 + ℓ_t) (unbiased for the KL on-policy,
+  ≥ 0; ℓ clamped at −30 inside the exponential); then δ_t = β(1 − π_ref/π_θ)(y_t), still zero-mean on-policy like the exact
+  ρ − κ, but noisier. (k1 = β ℓ_t cannot be used: it makes δ ≡ 0.) `kl_estimate="none"`
+  sets κ = 0 (E[δ] = β KL ≠ 0). Passing `token_kl` [B,T], the exact per-position
+  KL(π_θ ‖ π_ref) (e.g. from `credit.divergences` on the policy and reference logits; not
+  a rollout-contract field), gives the port's form and overrides `kl_estimate`.
+
+  Choices and other differences: sums and the reverse accumulation skip masked positions
+  (observation tokens pass the running sum through; the port's loop resets it at every
+  masked position, which only matters for holes inside a response); the whitening pool
+  is the batch given (the port gathers over processes); `clip` C (None: off, the port's
+  default; an earlier design of ours) bounds the implied sums Σ(ρ − κ) in `value_loss`
+  and `values` to [−C, C]. Rows that are empty or outside [0, num_groups) get zeros and
+  take no part in b_g, in the whitening or in the mean of L_V. A singleton group has
+  target R − b_g = 0. Until 2026-10 this module used a design of ours (β = 0.1, A = R − V_t,
+  C = 10, no κ); it was replaced.
 
   Args:
     reward: [B] float outcome rewards.
@@ -70,8 +101,11 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
     logprob_ref: [B,T] float reference log-prob (stop-gradient).
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    beta: β of the KL regularisation (0.1, ours).
-    clip: C, bound on |β Σ ℓ| (10, ours).
+    beta: β of the KL regularisation (5e-4, the port's `vimpo_beta`).
+    gae_lambda: λ of the reverse accumulation (1.0, the port's `vimpo_gae_lambda`).
+    clip: optional bound C on the implied sums (None: no clipping).
+    kl_estimate: static, κ without `token_kl`: "k3" | "none".
+    token_kl: optional [B,T] float exact KL(π_θ ‖ π_ref) per position (no gradient).
 
   Returns:
     `VimpoOutput(advantages [B,T], value_loss scalar, values [B,T])`.
@@ -79,14 +113,17 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   >>> import numpy as np
   >>> out = vimpo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
   ...                        response_mask=np.ones((2, 3), bool),
-  ...                        logprob=np.array([[.5, -.2, .1], [-.3, 0., .2]], np.float32),
-  ...                        logprob_ref=np.zeros((2, 3), np.float32), num_groups=1)
-  >>> np.round(np.asarray(out.advantages, np.float64), 3).tolist()
-  [[0.5, 0.45, 0.47], [-0.5, -0.47, -0.47]]
+  ...                        logprob=np.array([[-.5, -.2, -.1], [-.3, -1., -.2]], np.float32),
+  ...                        logprob_ref=np.log(np.full((2, 3), 0.5, np.float32)),
+  ...                        token_kl=np.full((2, 3), 0.1, np.float32), beta=0.1,
+  ...                        num_groups=1)
+  >>> np.round(np.asarray(out.advantages, np.float64), 4).tolist()
+  [[1.392, 1.1199, -0.0287], [-0.653, -1.5094, -0.3208]]
   >>> round(float(out.value_loss), 5)
-  0.22585
+  0.11009
   """
   fn = "vimpo_advantages"
+  check_choice(fn, "kl_estimate", kl_estimate, _KL_ESTIMATES)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       fn, reward, group_id, num_groups, group_size, response_mask=response_mask)
   lp_BT = jnp.asarray(logprob, jnp.float32)
@@ -95,18 +132,40 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   tok_BT = mask_BT & valid_B[:, None]
   ell_BT = jnp.where(tok_BT, lp_BT - jax.lax.stop_gradient(ref_BT), 0.0)
   b = jnp.asarray(beta, jnp.float32)
-  c = jnp.asarray(clip, jnp.float32)
+  rho_BT = b * ell_BT
+  if token_kl is not None:
+    kl_BT = jnp.asarray(token_kl, jnp.float32)
+    chex.assert_equal_shape([kl_BT, mask_BT])
+    kappa_BT = b * jnp.where(tok_BT, kl_BT, 0.0)
+  elif kl_estimate == "k3":
+    ell_sg = jnp.maximum(jax.lax.stop_gradient(ell_BT), _K3_MIN_LOG_RATIO)  # e^{−ℓ} finite
+    kappa_BT = b * (jnp.expm1(-ell_sg) + ell_sg)
+  else:
+    kappa_BT = jnp.zeros_like(rho_BT)
+  kappa_BT = jax.lax.stop_gradient(jnp.where(tok_BT, kappa_BT, 0.0))
+  step_BT = jnp.where(tok_BT, rho_BT - kappa_BT, 0.0)
+  bound = (lambda x: x) if clip is None else (
+      lambda x: jnp.clip(x, -jnp.asarray(clip, jnp.float32), jnp.asarray(clip, jnp.float32)))
+
+  # Terminal-value loss: the reward enters only here, centred by the group mean.
   mom = ops.group_moments_rows(reward_B, gid_B, valid_B, num_groups, group_size)
   base_B = jnp.where(valid_B, mom.mean, 0.0)
-  # Σ_{s<t} ℓ_s: exclusive prefix sum (masked positions add nothing).
-  total_BT = jnp.cumsum(ell_BT, axis=-1)
-  before_BT = total_BT - ell_BT
-  values_BT = base_B[:, None] + jnp.clip(b * before_BT, -c, c)
-  values_BT = jax.lax.stop_gradient(jnp.where(tok_BT, values_BT, 0.0))
-  adv_BT = jnp.where(tok_BT, reward_B[:, None] - values_BT, 0.0)
-  resid_B = jnp.clip(b * total_BT[:, -1], -c, c) + base_B - reward_B
-  w_B = valid_B.astype(jnp.float32)
-  value_loss = jnp.sum(jnp.where(valid_B, jnp.square(resid_B), 0.0)) / jnp.maximum(
-      jnp.sum(w_B), 1.0)
+  resid_B = bound(jnp.sum(step_BT, axis=-1)) - (reward_B - base_B)
+  n_rows = jnp.maximum(jnp.sum(valid_B.astype(jnp.float32)), 1.0)
+  value_loss = 0.5 * jnp.sum(jnp.where(valid_B, jnp.square(resid_B), 0.0)) / n_rows
+
+  # Implied values V_t = b_g + Σ_{s<t} δ_s (exclusive prefix sum; masked positions add 0).
+  delta_BT = jax.lax.stop_gradient(step_BT)
+  before_BT = jnp.cumsum(delta_BT, axis=-1) - delta_BT
+  values_BT = jnp.where(tok_BT, base_B[:, None] + bound(before_BT), 0.0)
+
+  # Actor: λ-return of the implied TD errors, whitened over every valid token of the batch.
+  lam = gae_lambda if isinstance(gae_lambda, (int, float)) else jnp.asarray(gae_lambda)
+  adv_BT = ops.discounted_reverse_cumsum(delta_BT, tok_BT, lam)
+  n_tok = jnp.sum(tok_BT.astype(jnp.float32))
+  mean = jnp.sum(jnp.where(tok_BT, adv_BT, 0.0)) / jnp.maximum(n_tok, 1.0)
+  cen_BT = jnp.where(tok_BT, adv_BT - mean, 0.0)
+  std = ops.safe_sqrt(jnp.sum(jnp.square(cen_BT)) / jnp.maximum(n_tok, 1.0))
+  adv_BT = jnp.where(tok_BT & (n_tok > 1), cen_BT / (std + _WHITEN_EPS), 0.0)
   return VimpoOutput(advantages=jax.lax.stop_gradient(adv_BT), value_loss=value_loss,
-                     values=values_BT)
+                     values=jax.lax.stop_gradient(values_BT))

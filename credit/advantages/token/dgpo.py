@@ -23,6 +23,22 @@ _PAPER = ("DGPO: Distribution-Guided Policy Optimization for Fine-Grained Credit
           "(Jin et al.), arXiv 2605.03327")
 _WEIGHTINGS = ("softmax", "linear")
 _GROUP_STDS = ("unbiased", "population")
+_GATES = ("log_vocab", "row_mean")
+
+
+def _check_gate(fn: str, gate: str, vocab_size: int | None) -> None:
+  """Eager: the paper's gate H/log|V| needs the vocabulary size."""
+  check_choice(fn, "gate", gate, _GATES)
+  if gate == "log_vocab":
+    if vocab_size is None:
+      raise ValueError(
+          f"{fn}: gate='log_vocab' (the paper's H_t / log|V|, the default) needs `vocab_size`, "
+          "the policy's vocabulary size (the model config's vocab_size, i.e. the number of "
+          "logits the entropy is taken over); set it (e.g. --config.estimator_kwargs."
+          "vocab_size=<V>), or pass gate='row_mean' for the spec's per-response mean gate")
+    check_int(fn, "vocab_size", vocab_size, minimum=2)
+  elif vocab_size is not None:
+    check_int(fn, "vocab_size", vocab_size, minimum=2)
 
 
 def _token_inputs(response_mask, logprob_old, logprob_ref, entropy, hellinger):
@@ -42,7 +58,7 @@ def _token_inputs(response_mask, logprob_old, logprob_ref, entropy, hellinger):
   return mask_BT, clean[0], clean[1], clean[2], hel_BT
 
 
-def _scores(mask_BT, lp_old_BT, lp_ref_BT, ent_BT, hel_BT, gate_power, vocab_size, eps):
+def _scores(mask_BT, lp_old_BT, lp_ref_BT, ent_BT, hel_BT, gate_power, gate, vocab_size, eps):
   """Gated deviation score s = d · g^κ ≥ 0 on valid tokens, 0 elsewhere (no gradient)."""
   if hel_BT is None:
     # (√π − √π_ref)² from log-probs, e^{ℓ/2} rather than √e^{ℓ}: finite gradients at π → 0.
@@ -50,7 +66,7 @@ def _scores(mask_BT, lp_old_BT, lp_ref_BT, ent_BT, hel_BT, gate_power, vocab_siz
   else:
     dev_BT = jnp.clip(hel_BT, 0.0, 1.0)
   ent_BT = jnp.maximum(ent_BT, 0.0)
-  if vocab_size is None:
+  if gate == "row_mean":
     norm_B = ops.masked_mean(ent_BT, mask_BT, axis=-1) + eps
     gate_BT = ent_BT / norm_B[:, None]
   else:
@@ -72,6 +88,7 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
                  entropy: ArrayLike, weighting: Literal["softmax", "linear"] = "softmax",
                  temperature: ArrayLike = 0.5, alpha: ArrayLike = 0.5,
                  gate_power: ArrayLike = 1.0, vocab_size: int | None = None,
+                 gate: Literal["log_vocab", "row_mean"] = "log_vocab",
                  eps: ArrayLike = 1e-6, hellinger: ArrayLike | None = None) -> Array:
   """DGPO token weights w[b,t] ≥ 0 with Σ_t w = L_b (see `dgpo_advantages`).
 
@@ -82,18 +99,18 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
     response_mask: [B,T] bool.
     logprob_old, logprob_ref: [B,T] float sampled-token log-probs (behaviour, reference).
     entropy: [B,T] float policy entropy.
-    weighting, temperature, alpha, gate_power, vocab_size, eps, hellinger: as in
+    weighting, temperature, alpha, gate_power, vocab_size, gate, eps, hellinger: as in
       `dgpo_advantages`.
 
   Returns:
     [B,T] float32 weights (no gradient), 0 outside the mask; rows sum to their length.
   """
   check_choice("dgpo_weights", "weighting", weighting, _WEIGHTINGS)
-  if vocab_size is not None:
-    check_int("dgpo_weights", "vocab_size", vocab_size, minimum=2)
+  _check_gate("dgpo_weights", gate, vocab_size)
   mask_BT, lp_old_BT, lp_ref_BT, ent_BT, hel_BT = _token_inputs(
       response_mask, logprob_old, logprob_ref, entropy, hellinger)
-  s_BT = _scores(mask_BT, lp_old_BT, lp_ref_BT, ent_BT, hel_BT, gate_power, vocab_size, eps)
+  s_BT = _scores(mask_BT, lp_old_BT, lp_ref_BT, ent_BT, hel_BT, gate_power, gate, vocab_size,
+                 eps)
   if weighting == "softmax":
     w_BT = _softmax_budget(s_BT, mask_BT, temperature)
   else:
@@ -105,13 +122,15 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
     "dgpo", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_ref",
                    "entropy"),
     paper=_PAPER,
-    static_argnames=("num_groups", "group_size", "weighting", "group_std", "vocab_size"))
+    static_argnames=("num_groups", "group_size", "weighting", "group_std", "vocab_size",
+                     "gate"))
 def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                     response_mask: ArrayLike, logprob_old: ArrayLike, logprob_ref: ArrayLike,
                     entropy: ArrayLike, num_groups: int, group_size: int | None = None,
                     weighting: Literal["softmax", "linear"] = "softmax",
                     temperature: ArrayLike = 0.5, alpha: ArrayLike = 0.5,
                     gate_power: ArrayLike = 1.0, vocab_size: int | None = None,
+                    gate: Literal["log_vocab", "row_mean"] = "log_vocab",
                     group_std: Literal["unbiased", "population"] = "unbiased",
                     eps: ArrayLike = 1e-6, hellinger: ArrayLike | None = None) -> Array:
   """DGPO: the GRPO sequence advantage redistributed by an entropy-gated Hellinger deviation.
@@ -139,7 +158,8 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   with τ = 0.5 (0.5–1.0 reported best), κ = 1, Â_b the GRPO advantage. That is
   `weighting="softmax"` (default) here. The spec (`shared/methods/token_and_implicit.md`
   §8) was written from the abstract alone and chose a linear mixture instead, kept as
-  `weighting="linear"` (a design of ours, inferred, not the paper's):
+  `weighting="linear"` (a design of ours, inferred, not the paper's), with the spec's gate
+  `gate="row_mean"`:
 
   .. math::
     g_t = H_t / (mean_{valid t} H_t + ε),   s_t = d_t g_t
@@ -157,13 +177,23 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
       and exactly twice the sampled token's own term of ½Σ_v(√π − √π_ref)²).
     * π_θ is the behaviour policy `logprob_old` (the policy that sampled the batch, i.e.
       π_θ at the first PPO epoch): advantages are computed once per batch, at rollout.
-    * gate normaliser: `vocab_size=V` gives the paper's H_t / log V (clipped to [0,1]);
-      with `vocab_size=None` (default, the vocabulary is not a rollout field) the gate is
-      the spec's g_t = H_t / (mean of H over the valid tokens of the same response + ε).
-      The per-response mean (not the batch mean) keeps each row's weights a function of
-      that row alone; under "linear" the normaliser cancels in w up to ε anyway (the
-      spec's worked example has a single row, so it does not decide). `gate_power` is κ
-      (κ = 0: deviation only, no gate). Negative entropies are clipped to 0.
+    * gate normaliser: `gate="log_vocab"` (default, the paper's and tiny-dgpo's
+      H_t / log|V|, clipped to [0,1]) needs `vocab_size` (static; the vocabulary is not a
+      rollout field, so a recipe sets `estimator_kwargs.vocab_size` to the model's
+      vocabulary size — the number of logits the entropy is taken over, the model
+      config's `vocab_size`, which may exceed the tokenizer's); without it the call
+      raises ValueError eagerly, before tracing. `gate="row_mean"` is the spec's
+      g_t = H_t / (mean of H over the valid tokens of the same response + ε) (ours; the
+      default until 2026-10). Under "softmax" the normaliser does not cancel: the row-mean
+      gate is O(1) while H/log|V| is ≈ 0–0.3, so "row_mean" is much sharper; under
+      "linear" it cancels in w up to ε. `gate_power` is κ (κ = 0: deviation only, no
+      gate). Negative entropies are clipped to 0.
+    * tiny-dgpo computes the scores from the current policy's logits inside the loss,
+      without detaching them (the gradient flows through w). Here they come from the
+      behaviour policy with stop-gradient, likely the paper's intent but unverified. Its
+      d_t is the full-vocabulary 1 − Σ√(π π_ref) ("Hellinger distance" as written is the
+      squared one); whether the paper means the squared or the plain Hellinger distance
+      is open without the PDF.
     * "linear": ε also enters the numerator (+ε), so the budget holds exactly and
       Σ s = 0 gives uniform weights without a special case; the spec's
       α L s/(Σ s + ε) loses α L ε/(Σ s + ε) of the budget (≤ 1e-5 relative on its
@@ -187,7 +217,9 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
     temperature: τ > 0 of "softmax".
     alpha: α ∈ [0,1] of "linear" (α = 0 is GRPO).
     gate_power: κ ≥ 0, exponent of the entropy gate.
-    vocab_size: static vocabulary size for the paper's gate H/log V, or None (row mean).
+    vocab_size: static vocabulary size |V| of the paper's gate H/log|V| (required by
+      `gate="log_vocab"`).
+    gate: static, "log_vocab" (paper) | "row_mean" (spec's, ours).
     group_std: static, "unbiased" | "population".
     eps: added to σ_g, to the gate's mean entropy and as the uniform prior of "linear".
     hellinger: optional [B,T] float full-vocabulary squared Hellinger distances in [0,1]
@@ -203,18 +235,19 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   ...                     response_mask=np.ones((2, 4), bool),
   ...                     logprob_old=row(np.log(pi)), logprob_ref=row(np.log(ref)),
   ...                     entropy=row([0.1, 1.2, 0.8, 2.0]), num_groups=1,
-  ...                     weighting="linear", group_std="population")
+  ...                     weighting="linear", gate="row_mean", group_std="population")
   >>> np.round(np.asarray(a, np.float64), 3).tolist()
   [[0.5, 1.7, 1.3, 0.5], [-0.5, -1.7, -1.3, -0.5]]
   """
   check_choice("dgpo_advantages", "weighting", weighting, _WEIGHTINGS)
   check_choice("dgpo_advantages", "group_std", group_std, _GROUP_STDS)
+  _check_gate("dgpo_advantages", gate, vocab_size)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       "dgpo_advantages", reward, group_id, num_groups, group_size, response_mask=response_mask)
   adv_B = sequence_advantage(reward_B, gid_B, valid_B, num_groups=num_groups,
                              group_size=group_size, group_std=group_std, eps=eps)
   w_BT = dgpo_weights(response_mask=mask_BT, logprob_old=logprob_old, logprob_ref=logprob_ref,
                       entropy=entropy, weighting=weighting, temperature=temperature,
-                      alpha=alpha, gate_power=gate_power, vocab_size=vocab_size, eps=eps,
-                      hellinger=hellinger)
+                      alpha=alpha, gate_power=gate_power, vocab_size=vocab_size, gate=gate,
+                      eps=eps, hellinger=hellinger)
   return redistribute(adv_B, w_BT, mask_BT, renormalize=False)

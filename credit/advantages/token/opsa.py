@@ -1,109 +1,174 @@
-"""OPSA: entropy-scaled fixed negative token advantages (on-policy distillation without a teacher)."""
+"""OPSA: fixed negative advantages on the batch's lowest-probability tokens, scaled by entropy."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from credit import ops
 from credit._checks import check_choice
-from credit.advantages.token._redistribute import GROUP_STDS, sequence_advantage
 from credit.registry import register_estimator
 
 Array = jax.Array
 
-__all__ = ["opsa_advantages"]
+__all__ = ["OPSAOutput", "opsa_advantages", "opsa_select"]
 
 _PAPER = ('"Does On-Policy Distillation Really Distill? From Noisy Teacher to '
-          'Self-Improvement" (OPSA), arXiv preprint (id not retrieved)')
-_MODES = ("entropy", "constant")
+          'Self-Improvement" (OPSA, On-Policy Self-Adaptation; Ding, Zhang), arXiv 2608.31046; '
+          "code github.com/DripNowhy/On-Policy-Self-Adaptation")
+_MODES = ("entropy", "fixed")
+# floor(f·N) guard: f·N computed in float32 may land just below an integer (0.3·10).
+_FLOOR_TOL = 1e-4
+
+
+class OPSAOutput(NamedTuple):
+  """`advantages` [B,T] float32 (0 off the selected tokens) and `loss_mask` [B,T] bool, the
+  selected tokens: the code drops every other token from the policy loss (numerator and
+  denominator of its token mean)."""
+  advantages: Array
+  loss_mask: Array
+
+
+def opsa_select(*, response_mask: ArrayLike, logprob_old: ArrayLike,
+                token_fraction: ArrayLike = 0.2) -> Array:
+  """The K = max(1, ⌊f·N⌋) valid tokens of the batch with the lowest log-prob ([B,T] bool).
+
+  N counts the valid tokens of the whole batch (one pool); an empty batch selects nothing.
+  Ties are broken by a stable sort on the flattened [B,T] index (row-major), an
+  unspecified point in the code. No gradient.
+
+  Args:
+    response_mask: [B,T] bool.
+    logprob_old: [B,T] float sampled-token log-probs of the behaviour policy.
+    token_fraction: f ∈ (0,1] (may be traced).
+
+  Returns:
+    [B,T] bool selection, False outside `response_mask`.
+
+  >>> import numpy as np
+  >>> s = opsa_select(response_mask=np.array([[1, 0, 1], [1, 1, 0]], bool),
+  ...                 logprob_old=np.array([[-10., -9., -8.], [-7., -6., 0.]], np.float32),
+  ...                 token_fraction=0.5)
+  >>> np.asarray(s).tolist()
+  [[True, False, True], [False, False, False]]
+  """
+  mask_BT = jnp.asarray(response_mask)
+  lp_BT = jnp.asarray(logprob_old, jnp.float32)
+  chex.assert_rank([mask_BT, lp_BT], 2)
+  chex.assert_equal_shape([mask_BT, lp_BT])
+  mask_BT = mask_BT.astype(bool)
+  key = jax.lax.stop_gradient(jnp.where(mask_BT, lp_BT, jnp.inf)).reshape(-1)
+  order = jnp.argsort(key, stable=True)
+  rank = jnp.zeros(key.shape, jnp.int32).at[order].set(jnp.arange(key.shape[0], dtype=jnp.int32))
+  n = jnp.sum(mask_BT.astype(jnp.int32))
+  frac = jnp.asarray(token_fraction, jnp.float32)
+  k = jnp.floor(frac * n.astype(jnp.float32) + _FLOOR_TOL).astype(jnp.int32)
+  k = jnp.where(n > 0, jnp.maximum(k, 1), 0)
+  return (rank.reshape(mask_BT.shape) < k) & mask_BT
 
 
 @register_estimator(
-    "opsa", needs=("response_mask", "entropy"), paper=_PAPER,
-    static_argnames=("num_groups", "group_size", "mode", "group_std"),
-    optional_needs={"reward": "outcome_coef", "group_id": "outcome_coef"})
-def opsa_advantages(*, response_mask: ArrayLike, entropy: ArrayLike,
-                    reward: ArrayLike | None = None, group_id: ArrayLike | None = None,
-                    num_groups: int | None = None, group_size: int | None = None,
-                    coef: ArrayLike = 1.0, outcome_coef: ArrayLike = 0.0,
-                    mode: Literal["entropy", "constant"] = "entropy",
-                    group_std: Literal["unbiased", "population", "none"] = "unbiased",
-                    eps: ArrayLike = 1e-6) -> Array:
-  """OPSA: a fixed negative advantage per token, growing with the position's entropy.
+    "opsa", needs=("response_mask", "entropy", "logprob_old"), paper=_PAPER,
+    static_argnames=("mode",), returns_output=True)
+def opsa_advantages(*, response_mask: ArrayLike, entropy: ArrayLike, logprob_old: ArrayLike,
+                    token_fraction: ArrayLike = 0.2, adv_min: ArrayLike = -1.0,
+                    adv_max: ArrayLike = -0.5, fixed_advantage: ArrayLike = -0.5,
+                    mode: Literal["entropy", "fixed"] = "entropy") -> OPSAOutput:
+  """OPSA: push down the batch's lowest-probability sampled tokens, harder where uncertain.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `shared/methods/token_and_implicit.md` §10). The abstract of "Does On-Policy
-  Distillation Really Distill? From Noisy Teacher to Self-Improvement" argues that
+  Paper: "Does On-Policy Distillation Really Distill? From Noisy Teacher to
+  Self-Improvement" (Yi Ding, Ruqi Zhang; Purdue), arXiv 2608.31046, §3.2 and §4.2:
   on-policy distillation gains come mostly from pushing down sampled low-probability
-  tokens, and replaces the teacher's per-token advantage by a fixed negative one whose
-  size depends on the entropy. No equations, arXiv id or code were found (pages, code and
-  issues searches for the title and "OPSA", 2026); the related digests found concern other
-  OPD analyses (arXiv 2605.11182, 2604.13016).
+  tokens, so OPSA drops the teacher (and the reward) and gives those tokens a fixed
+  negative advantage whose size grows with the entropy.
+
+  Confidence: code-verified, against the authors' code DripNowhy/On-Policy-Self-Adaptation
+  (a modified slime): the unit tests of `compute_opsa` (`slime/tests/test_opsa.py`,
+  `test_opsa_loss_mask.py`), the launcher `slime/examples/opsa/run_opsa.sh`, its README and
+  `README_zh.md` (method section); the implementation file
+  `slime/backends/megatron_utils/opsa.py` itself was not retrievable. A paper digest
+  quotes the same equations (A_dyn = −½ − (H − H_min)/(2(H_max − H_min))). Until 2026-10
+  this module held our own guess from the abstract (A = −c·H/mean H on every token, an
+  optional GRPO term); it was removed.
 
   .. math::
-    A_{b,t} = −c · H_{b,t} / (mean_{valid (b,t) in the batch} H + ε) + λ_o · Â_b
+    N = #valid tokens in the batch,   K = max(1, ⌊f · N⌋)
+    S = the K valid tokens with the lowest log π_old(y_t)          (`opsa_select`)
+    r_t = (H_t − min_S H)/(max_S H − min_S H)    (r = 1 when all of S share one entropy)
+    A_t = A_max + (A_min − A_max) · r_t  on S,   A_t = 0 and loss_mask_t = 0 elsewhere
 
-  `mode="constant"` is the paper's ablation with one fixed negative constant, A = −c
-  (entropy-independent). λ_o = `outcome_coef` adds the GRPO sequence advantage Â_b
-  (`reward`, `group_id` then required). The advantage carries no gradient. Use it with a
-  token policy-gradient loss (PPO clip allowed), as on-policy distillation does.
+  with f = 0.2, A_min = −1, A_max = −0.5, so A ∈ [−1, −0.5] on S. `mode="fixed"` is the
+  paper's ablation: A = `fixed_advantage` (−0.5; the paper also tries +0.2) on S, no
+  entropy (the `entropy` input is then unused). The code trains with PPO clip 0.2/0.2, no
+  KL, no entropy bonus, no advantage normalisation, one sample per prompt.
 
-  Notes: on-policy, E[−c ∇log π] = 0, so the effect comes from finite samples (sampled
-  tail tokens are pushed down; the mass goes to the others), not from the expectation.
-  The normaliser is a batch statistic (one mean over every valid token), so a row's
-  values depend on the rest of the batch; rows outside `response_mask` take no part in it.
-  Negative entropies are clipped to 0; an all-zero entropy gives 0 (mode "entropy").
+  The loss: the code removes the tokens outside S from the policy loss — from the
+  numerator and the denominator of its token mean. An advantage alone cannot express that:
+  zeros outside S still count in the denominator of a token-mean loss. `loss_mask` returns
+  S for a loss that takes it; the runner's policy loss currently averages over all
+  `response_mask` tokens, so its loss is the code's scaled by |S| / N ≈ f (a constant
+  learning-rate factor under token-mean aggregation; a per-row factor under sequence-mean
+  aggregation). This difference is known and not hidden here.
+
+  Notes against the code: the code's log-probs are the actor's recomputed ones
+  (`use_rollout_logprobs=False`), i.e. the behaviour policy before the update —
+  `logprob_old` here; so is the entropy. The code's pool is the local batch of one
+  data-parallel rank; here it is the whole batch given (under jit sharding, the global
+  batch), so with DP > 1 the selection differs. ⌊f·N⌋ carries a 1e-4 tolerance against
+  float32 round-off. Advantages and mask carry no gradient.
 
   Args:
     response_mask: [B,T] bool, the policy's tokens.
-    entropy: [B,T] float policy entropy at each position.
-    reward: optional [B] float outcome rewards (for the outcome term).
-    group_id: optional [B] int group ids in [0, num_groups) (for the outcome term; unused
-      when `group_size` is set).
-    num_groups: static number of groups (needed with `reward`).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    coef: c ≥ 0, the size of the negative advantage (1.0).
-    outcome_coef: λ_o, weight of the GRPO term (0.0: none; needs `reward`).
-    mode: static, "entropy" (spec) | "constant" (A = −c).
-    group_std: static, std of the GRPO term: "unbiased" | "population" | "none".
-    eps: added to the batch mean entropy and to the group std.
+    entropy: [B,T] float behaviour-policy entropy at each position ("entropy" mode).
+    logprob_old: [B,T] float behaviour-policy log-prob of the sampled token (selection).
+    token_fraction: f ∈ (0,1], the fraction of valid tokens selected (0.2).
+    adv_min: A_min, the advantage of the highest-entropy selected token (−1.0).
+    adv_max: A_max, the advantage of the lowest-entropy selected token (−0.5).
+    fixed_advantage: the advantage of every selected token in "fixed" mode (−0.5).
+    mode: static, "entropy" (code default) | "fixed" (ablation).
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`.
+    `OPSAOutput(advantages [B,T] float32, loss_mask [B,T] bool)`, zero / False outside
+    the selected tokens.
 
   >>> import numpy as np
-  >>> h = np.array([[0.1, 1.0, 2.0], [0.5, 0.5, 0.0]], np.float32)
-  >>> m = np.array([[1, 1, 1], [1, 1, 0]], bool)
-  >>> np.round(np.asarray(opsa_advantages(response_mask=m, entropy=h), np.float64), 4).tolist()
-  [[-0.122, -1.2195, -2.439], [-0.6098, -0.6098, 0.0]]
+  >>> out = opsa_advantages(response_mask=np.array([[1, 0, 1], [1, 1, 0]], bool),
+  ...                       logprob_old=np.array([[-10., -9., -8.], [-7., -6., 0.]], np.float32),
+  ...                       entropy=np.array([[2., 99., 4.], [3., 1., 0.]], np.float32),
+  ...                       token_fraction=0.5)
+  >>> np.asarray(out.advantages).tolist(), np.asarray(out.loss_mask).tolist()
+  ([[-0.5, 0.0, -1.0], [0.0, 0.0, 0.0]], [[True, False, True], [False, False, False]])
   """
   check_choice("opsa_advantages", "mode", mode, _MODES)
-  check_choice("opsa_advantages", "group_std", group_std, GROUP_STDS)
+  for name, v in (("token_fraction", token_fraction), ("adv_min", adv_min),
+                  ("adv_max", adv_max), ("fixed_advantage", fixed_advantage)):
+    if isinstance(v, (int, float)):   # eager checks on Python numbers (traced values pass)
+      if name == "token_fraction" and not 0.0 < v <= 1.0:
+        raise ValueError(f"opsa_advantages: token_fraction must lie in (0, 1], got {v}")
+      if name == "fixed_advantage" and v == 0.0:
+        raise ValueError("opsa_advantages: fixed_advantage must be non-zero")
+  if (isinstance(adv_min, (int, float)) and isinstance(adv_max, (int, float))
+      and adv_min > adv_max):
+    raise ValueError(f"opsa_advantages: adv_min={adv_min} must be <= adv_max={adv_max}")
   mask_BT = jnp.asarray(response_mask)
   ent_BT = jnp.asarray(entropy, jnp.float32)
   chex.assert_rank([mask_BT, ent_BT], 2)
   chex.assert_equal_shape([mask_BT, ent_BT])
-  mask_BT = mask_BT.astype(bool)
-  coef = jnp.asarray(coef, jnp.float32)
+  sel_BT = opsa_select(response_mask=mask_BT, logprob_old=logprob_old,
+                       token_fraction=token_fraction)
   if mode == "entropy":
-    ent_BT = jnp.where(mask_BT, jnp.maximum(ent_BT, 0.0), 0.0)
-    norm = ops.masked_mean(ent_BT, mask_BT) + jnp.asarray(eps, jnp.float32)
-    adv_BT = -coef * ent_BT / norm
+    ent_BT = jnp.where(sel_BT, ent_BT, 0.0)
+    h_min = jnp.min(jnp.where(sel_BT, ent_BT, jnp.inf))
+    h_max = jnp.max(jnp.where(sel_BT, ent_BT, -jnp.inf))
+    span = h_max - h_min
+    ok = jnp.isfinite(span) & (span > 0)
+    r_BT = jnp.where(ok, (ent_BT - jnp.where(ok, h_min, 0.0)) / jnp.where(ok, span, 1.0), 1.0)
+    a_min = jnp.asarray(adv_min, jnp.float32)
+    a_max = jnp.asarray(adv_max, jnp.float32)
+    adv_BT = a_max + (a_min - a_max) * r_BT
   else:
-    adv_BT = jnp.broadcast_to(-coef, mask_BT.shape)
-  if reward is not None:
-    if num_groups is None:
-      raise ValueError("opsa_advantages: num_groups is required with `reward` "
-                       "(the outcome term is a group advantage)")
-    rows = ops.group_rows("opsa_advantages", reward, group_id, num_groups, group_size,
-                          response_mask=mask_BT)
-    adv_B = sequence_advantage(rows.values, rows.group_id, rows.valid, num_groups=num_groups,
-                               group_size=group_size, group_std=group_std, eps=eps)
-    adv_BT = adv_BT + jnp.asarray(outcome_coef, jnp.float32) * adv_B[:, None]
-  elif isinstance(outcome_coef, (int, float)) and outcome_coef != 0:
-    raise ValueError("opsa_advantages: outcome_coef != 0 needs `reward` and `group_id`")
-  return jax.lax.stop_gradient(jnp.where(mask_BT, adv_BT, 0.0))
+    adv_BT = jnp.broadcast_to(jnp.asarray(fixed_advantage, jnp.float32), sel_BT.shape)
+  adv_BT = jax.lax.stop_gradient(jnp.where(sel_BT, adv_BT, 0.0))
+  return OPSAOutput(advantages=adv_BT, loss_mask=sel_BT)

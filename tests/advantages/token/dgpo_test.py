@@ -36,15 +36,21 @@ SPEC_G = [0.0976, 1.1707, 0.7805, 1.9512]
 SPEC_S = [0.0, 0.0603, 0.0402, 0.0]
 SPEC_W = [0.5, 1.7, 1.3, 0.5]
 
+# Vocabulary size for the paper's gate H/log|V| (required by the default gate="log_vocab").
+V = 50
+ROW_MEAN = dict(gate="row_mean")   # the spec's gate (ours), used by its worked example
+
 # Configurations compared with the reference: (name, static/hyper kwargs, use hellinger).
 CONFIGS = {
-    "softmax": dict(),
-    "softmax_vocab": dict(vocab_size=50, temperature=0.25, gate_power=2.0),
-    "softmax_hellinger": dict(hellinger=True, temperature=1.0),
-    "linear": dict(weighting="linear"),
-    "linear_population": dict(weighting="linear", alpha=0.8, group_std="population"),
-    "linear_nogate_fast": dict(weighting="linear", gate_power=0.0, group_size=G),
-    "softmax_fast_population": dict(group_std="population", group_size=G),
+    "softmax": dict(vocab_size=V),
+    "softmax_vocab": dict(vocab_size=1000, temperature=0.25, gate_power=2.0),
+    "softmax_row_mean": dict(ROW_MEAN),
+    "softmax_hellinger": dict(hellinger=True, temperature=1.0, vocab_size=V),
+    "linear": dict(weighting="linear", **ROW_MEAN),
+    "linear_population": dict(weighting="linear", alpha=0.8, group_std="population",
+                              **ROW_MEAN),
+    "linear_nogate_fast": dict(weighting="linear", gate_power=0.0, group_size=G, vocab_size=V),
+    "softmax_fast_population": dict(group_std="population", group_size=G, vocab_size=V),
 }
 
 
@@ -55,7 +61,7 @@ CONFIGS = {
 
 def ref_dgpo(reward, group_id, mask, lp_old, lp_ref, entropy, *, num_groups,
              group_size=None, weighting="softmax", temperature=0.5, alpha=0.5,
-             gate_power=1.0, vocab_size=None, group_std="unbiased", eps=EPS,
+             gate_power=1.0, vocab_size=None, gate="log_vocab", group_std="unbiased", eps=EPS,
              hellinger=None, return_parts=False):
   reward = np.asarray(reward, np.float64)
   nb, nt = mask.shape
@@ -91,7 +97,7 @@ def ref_dgpo(reward, group_id, mask, lp_old, lp_ref, entropy, *, num_groups,
     ent = {t: max(float(entropy[b, t]), 0.0) for t in ts}
     mean_h = sum(ent.values()) / len(ts)
     for t in ts:
-      if vocab_size is None:
+      if gate == "row_mean":
         g[t] = ent[t] / (mean_h + eps)
       else:
         g[t] = min(ent[t] / math.log(vocab_size), 1.0)
@@ -184,7 +190,7 @@ def test_registered_in_token_family():
   assert spec.needs == {"reward", "group_id", "response_mask", "logprob_old",
                         "logprob_ref", "entropy"}
   assert {"num_groups", "group_size", "weighting", "group_std",
-          "vocab_size"} <= set(spec.static_argnames)
+          "vocab_size", "gate"} <= set(spec.static_argnames)
   assert "dgpo" in registry.list_estimators("token")
   assert "2605.03327" in spec.paper
 
@@ -203,7 +209,7 @@ def test_reference_reproduces_spec_intermediates():
   row = example_row()
   _, w, _, parts = ref_dgpo(np.zeros(1), np.zeros(1, np.int64), row["response_mask"],
                             np.log(PI)[None], np.log(PI_REF)[None], H[None], num_groups=1,
-                            weighting="linear", return_parts=True)
+                            weighting="linear", return_parts=True, **ROW_MEAN)
   np.testing.assert_allclose(parts[0]["d"], SPEC_D, atol=1e-3)
   np.testing.assert_allclose(parts[0]["g"], SPEC_G, atol=1e-3)
   np.testing.assert_allclose(parts[0]["s"], SPEC_S, atol=1e-3)
@@ -211,7 +217,7 @@ def test_reference_reproduces_spec_intermediates():
 
 
 def test_spec_example_linear_weights():
-  w = dg.dgpo_weights(weighting="linear", **example_row())
+  w = dg.dgpo_weights(weighting="linear", **ROW_MEAN, **example_row())
   np.testing.assert_allclose(np.asarray(w[0]), SPEC_W, atol=1e-3)
   np.testing.assert_allclose(float(jnp.sum(w)), 4.0, rtol=1e-6)
 
@@ -223,16 +229,17 @@ def test_spec_example_advantages_plus_minus_w(group_size):
   kw = {k: np.concatenate([v, v]) for k, v in row.items()}
   a = dg.dgpo_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
                          num_groups=1, group_size=group_size, weighting="linear",
-                         group_std="population", **kw)
+                         group_std="population", **ROW_MEAN, **kw)
   np.testing.assert_allclose(np.asarray(a), [SPEC_W, [-x for x in SPEC_W]], atol=1e-3)
 
 
 def test_spec_example_softmax_weights():
-  # Paper form with the row-mean gate: w = 4·softmax(s/0.5), s = SPEC_S (hand-checked:
+  # Softmax with the spec's row-mean gate: w = 4·softmax(s/0.5), s = SPEC_S (hand-checked:
   # exp(2s) = [1, 1.1282, 1.0837, 1], sum 4.2119).
-  w = dg.dgpo_weights(**example_row())
+  w = dg.dgpo_weights(**ROW_MEAN, **example_row())
   np.testing.assert_allclose(np.asarray(w[0]), [0.9497, 1.0714, 1.0292, 0.9497], atol=1e-3)
-  # Paper gate H/log V with V = 8: s = d·H/log 8 = [0, 0.0297, 0.0198, 0].
+  # The default, the paper's gate H/log|V| (tiny-dgpo), with V = 8: s = d·H/log 8 =
+  # [0, 0.0297, 0.0198, 0] (d from SPEC_D), w = 4·softmax(s/0.5).
   w = dg.dgpo_weights(vocab_size=8, **example_row())
   z = np.exp(2 * np.array([0.0, 0.0515 * 1.2, 0.0515 * 0.8, 0.0]) / math.log(8))
   np.testing.assert_allclose(np.asarray(w[0]), 4 * z / z.sum(), atol=1e-3)
@@ -256,9 +263,9 @@ def test_matches_numpy_reference(config_name, data):
 @hypothesis.settings(max_examples=10)
 @hypothesis.given(b=batches(contiguous=True))
 def test_segment_path_equals_fast_path(b):
-  seg = np.asarray(dg.dgpo_advantages(num_groups=N, **{k: v for k, v in b.items()
-                                                        if k != "hellinger"}))
-  fast = np.asarray(dg.dgpo_advantages(num_groups=N, group_size=G,
+  seg = np.asarray(dg.dgpo_advantages(num_groups=N, vocab_size=V,
+                                      **{k: v for k, v in b.items() if k != "hellinger"}))
+  fast = np.asarray(dg.dgpo_advantages(num_groups=N, group_size=G, vocab_size=V,
                                        **{k: v for k, v in b.items() if k != "hellinger"}))
   np.testing.assert_allclose(seg, fast, rtol=1e-6, atol=1e-7)
 
@@ -282,16 +289,17 @@ def _grpo(b, **kw):
 def test_reduces_to_grpo(b):
   grpo = _grpo(b)
   # α = 0: uniform weights.
-  a = dg.dgpo_advantages(num_groups=N, weighting="linear", alpha=0.0, **_data(b))
+  a = dg.dgpo_advantages(num_groups=N, weighting="linear", alpha=0.0, vocab_size=V,
+                         **_data(b))
   np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
   # Policy equal to the reference (step 0): d = 0, both weightings.
   same = dict(_data(b), logprob_ref=b["logprob_old"])
   for weighting in ("softmax", "linear"):
-    a = dg.dgpo_advantages(num_groups=N, weighting=weighting, **same)
+    a = dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V, **same)
     np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
   # Zero entropy everywhere: g = 0, both gates.
   cold = dict(_data(b), entropy=np.zeros((B, T), np.float32))
-  for kw in (dict(), dict(weighting="linear"), dict(vocab_size=100)):
+  for kw in (dict(ROW_MEAN), dict(weighting="linear", **ROW_MEAN), dict(vocab_size=100)):
     a = dg.dgpo_advantages(num_groups=N, **kw, **cold)
     np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
 
@@ -300,15 +308,15 @@ def test_reduces_to_grpo(b):
 @hypothesis.settings(max_examples=10)
 @hypothesis.given(b=batches())
 def test_budget_and_sign_kept(weighting, b):
-  a = np.asarray(dg.dgpo_advantages(num_groups=N, weighting=weighting, **_data(b)),
-                 np.float64)
+  a = np.asarray(dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V,
+                                    **_data(b)), np.float64)
   grpo = _grpo(b).astype(np.float64)
   mask = b["response_mask"]
   lengths = mask.sum(-1)
   adv_row = grpo.sum(-1) / np.maximum(lengths, 1)  # Â_b (grpo is constant on the row)
   np.testing.assert_allclose(a.sum(-1), lengths * adv_row, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
-  w = np.asarray(dg.dgpo_weights(weighting=weighting, **{
+  w = np.asarray(dg.dgpo_weights(weighting=weighting, vocab_size=V, **{
       k: b[k] for k in ("response_mask", "logprob_old", "logprob_ref", "entropy")}))
   assert np.all(w[mask] > 0) and np.all(w[~mask] == 0)
   np.testing.assert_allclose(w.sum(-1), lengths, rtol=1e-5)
@@ -330,7 +338,7 @@ def test_all_equal_singleton_and_empty_rows_give_exact_zero():
             logprob_ref=rng.uniform(-3, 0, (8, T)).astype(np.float32),
             entropy=rng.uniform(0, 2, (8, T)).astype(np.float32))
   for weighting in ("softmax", "linear"):
-    a = np.asarray(dg.dgpo_advantages(num_groups=4, weighting=weighting, **kw))
+    a = np.asarray(dg.dgpo_advantages(num_groups=4, weighting=weighting, vocab_size=V, **kw))
     assert np.all(a == 0.0)
 
 
@@ -347,8 +355,8 @@ def test_nan_outside_mask_is_ignored():
   for k in ("logprob_old", "logprob_ref", "entropy", "hellinger"):
     dirty[k] = np.where(mask, clean[k], np.nan).astype(np.float32)
   for weighting in ("softmax", "linear"):
-    a = dg.dgpo_advantages(num_groups=N, weighting=weighting, **clean)
-    d = dg.dgpo_advantages(num_groups=N, weighting=weighting, **dirty)
+    a = dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V, **clean)
+    d = dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V, **dirty)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(d))
     assert np.all(np.isfinite(np.asarray(d)))
 
@@ -366,7 +374,7 @@ def test_weights_carry_no_gradient_and_reward_gradient_is_finite():
 
   def f(reward, lp_old, lp_ref):
     a = dg.dgpo_advantages(reward=reward, logprob_old=lp_old, logprob_ref=lp_ref,
-                           num_groups=N, **kw)
+                           num_groups=N, vocab_size=V, **kw)
     return jnp.sum(a * cot)
 
   g_r, g_old, g_ref = jax.grad(f, argnums=(0, 1, 2))(reward, lp_old, lp_ref)
@@ -378,12 +386,12 @@ def test_hellinger_option():
   row = example_row()
   proxy = np.square(np.sqrt(PI) - np.sqrt(PI_REF))[None].astype(np.float32)
   for weighting in ("softmax", "linear"):
-    w0 = dg.dgpo_weights(weighting=weighting, **row)
-    w1 = dg.dgpo_weights(weighting=weighting, hellinger=proxy, **row)
+    w0 = dg.dgpo_weights(weighting=weighting, vocab_size=V, **row)
+    w1 = dg.dgpo_weights(weighting=weighting, vocab_size=V, hellinger=proxy, **row)
     np.testing.assert_allclose(np.asarray(w1), np.asarray(w0), rtol=1e-5)
   # Values outside [0,1] are clipped.
-  w2 = dg.dgpo_weights(hellinger=np.array([[-1., 0.3, 5., 0.]], np.float32), **row)
-  w3 = dg.dgpo_weights(hellinger=np.array([[0., 0.3, 1., 0.]], np.float32), **row)
+  w2 = dg.dgpo_weights(hellinger=np.array([[-1., 0.3, 5., 0.]], np.float32), vocab_size=V, **row)
+  w3 = dg.dgpo_weights(hellinger=np.array([[0., 0.3, 1., 0.]], np.float32), vocab_size=V, **row)
   np.testing.assert_array_equal(np.asarray(w2), np.asarray(w3))
 
 
@@ -395,7 +403,7 @@ def test_higher_gated_deviation_gets_more_credit():
              entropy=np.array([[1.0, 2.0, 1.0, 0.0]], np.float32),
              response_mask=np.ones((1, 4), bool))
   for weighting in ("softmax", "linear"):
-    w = np.asarray(dg.dgpo_weights(weighting=weighting, **row))[0]
+    w = np.asarray(dg.dgpo_weights(weighting=weighting, vocab_size=V, **row))[0]
     assert w[1] > w[2] > w[0]
     np.testing.assert_allclose(w[3], w[0], rtol=1e-6)
 
@@ -403,7 +411,10 @@ def test_higher_gated_deviation_gets_more_credit():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(weighting="exp"), "weighting"),
     (dict(group_std="sample"), "group_std"),
+    (dict(vocab_size=None), "vocab_size"),        # the default gate needs it
+    (dict(vocab_size=None, weighting="linear"), "vocab_size"),
     (dict(vocab_size=1), "vocab_size"),
+    (dict(gate="vocab"), "gate"),
     (dict(group_size=3), "multiple"),
     (dict(group_id=None), "group_id"),
     (dict(num_groups=0), "num_groups"),
@@ -414,10 +425,16 @@ def test_bad_static_args_raise(kwargs, match):
               response_mask=np.ones((B, T), bool),
               logprob_old=rng.uniform(-3, 0, (B, T)).astype(np.float32),
               logprob_ref=rng.uniform(-3, 0, (B, T)).astype(np.float32),
-              entropy=np.ones((B, T), np.float32), num_groups=N)
+              entropy=np.ones((B, T), np.float32), num_groups=N, vocab_size=V)
   base.update(kwargs)
   with pytest.raises(ValueError, match=match):
     dg.dgpo_advantages(**base)
+  if match not in ("gate", "vocab_size"):
+    return
+  with pytest.raises(ValueError, match=match):   # dgpo_weights checks the same, eagerly
+    dg.dgpo_weights(**{k: v for k, v in base.items()
+                       if k not in ("reward", "group_id", "num_groups", "group_size",
+                                    "group_std")})
 
 
 def test_shape_mismatch_raises():
@@ -426,4 +443,4 @@ def test_shape_mismatch_raises():
                        response_mask=np.ones((B, T), bool),
                        logprob_old=np.zeros((B, T), np.float32),
                        logprob_ref=np.zeros((B, T + 1), np.float32),
-                       entropy=np.ones((B, T), np.float32), num_groups=N)
+                       entropy=np.ones((B, T), np.float32), num_groups=N, vocab_size=V)

@@ -1,7 +1,8 @@
 """Tests for the EAPO estimator (credit/advantages/token/eapo.py).
 
-Spec: shared/methods/token_and_implicit.md §9. The numpy reference is written from the
-formulas (float64 loops). Registry-wide properties (jit == eager, masking, padding,
+Source: the authors' code wgcyeo/EAPO `src/trainers/eapo_trainer.py` (arXiv 2609.33781);
+spec shared/methods/token_and_implicit.md §9. The numpy reference is written from the
+formulas (float64 loops, numpy's linear quantiles). Registry-wide properties (jit == eager, masking, padding,
 permutation, degenerate groups, sharding) live in tests/registry_common_test.py.
 """
 from __future__ import annotations
@@ -23,33 +24,68 @@ from tests.advantages.token._ref import (EPS, G, N, T, B, batches, pick, ref_grp
                                          valid_tokens)
 
 H = np.array([0.2, 1.5, 0.4, 0.9])
+# Worked examples, computed with numpy from the code's formula (wgcyeo/EAPO
+# `normalize_token_entropies` + `eapo_token_advantages`; see the module docstring):
+#   h = clip((H − q10)/(q90 − q10 + 1e-8), 0, 1), w = 4^{sign(Â) h} / mean_t 4^{sign(Â) h}.
+# One row as the whole pool: q10 = 0.26, q90 = 1.32 (the numbers of the source check).
+SPEC_H_ONE_ROW = [0.0, 1.0, 0.1321, 0.6038]
+# Two rows with the same entropies (Â = ±1): the pool holds every value twice, so
+# q10 = 0.2, q90 = 1.5 and h = [0, 1, 0.2/1.3, 0.7/1.3].
+SPEC_POS = [0.4792, 1.9168, 0.5931, 1.0109]
+SPEC_NEG = [-1.5798, -0.3949, -1.2764, -0.7489]
+# The earlier linear design (weighting="linear", entropy_norm="row_zscore_tanh", α = 0.5).
 SPEC_Z = [-1.0945, 1.4926, -0.6965, 0.2985]
-SPEC_POS = [0.6167, 1.4905, 0.7175, 1.1754]
-SPEC_NEG = [-1.3640, -0.5343, -1.2683, -0.8335]
+LINEAR_POS = [0.6167, 1.4905, 0.7175, 1.1754]
+LINEAR_NEG = [-1.3640, -0.5343, -1.2683, -0.8335]
+LINEAR = dict(weighting="linear", entropy_norm="row_zscore_tanh")
 
 CONFIGS = {
     "default": dict(),
-    "population_alpha": dict(group_std="population", alpha=0.9),
-    "no_renorm": dict(renormalize=False, alpha=0.3),
-    "nostd_fast": dict(group_std="none", group_size=G),
+    "kappa_quantiles": dict(kappa=2.0, entropy_quantiles=(0.25, 0.75), group_std="population"),
+    "exp_no_renorm": dict(renormalize=False, kappa=0.7),
+    "exp_tanh_fast": dict(entropy_norm="row_zscore_tanh", group_std="none", group_size=G),
+    "linear": dict(LINEAR),
+    "linear_population_alpha": dict(LINEAR, group_std="population", alpha=0.9),
+    "linear_no_renorm": dict(LINEAR, renormalize=False, alpha=0.3),
+    "linear_quantile_fast": dict(weighting="linear", group_std="none", group_size=G),
 }
 FIELDS = ("reward", "group_id", "response_mask", "entropy")
 
 
-def ref_eapo(b, *, group_size=None, alpha=0.5, renormalize=True, group_std="unbiased",
-             eps=EPS):
+def _valid_rows(b, group_size):
+  mask = b["response_mask"]
+  gid = np.arange(B) // group_size if group_size is not None else b["group_id"]
+  return [bool(mask[i].any()) and (group_size is not None or 0 <= gid[i] < N)
+          for i in range(mask.shape[0])]
+
+
+def ref_eapo(b, *, group_size=None, kappa=math.log(4.0), alpha=0.5, weighting="exp",
+             entropy_norm="batch_quantile", entropy_quantiles=(0.1, 0.9), renormalize=True,
+             group_std="unbiased", eps=EPS):
   mask = b["response_mask"]
   adv = ref_grpo(b["reward"], b["group_id"], mask, group_size=group_size, group_std=group_std)
+  valid = _valid_rows(b, group_size)
+  pool = [float(b["entropy"][i, t]) for i in range(mask.shape[0]) if valid[i]
+          for t in valid_tokens(mask, i)]
+  if pool:
+    q_lo, q_hi = np.quantile(np.array(pool), entropy_quantiles)  # numpy "linear"
   out = np.zeros(mask.shape)
   for i in range(mask.shape[0]):
     ts = valid_tokens(mask, i)
-    if not ts:
+    if not ts or not valid[i]:
       continue
     h = [float(b["entropy"][i, t]) for t in ts]
-    mu = sum(h) / len(h)
-    sd = math.sqrt(sum((x - mu) ** 2 for x in h) / len(h))
+    if entropy_norm == "batch_quantile":
+      s = [min(max((x - q_lo) / (q_hi - q_lo + 1e-8), 0.0), 1.0) for x in h]
+    else:
+      mu = sum(h) / len(h)
+      sd = math.sqrt(sum((x - mu) ** 2 for x in h) / len(h))
+      s = [math.tanh((x - mu) / (sd + eps)) for x in h]
     sgn = float(np.sign(adv[i]))
-    w = [max(1 + alpha * sgn * math.tanh((x - mu) / (sd + eps)), 0.0) for x in h]
+    if weighting == "exp":
+      w = [math.exp(kappa * sgn * x) for x in s]
+    else:
+      w = [max(1 + alpha * sgn * x, 0.0) for x in s]
     if renormalize:
       w = [len(ts) * x / sum(w) for x in w]
     for t, x in zip(ts, w):
@@ -64,10 +100,10 @@ def jitted(name):
 
 def test_registered_in_token_family():
   spec = registry.get_estimator("eapo")
-  assert spec.family == "token" and spec.confidence == "inferred"
+  assert spec.family == "token" and spec.confidence == "code-verified"
   assert spec.fn is ea.eapo_advantages
   assert spec.needs == set(FIELDS)
-  assert "2604.11056" in spec.paper
+  assert "2609.33781" in spec.paper and "Yeo" in spec.paper
 
 
 def test_doctests():
@@ -78,14 +114,28 @@ def test_doctests():
 def test_spec_example():
   mask = np.ones((2, 4), bool)
   ent = np.tile(H.astype(np.float32), (2, 1))
-  z = np.arctanh(np.asarray(ea.eapo_entropy_scores(response_mask=mask[:1], entropy=ent[:1])))
-  np.testing.assert_allclose(z[0], SPEC_Z, atol=1e-3)
+  h = ea.eapo_entropy_scores(response_mask=mask[:1], entropy=ent[:1])
+  np.testing.assert_allclose(np.asarray(h)[0], SPEC_H_ONE_ROW, atol=1e-4)
   # Two rows with rewards 1, 0 and the population std: Â = ±1.
-  a = ea.eapo_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
-                         response_mask=mask, entropy=ent, num_groups=1,
-                         group_std="population")
-  np.testing.assert_allclose(np.asarray(a), [SPEC_POS, SPEC_NEG], atol=1e-3)
-  np.testing.assert_allclose(np.asarray(a).sum(-1), [4.0, -4.0], atol=1e-4)
+  kw = dict(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32), response_mask=mask,
+            entropy=ent, num_groups=1, group_std="population")
+  a = np.asarray(ea.eapo_advantages(**kw))
+  np.testing.assert_allclose(a, [SPEC_POS, SPEC_NEG], atol=1e-4)
+  np.testing.assert_allclose(a.sum(-1), [4.0, -4.0], atol=1e-4)
+  # Raw credit ratio within a response is at most e^κ = 4.
+  assert a[0].max() / a[0].min() <= 4.0 + 1e-5
+  # The earlier linear design, kept as options.
+  z = np.arctanh(np.asarray(ea.eapo_entropy_scores(response_mask=mask[:1], entropy=ent[:1],
+                                                   norm="row_zscore_tanh")))
+  np.testing.assert_allclose(z[0], SPEC_Z, atol=1e-3)
+  lin = ea.eapo_advantages(**kw, **LINEAR)
+  np.testing.assert_allclose(np.asarray(lin), [LINEAR_POS, LINEAR_NEG], atol=1e-3)
+
+
+def test_kappa_schedule():
+  assert float(ea.eapo_kappa(math.log(4.0), step=10)) == pytest.approx(math.log(4.0))
+  assert float(ea.eapo_kappa(2.0, step=25, decay_steps=100)) == pytest.approx(1.5)
+  assert float(ea.eapo_kappa(2.0, step=500, decay_steps=100)) == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -104,14 +154,30 @@ def test_reduces_to_grpo_and_keeps_sign_and_budget(b):
   grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
                                     num_groups=N))
   kw = pick(b, *FIELDS)
-  a0 = ea.eapo_advantages(num_groups=N, alpha=0.0, **kw)
-  np.testing.assert_allclose(np.asarray(a0), grpo, rtol=1e-6, atol=1e-7)
+  for off in (dict(kappa=0.0), dict(LINEAR, alpha=0.0)):
+    a0 = ea.eapo_advantages(num_groups=N, **off, **kw)
+    np.testing.assert_allclose(np.asarray(a0), grpo, rtol=1e-6, atol=1e-7)
   flat = dict(kw, entropy=np.full((B, T), 1.3, np.float32))
-  a1 = ea.eapo_advantages(num_groups=N, **flat)
-  np.testing.assert_allclose(np.asarray(a1), grpo, rtol=1e-5, atol=1e-6)
+  for extra in (dict(), LINEAR):
+    a1 = ea.eapo_advantages(num_groups=N, **extra, **flat)
+    np.testing.assert_allclose(np.asarray(a1), grpo, rtol=1e-5, atol=1e-6)
   a = np.asarray(ea.eapo_advantages(num_groups=N, **kw), np.float64)
   np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
   np.testing.assert_allclose(a.sum(-1), grpo.astype(np.float64).sum(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_scores_are_batch_coupled():
+  # The quantiles are one statistic of the pool: adding a row changes another row's scores
+  # (the code's behaviour), unlike the per-response z-score.
+  ent = np.array([[0.2, 1.5, 0.4, 0.9], [3.0, 0.0, 2.0, 1.0]], np.float32)
+  m = np.ones((2, 4), bool)
+  both = np.asarray(ea.eapo_entropy_scores(response_mask=m, entropy=ent))
+  one = np.asarray(ea.eapo_entropy_scores(response_mask=m[:1], entropy=ent[:1]))
+  assert not np.allclose(both[0], one[0])
+  both = np.asarray(ea.eapo_entropy_scores(response_mask=m, entropy=ent, norm="row_zscore_tanh"))
+  one = np.asarray(ea.eapo_entropy_scores(response_mask=m[:1], entropy=ent[:1],
+                                          norm="row_zscore_tanh"))
+  np.testing.assert_allclose(both[0], one[0], rtol=1e-6)
 
 
 def test_polarity():
@@ -126,6 +192,9 @@ def test_polarity():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(group_std="sample"), "group_std"),
+    (dict(weighting="softmax"), "weighting"),
+    (dict(entropy_norm="batch_zscore"), "norm"),
+    (dict(entropy_quantiles=(0.9, 0.1)), "quantiles"),
     (dict(group_size=3), "multiple"),
     (dict(group_id=None), "group_id"),
     (dict(num_groups=0), "num_groups"),

@@ -1,7 +1,10 @@
 """Tests for the OPSA estimator (credit/advantages/token/opsa.py).
 
-Spec: shared/methods/token_and_implicit.md §10. The numpy reference is written from the
-formula. Registry-wide properties live in tests/registry_common_test.py.
+Source: the authors' code DripNowhy/On-Policy-Self-Adaptation, `slime/tests/test_opsa.py`
+(the unit tests of `compute_opsa`; arXiv 2608.31046 §4.2); spec
+shared/methods/token_and_implicit.md §10. The worked examples below are that file's cases;
+the numpy reference is written from the formula (float64 loops, a stable sort).
+Registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations
 
@@ -15,55 +18,62 @@ import pytest
 from hypothesis import strategies as st
 
 from credit import registry
-from credit.advantages import grpo_advantages
 from credit.advantages.token import opsa as op
-from tests.advantages.token._ref import EPS, G, N, T, B, batches, pick, ref_grpo
+from tests.advantages.token._ref import B, T, batches, pick
 
 CONFIGS = {
     "default": dict(),
-    "coef": dict(coef=0.3),
-    "constant": dict(mode="constant", coef=0.7),
-    "outcome": dict(outcome_coef=0.5),
-    "outcome_fast": dict(outcome_coef=1.0, group_size=G, group_std="population"),
+    "fraction": dict(token_fraction=0.5, adv_min=-2.0, adv_max=-0.25),
+    "fixed": dict(mode="fixed", fixed_advantage=-0.5),
+    "fixed_positive": dict(mode="fixed", fixed_advantage=0.2, token_fraction=0.1),
 }
+FIELDS = ("response_mask", "entropy", "logprob_old")
 
 
-def ref_opsa(b, *, coef=1.0, outcome_coef=0.0, mode="entropy", group_size=None,
-             group_std="unbiased", eps=EPS):
+def ref_opsa(b, *, token_fraction=0.2, adv_min=-1.0, adv_max=-0.5, fixed_advantage=-0.5,
+             mode="entropy"):
   mask = b["response_mask"]
-  ent = np.maximum(b["entropy"].astype(np.float64), 0.0)
-  vals = [ent[i, t] for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t]]
-  mean = sum(vals) / max(len(vals), 1)
-  adv = (ref_grpo(b["reward"], b["group_id"], mask, group_size=group_size, group_std=group_std)
-         if outcome_coef else np.zeros(mask.shape[0]))
-  out = np.zeros(mask.shape)
-  for i in range(mask.shape[0]):
-    for t in range(mask.shape[1]):
-      if mask[i, t]:
-        base = -coef * ent[i, t] / (mean + eps) if mode == "entropy" else -coef
-        out[i, t] = base + outcome_coef * adv[i]
-  return out
+  lp = b["logprob_old"].astype(np.float64)
+  ent = b["entropy"].astype(np.float64)
+  pool = [(lp[i, t], i * mask.shape[1] + t, i, t) for i in range(mask.shape[0])
+          for t in range(mask.shape[1]) if mask[i, t]]
+  adv = np.zeros(mask.shape)
+  sel = np.zeros(mask.shape, bool)
+  if not pool:
+    return adv, sel
+  k = max(1, int(np.floor(token_fraction * len(pool) + 1e-9)))
+  chosen = sorted(pool)[:k]                 # by log-prob, ties by flat index (stable)
+  hs = [ent[i, t] for _, _, i, t in chosen]
+  lo, hi = min(hs), max(hs)
+  for _, _, i, t in chosen:
+    sel[i, t] = True
+    if mode == "fixed":
+      adv[i, t] = fixed_advantage
+    else:
+      r = (ent[i, t] - lo) / (hi - lo) if hi > lo else 1.0
+      adv[i, t] = adv_max + (adv_min - adv_max) * r
+  return adv, sel
 
 
 @functools.lru_cache(maxsize=None)
 def jitted(name):
-  cfg = dict(CONFIGS[name])
-  return jax.jit(functools.partial(op.opsa_advantages, num_groups=N, **cfg))
+  return jax.jit(functools.partial(op.opsa_advantages, **CONFIGS[name]))
 
 
-def _fields(name, b):
-  names = ["response_mask", "entropy"]
-  if CONFIGS[name].get("outcome_coef"):
-    names += ["reward", "group_id"]
-  return pick(b, *names)
+def _call(lp, mask, ent=None, **kw):
+  lp = np.asarray(lp, np.float32)
+  ent = np.zeros_like(lp) if ent is None else np.asarray(ent, np.float32)
+  out = op.opsa_advantages(response_mask=np.asarray(mask, bool), logprob_old=lp, entropy=ent,
+                           **kw)
+  return np.asarray(out.advantages), np.asarray(out.loss_mask)
 
 
 def test_registered_in_token_family():
   spec = registry.get_estimator("opsa")
-  assert spec.family == "token" and spec.confidence == "inferred"
-  assert spec.needs == {"response_mask", "entropy"}
-  assert spec.needs_for({"outcome_coef": 0.5}) == {"response_mask", "entropy", "reward",
-                                                    "group_id"}
+  assert spec.family == "token" and spec.confidence == "code-verified"
+  assert spec.returns_output and spec.fn is op.opsa_advantages
+  assert spec.needs == set(FIELDS)
+  assert "2608.31046" in spec.paper
 
 
 def test_doctests():
@@ -71,63 +81,96 @@ def test_doctests():
   assert res.attempted > 0 and res.failed == 0
 
 
-def test_spec_example():
-  h = np.array([[0.1, 1.0, 2.0], [0.5, 0.5, 0.0]], np.float32)
-  m = np.array([[1, 1, 1], [1, 1, 0]], bool)
-  a = np.asarray(op.opsa_advantages(response_mask=m, entropy=h))
-  np.testing.assert_allclose(a, [[-0.1220, -1.2195, -2.4390], [-0.6098, -0.6098, 0.0]],
-                             atol=1e-3)
-  c = np.asarray(op.opsa_advantages(response_mask=m, entropy=h, mode="constant", coef=2.0))
-  np.testing.assert_array_equal(c, np.where(m, -2.0, 0.0))
+def test_spec_example_from_the_code_tests():
+  # test_entropy_opsa_selects_lowest_valid_tokens_across_packed_samples: the packed samples
+  # [−10, −9 (masked), −8] and [−7, −6] as two padded rows; f = 0.5 → N = 4, K = 2.
+  adv, sel = _call([[-10., -9., -8.], [-7., -6., 0.]], [[1, 0, 1], [1, 1, 0]],
+                   [[2., 99., 4.], [3., 1., 0.]], token_fraction=0.5)
+  np.testing.assert_allclose(adv, [[-0.5, 0.0, -1.0], [0.0, 0.0, 0.0]])
+  np.testing.assert_array_equal(sel, [[1, 0, 1], [0, 0, 0]])
+  # test_equal_selected_entropies_receive_advantage_min.
+  adv, _ = _call([[-4., -3., -2., -1.]], np.ones((1, 4)), np.full((1, 4), 2.0),
+                 token_fraction=0.5)
+  np.testing.assert_array_equal(adv, [[-1.0, -1.0, 0.0, 0.0]])
+  # test_fixed_negative_and_positive_advantages.
+  for value in (-0.5, 0.2):
+    adv, _ = _call([[-3., -2., -1.]], np.ones((1, 3)), mode="fixed", fixed_advantage=value,
+                   token_fraction=2 / 3)
+    np.testing.assert_allclose(adv, [[value, value, 0.0]])
+
+
+@pytest.mark.parametrize("fraction,count", [(0.1, 1), (0.2, 2), (0.3, 3), (0.4, 4)])
+def test_lowest_fraction_ablations(fraction, count):
+  # test_lowest_fraction_ablations / test_nonempty_batch_always_selects_at_least_one_token.
+  _, sel = _call(np.arange(10, dtype=np.float32)[None], np.ones((1, 10)), mode="fixed",
+                 token_fraction=fraction)
+  assert sel.sum() == count and sel[0, :count].all()
+  _, sel = _call([[-1.0, -0.5]], np.ones((1, 2)), mode="fixed", token_fraction=0.1)
+  np.testing.assert_array_equal(sel, [[True, False]])
+
+
+def test_empty_batch_selects_nothing():
+  adv, sel = _call(np.zeros((2, 3)), np.zeros((2, 3)), np.ones((2, 3)))
+  assert np.all(adv == 0.0) and not sel.any()
+
+
+def test_selection_is_one_pool_over_the_batch():
+  # The code's pool is a data-parallel rank's batch (test_selection_is_dp_local_not_global);
+  # here it is the whole batch given: both tokens of the first row are chosen.
+  _, sel = _call([[-100., -90.], [-2., -1.]], np.ones((2, 2)), mode="fixed",
+                 token_fraction=0.5)
+  np.testing.assert_array_equal(sel, [[True, True], [False, False]])
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @hypothesis.settings(max_examples=12, deadline=None)
 @hypothesis.given(data=st.data())
 def test_matches_numpy_reference(name, data):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  got = np.asarray(jitted(name)(**_fields(name, b)), np.float64)
-  np.testing.assert_allclose(got, ref_opsa(b, **cfg), rtol=1e-4, atol=1e-5)
+  b = data.draw(batches())
+  out = jitted(name)(**pick(b, *FIELDS))
+  adv, sel = ref_opsa(b, **CONFIGS[name])
+  np.testing.assert_array_equal(np.asarray(out.loss_mask), sel)
+  np.testing.assert_allclose(np.asarray(out.advantages, np.float64), adv, rtol=1e-5,
+                             atol=1e-6)
 
 
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(b=batches())
-def test_reductions(b):
-  kw = pick(b, "response_mask", "entropy")
-  grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
-                                    num_groups=N))
-  # c = 0 with an outcome term of weight 1 is GRPO.
-  a = op.opsa_advantages(coef=0.0, outcome_coef=1.0, num_groups=N,
-                         **pick(b, "reward", "group_id"), **kw)
-  np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
-  # A constant entropy makes the entropy mode the constant mode.
-  flat = dict(kw, entropy=np.full((B, T), 0.8, np.float32))
-  np.testing.assert_allclose(np.asarray(op.opsa_advantages(**flat)),
-                             np.asarray(op.opsa_advantages(mode="constant", **flat)),
-                             rtol=1e-5)
-  # Non-positive everywhere; the mean over valid tokens is -c (entropy mode).
-  a = np.asarray(op.opsa_advantages(**kw), np.float64)
-  assert np.all(a <= 0)
-  mask = b["response_mask"]
-  if mask.any() and b["entropy"][mask].sum() > 1e-3:
-    np.testing.assert_allclose(a[mask].mean(), -1.0, rtol=1e-4)
+def test_bounds_and_fixed_reduction(b):
+  kw = pick(b, *FIELDS)
+  out = op.opsa_advantages(**kw)
+  adv, sel = np.asarray(out.advantages), np.asarray(out.loss_mask)
+  assert not (sel & ~b["response_mask"]).any()
+  assert np.all(adv[sel] <= -0.5 + 1e-6) and np.all(adv[sel] >= -1.0 - 1e-6)
+  assert np.all(adv[~sel] == 0.0)
+  # A_min = A_max = c is the fixed mode with c.
+  same = op.opsa_advantages(adv_min=-0.7, adv_max=-0.7, **kw)
+  fixed = op.opsa_advantages(mode="fixed", fixed_advantage=-0.7, **kw)
+  np.testing.assert_allclose(np.asarray(same.advantages), np.asarray(fixed.advantages),
+                             atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(same.loss_mask), np.asarray(fixed.loss_mask))
 
 
-def test_zero_entropy_gives_zero():
-  m = np.ones((2, 3), bool)
-  a = np.asarray(op.opsa_advantages(response_mask=m, entropy=np.zeros((2, 3), np.float32)))
-  assert np.all(a == 0.0)
+def test_vmap_over_token_fraction():
+  rng = np.random.default_rng(0)
+  kw = dict(response_mask=np.ones((B, T), bool),
+            logprob_old=rng.normal(size=(B, T)).astype(np.float32),
+            entropy=rng.uniform(0, 2, (B, T)).astype(np.float32))
+  fr = np.array([0.1, 0.2, 0.5], np.float32)
+  counts = jax.vmap(lambda f: op.opsa_advantages(token_fraction=f, **kw).loss_mask.sum())(fr)
+  np.testing.assert_array_equal(np.asarray(counts), np.floor(fr * B * T + 1e-4).astype(int))
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(mode="tail"), "mode"),
-    (dict(group_std="sample"), "group_std"),
-    (dict(outcome_coef=0.5), "needs `reward`"),
-    (dict(reward=np.zeros(B, np.float32), group_id=np.zeros(B, np.int32)), "num_groups"),
+    (dict(mode="constant"), "mode"),
+    (dict(token_fraction=0.0), "token_fraction"),
+    (dict(token_fraction=1.1), "token_fraction"),
+    (dict(adv_min=-0.5, adv_max=-1.0), "adv_min"),
+    (dict(mode="fixed", fixed_advantage=0.0), "fixed_advantage"),
 ])
 def test_bad_args_raise(kwargs, match):
-  base = dict(response_mask=np.ones((B, T), bool), entropy=np.ones((B, T), np.float32))
+  base = dict(response_mask=np.ones((B, T), bool), entropy=np.ones((B, T), np.float32),
+              logprob_old=np.zeros((B, T), np.float32))
   base.update(kwargs)
   with pytest.raises(ValueError, match=match):
     op.opsa_advantages(**base)
@@ -136,4 +179,5 @@ def test_bad_args_raise(kwargs, match):
 def test_shape_mismatch_raises():
   with pytest.raises(AssertionError):
     op.opsa_advantages(response_mask=np.ones((B, T), bool),
-                       entropy=np.ones((B, T + 1), np.float32))
+                       entropy=np.ones((B, T + 1), np.float32),
+                       logprob_old=np.zeros((B, T), np.float32))
