@@ -95,6 +95,8 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
     need(["logprob_ref"], f"the KL term (kl_coef={c.kl_coef})")
   if c.importance_correction:
     need(["logprob_sampler"], "importance_correction")
+  if c.obs_ce_coef:
+    need(["obs_mask"], f"the observation cross-entropy term (obs_ce_coef={c.obs_ce_coef})")
   return needed
 
 
@@ -109,9 +111,12 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
   if c.logprob_old_source not in producers.LOGPROB_OLD_SOURCES:
     raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: "
                      f"{list(producers.LOGPROB_OLD_SOURCES)}")
+  hyper = dict(c.estimator_kwargs)
+  if "vocab_size" in est.params and "vocab_size" not in hyper:
+    hyper["vocab_size"] = model_vocab_size(c)  # e.g. DGPO's entropy gate H / log|V|
   try:
     est_fields, est_static = est.split_arguments(
-        dict(c.estimator_kwargs), num_groups=c.prompts_per_step, group_size=c.group_size)
+        hyper, num_groups=c.prompts_per_step, group_size=c.group_size)
   except ValueError as e:
     raise SetupError(str(e)) from None
   loss_kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(c.loss_kwargs).items()}
@@ -124,11 +129,26 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
                      "`logprob_sampler`")
   loss_fields = tuple(sorted(loss.needs | ({"logprob_sampler"} if c.importance_correction
                                            else set())))
+  if c.obs_ce_mode not in credit.losses.OBS_CE_MODES:
+    raise SetupError(f"obs_ce_mode={c.obs_ce_mode!r}; valid: {list(credit.losses.OBS_CE_MODES)}")
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
-                               | ({"logprob_ref"} if c.kl_coef else set())))
+                               | ({"logprob_ref"} if c.kl_coef else set())
+                               | ({"obs_mask"} if c.obs_ce_coef else set())))
   plan = producers.plan(method_needs(c, est, loss_fields), c)
   return Method(est, loss, est_fields, est_static, loss_fields, loss_kwargs, update_fields,
                 tuple(plan))
+
+
+def model_vocab_size(c: ml_collections.ConfigDict) -> int:
+  """|V| of the policy's output distribution: the checkpoint's `vocab_size` (init_from,
+  warm_start_from), else the character tokenizer's (from-scratch models)."""
+  source = c.init_from or c.get("warm_start_from", "")
+  if source:
+    hf = _read_checkpoint_config(source, "init_from" if c.init_from else "warm_start_from")
+    if "vocab_size" not in hf:
+      raise SetupError(f"{source!r}: config.json has no vocab_size")
+    return int(hf["vocab_size"])
+  return tasks_lib.CharTokenizer().vocab_size
 
 
 def check_batch(fields: dict[str, Any], *, num_groups: int, where: str) -> None:
@@ -203,19 +223,19 @@ def build_data(c: ml_collections.ConfigDict) -> Data:
   return Data(task, tok, train_ex, eval_ex, max_prompt, c.max_new_tokens)
 
 
-def _read_checkpoint_config(path: str) -> dict:
-  """config.json of a checkpoint directory; SetupError if it is not one."""
+def _read_checkpoint_config(path: str, key: str = "init_from") -> dict:
+  """config.json of a checkpoint directory; SetupError (naming config `key`) if it is not one."""
   if not os.path.isdir(path):
-    raise SetupError(f"init_from={path!r} is not a directory")
+    raise SetupError(f"{key}={path!r} is not a directory")
   if not os.path.exists(os.path.join(path, "config.json")):
-    raise SetupError(f"init_from={path!r} has no config.json")
+    raise SetupError(f"{key}={path!r} has no config.json")
   if not any(f.endswith(".safetensors") for f in os.listdir(path)):
-    raise SetupError(f"init_from={path!r} has no *.safetensors weights")
+    raise SetupError(f"{key}={path!r} has no *.safetensors weights")
   try:
     with open(os.path.join(path, "config.json")) as f:
       return json.load(f)
   except ValueError as e:
-    raise SetupError(f"init_from={path!r}: config.json is not JSON ({e})") from None
+    raise SetupError(f"{key}={path!r}: config.json is not JSON ({e})") from None
 
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -262,11 +282,21 @@ def build_model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
 
 
 def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, ModelConfig]:
-  """A tiny from-scratch policy, or `from_pretrained(c.init_from)` (+ LoRA)."""
+  """A tiny from-scratch policy, or `from_pretrained(c.init_from)`, or the exported policy of
+  an earlier from-scratch run (`c.warm_start_from`) (+ LoRA)."""
   from credit import models
-  if c.init_from:
-    _read_checkpoint_config(c.init_from)
-    model, mcfg = models.from_pretrained(c.init_from, mesh=mesh, remat=bool(c.model.remat),
+  source = c.init_from or c.get("warm_start_from", "")
+  if c.init_from and c.get("warm_start_from"):
+    raise SetupError("init_from and warm_start_from are exclusive: warm_start_from is for "
+                     "policies exported by a from-scratch run (the task's character tokenizer)")
+  if source:
+    key = "init_from" if c.init_from else "warm_start_from"
+    hf = _read_checkpoint_config(source, key)
+    if not c.init_from and hf.get("vocab_size") != tok.vocab_size:
+      raise SetupError(f"warm_start_from={source!r}: its vocab_size {hf.get('vocab_size')} is "
+                       f"not the task tokenizer's {tok.vocab_size} (was it exported by a "
+                       "from-scratch run of this library?)")
+    model, mcfg = models.from_pretrained(source, mesh=mesh, remat=bool(c.model.remat),
                                          param_dtype=c.model.param_dtype,
                                          dtype=c.model.compute_dtype)
   else:
@@ -387,7 +417,8 @@ class RunState:
   """What changes from step to step.
 
   train: the train state pytree. ref_params: the frozen reference policy (None unless a
-  planned producer keeps one). Both are checkpointed. loader: the prompt iterator (its
+  planned producer keeps one). learners: {producer name: LearnerState} of the trained field
+  producers (implicit PRM, critics; `experiments/learners.py`). All three are checkpointed. loader: the prompt iterator (its
   position is saved with each checkpoint). step: RL steps completed. checked: the first
   batch of this process's run has been validated. heatmap: the batch of the most recent step
   with a mixed-reward group (else of the most recent step), for the token-credit heatmap.
@@ -396,13 +427,14 @@ class RunState:
   train: train.TrainState
   ref_params: Any
   loader: Any
+  learners: dict = dataclasses.field(default_factory=dict)
   step: int = 0
   checked: bool = False
   heatmap: StepBatch | None = None
   samples: list = dataclasses.field(default_factory=list)
 
   def checkpoint(self) -> dict[str, Any]:
-    return {"train": self.train, "ref_params": self.ref_params}
+    return {"train": self.train, "ref_params": self.ref_params, "learners": self.learners}
 
 
 def _checked_setup(c: ml_collections.ConfigDict):
@@ -451,12 +483,14 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   st_sh = train.TrainState(step=rep, params=p_sh, opt_state=o_sh, key=rep,
                            estimator_state=jax.tree.map(lambda _: rep, est_state))
   adv_fn = jax.jit(train.make_advantage_fn(est, method.estimator_static),
-                   out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state))
+                   out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state,
+                                  parallel.batch_sharding(mesh, 2)))
   update = jax.jit(train.make_rl_update(
       graphdef, rest, tx, loss_spec=method.loss, loss_fields=method.loss_fields,
       loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
       entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
-      num_minibatches=c.num_minibatches, chunk_size=chunk),
+      num_minibatches=c.num_minibatches, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
+      obs_ce_mode=c.obs_ce_mode),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   div = parallel.batch_divisor(mesh)
   eval_bs = min(128, max(div, len(data.eval)))
@@ -469,7 +503,14 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0)
   ref = state.params if method.keeps_reference else None  # restore template only
   return runner, RunState(state, ref, tasks_lib.make_loader(data.train, c.prompts_per_step,
-                                                            seed=c.seed))
+                                                            seed=c.seed),
+                          learners=init_learners(runner, state.params))
+
+
+def init_learners(run: Runner, policy_params) -> dict:
+  """{name: LearnerState} of the planned trained producers, initialised from `policy_params`."""
+  return {p.producer.name: p.producer.init(run.setup, policy_params)
+          for p in run.method.plan if p.producer.init is not None}
 
 
 def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
@@ -480,13 +521,14 @@ def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
     rs.loader.set_state(restored.meta["loader"])
     state = restored.state["train"]
     rs = dataclasses.replace(rs, train=state, ref_params=restored.state["ref_params"],
-                             step=int(state.step))
+                             learners=restored.state["learners"], step=int(state.step))
     run.say(f"resumed from step {rs.step} in {run.ckpt.directory}")
     return rs
   state = warm_up(run, rs.train) if run.c.sft_steps else rs.train
   # A copy: the update donates state.params, which would delete buffers shared with it.
   ref = jax.tree.map(jnp.copy, state.params) if run.method.keeps_reference else None
-  rs = dataclasses.replace(rs, train=state, ref_params=ref)
+  rs = dataclasses.replace(rs, train=state, ref_params=ref,
+                           learners=init_learners(run, state.params))
   save(run, rs)
   return rs
 
@@ -526,7 +568,7 @@ def _context(run: Runner, rs: RunState) -> producers.StepContext:
                                          run.data.max_prompt_len)
   key = jax.random.fold_in(jax.random.wrap_key_data(_key_data(run.c.seed)), rs.step)
   return producers.StepContext(key=key, examples=ex, prompt_tokens=toks, prompt_mask=pmask,
-                               ref_params=rs.ref_params)
+                               ref_params=rs.ref_params, learners=dict(rs.learners))
 
 
 def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
@@ -543,8 +585,8 @@ def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
   if c.debug_checks or not rs.checked:
     check_batch(batch, num_groups=c.prompts_per_step, where=where)
   t0 = time.perf_counter()
-  adv, est_state = run.adv_fn({n: batch[n] for n in m.estimator_fields},
-                              rs.train.estimator_state)
+  adv, est_state, targets = run.adv_fn({n: batch[n] for n in m.estimator_fields},
+                                       rs.train.estimator_state)
   batch["advantages"] = adv
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},
@@ -553,6 +595,12 @@ def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
                           dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask))
   jax.block_until_ready(state.params)
   times["update"] = time.perf_counter() - t0
+  for stage in run.stages:  # trained producers learn from this step's targets
+    if stage.after is not None:
+      t0 = time.perf_counter()
+      stage.after(batch, targets, ctx)
+      jax.block_until_ready(ctx.learners)
+      times[stage.phase] = times.get(stage.phase, 0.0) + time.perf_counter() - t0
   host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
   step, samples = rs.step + 1, []
   heatmap = _heatmap_batch(rs.heatmap, StepBatch(
@@ -563,9 +611,10 @@ def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
     if run.is_main:
       samples = _sample_rows(run.data.tokenizer, host, adv_host, ctx.examples, step,
                              c.samples_per_step)
-  metrics = _step_metrics(upd, host, adv, time.perf_counter() - t_step, times)
+  metrics = _step_metrics(dict(upd, **ctx.metrics), host, adv, time.perf_counter() - t_step,
+                          times)
   return dataclasses.replace(rs, train=state, step=step, checked=True, heatmap=heatmap,
-                             samples=samples), metrics
+                             samples=samples, learners=ctx.learners), metrics
 
 
 def _heatmap_batch(kept: StepBatch | None, new: StepBatch) -> StepBatch:

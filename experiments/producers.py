@@ -33,7 +33,7 @@ from flax import nnx
 from credit import CONTRACT, parallel
 from credit import tasks as tasks_lib
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import train
+from experiments import learners, train
 
 Produce = Callable[[Any, Mapping[str, Any], "StepContext"], dict]
 
@@ -78,6 +78,9 @@ class StepContext:
   key: the step's PRNG key. examples: the loader's batch of N prompts (columns).
   prompt_tokens, prompt_mask: [N,P] host arrays of the encoded prompts.
   ref_params: the frozen reference policy (None unless a planned producer keeps one).
+  learners: {producer name: its `learners.LearnerState`} of the trained producers; a
+  producer replaces its own entry when it updates, and the loop carries them to the next step.
+  metrics: what the producers report for the step's metrics row (e.g. `prm_loss`).
   Filled by the rollout root: attn_mask [B,T] (prompt | response, sharded), host (numpy
   copies: tokens, response_mask, prompt_mask, group_id; `texts` once decoded), extras (other arrays,
   e.g. the sampler's raw log-probs).
@@ -87,6 +90,8 @@ class StepContext:
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
   ref_params: Any = None
+  learners: dict = dataclasses.field(default_factory=dict)
+  metrics: dict = dataclasses.field(default_factory=dict)
   attn_mask: Any = None
   host: dict = dataclasses.field(default_factory=dict)
   extras: dict = dataclasses.field(default_factory=dict)
@@ -101,7 +106,13 @@ class Producer:
   phase: the timing bucket it is reported under (`time_<phase>`).
   when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
   needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
-  policy in `ctx.ref_params` (and checkpoints it).
+  policy in `ctx.ref_params` (and checkpoints it). init: the producer learns
+  (`experiments/learners.py`): `init(setup, policy_params) -> LearnerState` makes its
+  trained state after the warm-up (checkpointed with the run), and `build` returns
+  `(produce, after)`, `after(batch, targets, ctx)` running once the estimator has made the
+  advantages (`targets`: its value targets, e.g. `returns`). check: `check(c)` raises
+  SetupError for a setting the producer cannot run with; `plan` calls it for each planned
+  producer, before any file is written.
   """
   name: str
   provides: tuple[str, ...]
@@ -112,6 +123,8 @@ class Producer:
   when: Callable[[ml_collections.ConfigDict], bool] = lambda c: True
   keeps_reference: bool = False
   off_doc: str = ""
+  init: Callable[[Setup, Any], Any] | None = None
+  check: Callable[[ml_collections.ConfigDict], None] | None = None
 
 
 # --------------------------------------------------------------------------
@@ -259,7 +272,6 @@ def append_answer(tokens_BS: np.ndarray, keep_BS: np.ndarray, answer_BA: np.ndar
 
 def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
   tok, G = s.data.tokenizer, s.group_size
-  stops = np.asarray(getattr(tok, "stop_ids", None) or (tok.eos_id,))
   # A, the answer width, is fixed for the run: the longest gold answer of the train split.
   A = max(len(answer_ids(tok, tasks_lib.as_example(e)["answer"])) for e in s.data.train)
   P = s.data.max_prompt_len
@@ -280,11 +292,7 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
                        f"run's answer width A={A} (the longest of the train split)")
     ans_NA, amask_NA = tasks_lib.pad_rows(rows, A, pad_id=tok.pad_id, pad_left=False)
     ans_BA, amask_BA = np.repeat(ans_NA, G, axis=0), np.repeat(amask_NA, G, axis=0)
-    # The response without its final stop token (a row cut at the budget keeps all of it).
-    last_B = np.max(np.where(resp, np.arange(resp.shape[1]), -1), axis=1)
-    ends = (last_B >= 0) & np.isin(tokens[np.arange(len(last_B)), last_B], stops)
-    body = resp.copy()
-    body[np.flatnonzero(ends), last_B[ends]] = False
+    body = _response_body(tok, tokens, resp)
     params = state.params
     out = {"answer_mask": parallel.shard_batch(amask_BA, s.mesh)}
     seq, attn, pos = append_answer(tokens, prompt | body, ans_BA, amask_BA, tok.pad_id)
@@ -296,6 +304,123 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
       out["logprob_answer_prior"] = answer_logprobs(params, *parallel.shard_batch(
           (seq, attn, pos), s.mesh), out["answer_mask"])
     return out
+
+  return produce
+
+
+def _response_body(tok, tokens_BT: np.ndarray, resp_BT: np.ndarray) -> np.ndarray:
+  """`response_mask` without each row's final stop token (a row cut at the budget keeps all
+  of it): what `answer_pass` and `followup_pass` keep before their teacher-forced text."""
+  stops = np.asarray(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+  last_B = np.max(np.where(resp_BT, np.arange(resp_BT.shape[1]), -1), axis=1)
+  ends = (last_B >= 0) & np.isin(tokens_BT[np.arange(len(last_B)), last_B], stops)
+  body = resp_BT.copy()
+  body[np.flatnonzero(ends), last_B[ends]] = False
+  return body
+
+
+def _estimator_num_positive(c: ml_collections.ConfigDict) -> int | None:
+  """The configured estimator's `num_positive` (estimator_kwargs, else its default); None
+  when the estimator takes none (or is unknown: `check_method` refuses that itself)."""
+  import inspect
+  from credit import get_estimator
+  try:
+    est = get_estimator(c.estimator)
+  except (KeyError, ValueError):
+    return None
+  param = inspect.signature(est.fn).parameters.get("num_positive")
+  if param is None:
+    return None
+  return c.estimator_kwargs.get("num_positive", param.default)
+
+
+def _followup_config(c: ml_collections.ConfigDict, tok) -> tuple[list[str], str]:
+  """(the F follow-up texts, `c.followups_pos` then `c.followups_neg`; the separator).
+
+  Raises SetupError naming the config field: a follow-up list that is not strings, no
+  follow-up at all, an estimator whose `num_positive` is not len(followups_pos) (FLR counts
+  the first num_positive of the F as positive), or, when `tok` is given, a text it cannot
+  encode.
+  """
+  pos, neg = c.get("followups_pos"), c.get("followups_neg")
+  sep = c.get("followup_separator")
+  for key, texts in (("followups_pos", pos), ("followups_neg", neg)):
+    if not isinstance(texts, (tuple, list)) or not all(isinstance(t, str) for t in texts):
+      raise SetupError(f"{key}={texts!r} must be a tuple of strings (follow-up texts)")
+  if not isinstance(sep, str):
+    raise SetupError(f"followup_separator={sep!r} must be a string")
+  if c.get("followup_scorer") not in FOLLOWUP_SCORERS:
+    raise SetupError(f"followup_scorer={c.get('followup_scorer')!r}; valid: "
+                     f"{list(FOLLOWUP_SCORERS)}")
+  texts = list(pos) + list(neg)
+  if not texts:
+    raise SetupError("followups_pos and followups_neg are both empty: no follow-up to score")
+  num_positive = _estimator_num_positive(c)
+  if num_positive is not None and num_positive != len(pos):
+    raise SetupError(
+        f"estimator {c.estimator!r}: estimator_kwargs.num_positive={num_positive!r} but "
+        f"followups_pos has {len(pos)} follow-up(s); the first num_positive of the "
+        f"{len(texts)} scored follow-ups count as positive, so set "
+        f"--config.estimator_kwargs.num_positive={len(pos)}")
+  if tok is not None:
+    for key, text in [("followup_separator", sep)] + [
+        ("followups_pos" if i < len(pos) else "followups_neg", t) for i, t in enumerate(texts)]:
+      try:
+        tok.encode(text)
+      except ValueError as e:
+        raise SetupError(f"{key}: {text!r} cannot be encoded by the run's tokenizer ({e})"
+                         ) from None
+  return texts, sep
+
+
+FOLLOWUP_SCORERS = ("reference", "policy")
+
+
+def _check_followups(c: ml_collections.ConfigDict) -> None:
+  """`_followup_config` at plan time, before any file is written: with the character
+  tokenizer of from-scratch runs; a checkpoint's tokenizer (`init_from`) is checked when the
+  producer is built."""
+  _followup_config(c, None if c.get("init_from") else tasks_lib.CharTokenizer())
+
+
+def _build_followup_pass(s: Setup, wanted: frozenset) -> Produce:
+  """logprob_followup [B,F]: for each follow-up f, the mean log-prob of its tokens (text +
+  eos) in prompt ⊕ response (its stop token dropped) ⊕ separator ⊕ f ⊕ eos.
+
+  The separator is context only (not scored); it and each text are encoded on their own,
+  so a follow-up's scored tokens are the same after every response. The F rows are fixed
+  for the run and share one width W, so the jitted pass is traced once and called F times.
+  The scorer is the frozen initial policy (`followup_scorer="reference"`, default: FLR scores
+  with a fixed language model, which the policy cannot shift in its favour) or the current
+  policy ("policy").
+  """
+  tok = s.data.tokenizer
+  texts, sep = _followup_config(s.c, tok)
+  sep_ids = list(tok.encode(sep))
+  fu_FW, attend_FW = tasks_lib.pad_rows([sep_ids + answer_ids(tok, t) for t in texts], None,
+                                        pad_id=tok.pad_id, pad_left=False)
+  scored_FW = attend_FW & (np.arange(fu_FW.shape[1]) >= len(sep_ids))[None, :]
+  score = s.scorer()
+  use_reference = s.c.followup_scorer == "reference"
+
+  @jax.jit
+  def followup_logprob(params, tokens, attn_mask, pos, scored):
+    logprob, _ = score(params, tokens, attn_mask)
+    lp_BW = jnp.where(scored, jnp.take_along_axis(logprob, pos, axis=1), 0.0)
+    return jnp.sum(lp_BW, axis=1) / jnp.maximum(jnp.sum(scored, axis=1), 1)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+    keep = ctx.host["prompt_mask"] | _response_body(tok, tokens, resp)
+    B = tokens.shape[0]
+    params = ctx.ref_params if use_reference else state.params
+    lp_F = []
+    for f in range(len(texts)):
+      seq, attn, pos = append_answer(tokens, keep, np.repeat(fu_FW[f:f + 1], B, axis=0),
+                                     np.repeat(attend_FW[f:f + 1], B, axis=0), tok.pad_id)
+      lp_F.append(followup_logprob(params, *parallel.shard_batch(
+          (seq, attn, pos, np.repeat(scored_FW[f:f + 1], B, axis=0)), s.mesh)))
+    return {"logprob_followup": jnp.stack(lp_F, axis=-1)}
 
   return produce
 
@@ -314,29 +439,45 @@ def _prompt_width(tok, prompts: Iterable[str], what: str) -> int:
     raise SetupError(f"{what}: the run's tokenizer cannot encode it ({e})") from None
 
 
-def _response_rescorer(s: Setup, width: int) -> Callable:
-  """rescore(params, prompts [N] str, batch) -> [B,T] log-probs of the sampled response
-  tokens after other prompts (one per group; G rows each), 0 outside `response_mask`.
+def response_layout(s: Setup, width: int) -> Callable:
+  """lay(prompts [N] str, batch) -> (tokens [B,S], attn_mask [B,S]), S = width + T − P: the
+  sampled responses after other prompts (one per group; G rows each).
 
   The prompts are encoded as the loop encodes its own (`tasks_lib.encode_prompts`: bos,
   left padding) to the run's fixed `width` (a longer prompt raises ValueError); the response
-  columns [P, T) of the rollout follow, so the response keeps its [B,T] columns.
+  columns [P, T) of the rollout follow, so column `width + j` of a row is the rollout's
+  column `P + j`.
   """
   tok, G, P = s.data.tokenizer, s.group_size, s.data.max_prompt_len
-  score = s.scorer()
 
   @jax.jit
-  def rescore(params, prompt_tokens, prompt_mask, tokens, response_mask):
-    seq = jnp.concatenate([prompt_tokens, tokens[:, P:]], axis=1)
-    attn = jnp.concatenate([prompt_mask, response_mask[:, P:]], axis=1)
+  def join(prompt_tokens, prompt_mask, tokens, response_mask):
+    return (jnp.concatenate([prompt_tokens, tokens[:, P:]], axis=1),
+            jnp.concatenate([prompt_mask, response_mask[:, P:]], axis=1))
+
+  def lay(prompts: list[str], batch: Mapping[str, Any]):
+    toks, mask = tasks_lib.encode_prompts(tok, prompts, width)
+    toks, mask = np.repeat(toks, G, axis=0), np.repeat(mask, G, axis=0)
+    return join(*parallel.shard_batch((toks, mask), s.mesh), batch["tokens"],
+                batch["response_mask"])
+
+  return lay
+
+
+def _response_rescorer(s: Setup, width: int) -> Callable:
+  """rescore(params, prompts [N] str, batch) -> [B,T] log-probs of the sampled response
+  tokens after other prompts (`response_layout`), 0 outside `response_mask`."""
+  P = s.data.max_prompt_len
+  score = s.scorer()
+  lay = response_layout(s, width)
+
+  @jax.jit
+  def rescore(params, seq, attn, response_mask):
     logprob, _ = score(params, seq, attn)
     return jnp.where(response_mask, jnp.pad(logprob[:, width:], ((0, 0), (P, 0))), 0.0)
 
   def run(params, prompts: list[str], batch: Mapping[str, Any]):
-    toks, mask = tasks_lib.encode_prompts(tok, prompts, width)
-    toks, mask = np.repeat(toks, G, axis=0), np.repeat(mask, G, axis=0)
-    return rescore(params, *parallel.shard_batch((toks, mask), s.mesh), batch["tokens"],
-                   batch["response_mask"])
+    return rescore(params, *lay(prompts, batch), batch["response_mask"])
 
   return run
 
@@ -456,6 +597,12 @@ PRODUCERS: tuple[Producer, ...] = (
              ("tokens", "response_mask"), _build_answer_pass, "scoring",
              "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
              "(its stop token dropped), and after the prompt alone for the prior"),
+    Producer("followup_pass", ("logprob_followup",), ("tokens", "response_mask"),
+             _build_followup_pass, "scoring",
+             "the policy teacher-forces each follow-up text (c.followups_pos, then "
+             "c.followups_neg; + eos) after prompt ⊕ response (its stop token dropped) ⊕ "
+             "c.followup_separator, and averages each one's token log-probs (FLR)",
+             check=_check_followups, keeps_reference=True),
     Producer("alt_context_pass", ("logprob_alt_pos", "logprob_alt_neg"),
              ("tokens", "response_mask"), _build_alt_context_pass, "scoring",
              "the policy re-scores the response tokens after the prompt prefixed with "
@@ -470,6 +617,23 @@ PRODUCERS: tuple[Producer, ...] = (
              "answer-preserving prompt rewrites (`interventions`; SCAPO)",
              when=_task_has_interventions,
              off_doc="needs a built-in task with interventions, e.g. arithmetic"),
+    Producer("implicit_prm", ("logprob_prm",),
+             ("tokens", "response_mask", "reward", "logprob_ref"), learners.build_prm, "prm",
+             "PRIME's online implicit PRM: a copy of the policy trained each step on the "
+             "outcome labels (c.prm: objective, beta, update before or after scoring)",
+             init=learners.init_prm, check=learners.check_prm_config),
+    Producer("critic", ("values",), ("tokens", "response_mask", "reward"),
+             learners.build_critic, "critic",
+             "a value head on a copy of the policy's trunk, regressed on the estimator's "
+             "returns with the clipped value loss (c.critic)", init=learners.init_critic,
+             check=learners.check_critic_config),
+    Producer("critic_ref", ("values_ref",), ("tokens", "response_mask", "reward"),
+             learners.build_reference_critic, "critic",
+             "ReDiPPO's reference-guided critic: the same, reading the response after "
+             "c.critic.ref_context (gold answer filled in) ⊕ prompt",
+             when=learners.reference_context_ok,
+             off_doc="critic.ref_context must hold {answer} and be encodable by the run's "
+                     "tokenizer", init=learners.init_critic, check=learners.check_critic_config),
 )
 
 for _p in PRODUCERS:
@@ -496,17 +660,20 @@ class Planned:
   wanted: frozenset
 
   def build(self, setup: Setup) -> "Stage":
-    return Stage(self.producer.name, self.producer.phase, self.wanted,
-                 self.producer.build(setup, self.wanted))
+    built = self.producer.build(setup, self.wanted)
+    produce, after = built if self.producer.init is not None else (built, None)
+    return Stage(self.producer.name, self.producer.phase, self.wanted, produce, after)
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """A built producer: calling it returns exactly its wanted fields."""
+  """A built producer: calling it returns exactly its wanted fields; `after` (trained
+  producers) is called with the batch and the estimator's value targets."""
   name: str
   phase: str
   wanted: frozenset
   produce: Produce
+  after: Callable[[Mapping[str, Any], Mapping[str, Any], StepContext], None] | None = None
 
   def __call__(self, state, batch, ctx: StepContext) -> dict:
     out = self.produce(state, batch, ctx)
@@ -549,8 +716,11 @@ def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
         raise SetupError(f"producer {p.name!r} (for {field!r}) requires {r!r}, which no "
                          "producer makes under this config")
       todo.append(r)
-  return [Planned(p, frozenset(wanted[p.name])) for p in _dependency_order(
-      [p for p in table if p.name in wanted], made)]
+  chosen = [p for p in table if p.name in wanted]
+  for p in chosen:
+    if p.check is not None:
+      p.check(c)
+  return [Planned(p, frozenset(wanted[p.name])) for p in _dependency_order(chosen, made)]
 
 
 def _dependency_order(chosen: list[Producer], made: Mapping[str, Producer]) -> list[Producer]:

@@ -17,7 +17,7 @@ from flax import nnx, struct
 
 import credit
 from credit import ops
-from credit.losses import entropy_bonus, kl_loss
+from credit.losses import entropy_bonus, kl_loss, observation_ce_loss
 from credit.scoring import model_hidden, score_hidden, score_tokens, sum_pi_squared_hidden
 
 # Fields the RL update computes itself, from its own (differentiated) model pass; a loss
@@ -118,16 +118,19 @@ def make_sft_step(graphdef, rest, tx: optax.GradientTransformation,
 
 
 def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> Callable:
-  """advantage_fn(arrays, estimator_state) -> (advantages [B,T], estimator_state).
+  """advantage_fn(arrays, estimator_state) -> (advantages [B,T], estimator_state, targets).
 
   `arrays` are the estimator's data arguments and `static` its hyperparameters and layout
   arguments (`spec.split_arguments`); the state is threaded only for a stateful estimator.
+  `targets` holds the value targets `returns` [B,T] when the estimator's output has them
+  (GAE, ReDiPPO: what a trained critic regresses on), else it is empty.
   """
 
   def advantage_fn(arrays, estimator_state):
     state_kw = {"state": estimator_state} if spec.stateful else {}
     out = spec.fn(**arrays, **state_kw, **static)
-    return spec.advantages(out), (out.state if spec.stateful else estimator_state)
+    targets = {"returns": out.returns} if hasattr(out, "returns") else {}
+    return (spec.advantages(out), (out.state if spec.stateful else estimator_state), targets)
 
   return advantage_fn
 
@@ -149,14 +152,17 @@ def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,
 
 def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
                  loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any], kl_coef: float,
-                 kl_kind: str, entropy_coef: float, chunk_size: int | None) -> Callable:
+                 kl_kind: str, entropy_coef: float, chunk_size: int | None,
+                 obs_ce_coef: float = 0.0, obs_ce_mode: str = "seq-mean") -> Callable:
   """Returns loss_fn(params, minibatch) -> (loss, metrics) of the RL update.
 
   The loss is `loss_spec.fn` called with exactly the contract fields `loss_fields` (those
   in `UPDATE_FIELDS` from this function's own model pass, entropy without gradient; the
   rest from the minibatch), plus `kl_coef`·`credit.losses.kl_loss` against `logprob_ref`
   and `credit.losses.entropy_bonus` with coefficient `entropy_coef`, both aggregated like
-  the policy loss (`aggregation_kwargs`).
+  the policy loss (`aggregation_kwargs`), plus ECHO's `obs_ce_coef`·cross-entropy on the
+  observation tokens (`credit.losses.observation_ce_loss` over `obs_mask`, reduced by
+  `obs_ce_mode`; the same model pass scores every attended position).
   """
   agg = aggregation_kwargs(loss_spec, loss_kwargs)
   need_entropy = bool(entropy_coef) or "entropy" in loss_fields
@@ -179,6 +185,11 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
                             coef=entropy_coef, **agg)
       loss = loss + bonus.loss
       metrics.update(bonus.metrics)
+    if obs_ce_coef:
+      ce = observation_ce_loss(logprob=logprob, obs_mask=mb["obs_mask"], coef=obs_ce_coef,
+                               mode=obs_ce_mode)
+      loss = loss + ce.loss
+      metrics.update(ce.metrics)
     return loss, metrics
 
   return loss_fn
@@ -188,7 +199,8 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
                    loss_spec: credit.PolicyLossSpec, loss_fields: tuple[str, ...],
                    loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
                    entropy_coef: float, ppo_epochs: int, num_minibatches: int,
-                   chunk_size: int | None) -> Callable:
+                   chunk_size: int | None, obs_ce_coef: float = 0.0,
+                   obs_ce_mode: str = "seq-mean") -> Callable:
   """Returns update(state, batch) -> (state, metrics), the loss being `make_rl_loss`.
 
   batch holds [B,...] arrays: tokens, attn_mask, the batch fields of `loss_fields` (all but
@@ -197,16 +209,35 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
   """
   loss_fn = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
                          loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
-                         entropy_coef=entropy_coef, chunk_size=chunk_size)
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+                         entropy_coef=entropy_coef, chunk_size=chunk_size,
+                         obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode)
+  sgd = make_minibatch_sgd(loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches)
 
   def update(state: TrainState, batch: Mapping[str, jax.Array]):
-    B = batch["tokens"].shape[0]
-    mb_size = B // num_minibatches
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+    params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key)
+    return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+  return update
+
+
+def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, epochs: int,
+                       num_minibatches: int) -> Callable:
+  """Returns sgd(params, opt_state, batch, key) -> (params, opt_state, metrics).
+
+  `epochs` passes over `batch` ([B,...] arrays); each pass shuffles the rows with a key
+  folded from `key` and the epoch, and takes `num_minibatches` optimiser steps of
+  `loss_fn(params, minibatch) -> (loss, metrics)`. Metrics (with `loss` and `grad_norm`)
+  are averaged over all steps. Shared by the policy update and the trained field producers
+  (critic, implicit PRM).
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def sgd(params, opt_state, batch, key):
+    B = jax.tree.leaves(batch)[0].shape[0]
+    mb_size = B // num_minibatches
 
     def epoch(carry, e):
-      params, opt_state = carry
       perm = jax.random.permutation(jax.random.fold_in(key, e), B)
       shuffled = jax.tree.map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]),
                               dict(batch))
@@ -216,17 +247,14 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
         (loss, metrics), grads = grad_fn(params, mb)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-        return (params, opt_state), metrics
+        return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
 
-      return jax.lax.scan(minibatch, (params, opt_state), shuffled)
+      return jax.lax.scan(minibatch, carry, shuffled)
 
-    (params, opt_state), metrics = jax.lax.scan(
-        epoch, (state.params, state.opt_state), jnp.arange(ppo_epochs))
-    metrics = jax.tree.map(jnp.mean, metrics)
-    return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jnp.arange(epochs))
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)
 
-  return update
+  return sgd
 
 
 def make_scorer(graphdef, rest, chunk_size: int | None, *,

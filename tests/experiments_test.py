@@ -108,6 +108,18 @@ def test_sft_only_control_runs_no_rl_step(tmp_path):
   assert os.path.exists(os.path.join(wd, "summary.md"))
   assert os.path.exists(os.path.join(wd, "hf_policy", "model.safetensors"))
   assert not os.path.exists(os.path.join(wd, "token_credit.png"))
+  # Another run starts from that warm-up (`warm_start_from`, no SFT of its own): it holds
+  # (and, with no step, exports) exactly the same weights.
+  c2 = tiny(sft_steps=0, steps=0, warm_start_from=os.path.join(wd, "hf_policy"))
+  wd2 = str(tmp_path / "warm")
+  loop.run(c2, wd2)
+  from safetensors.numpy import load_file
+  a, b = (load_file(os.path.join(d, "hf_policy", "model.safetensors")) for d in (wd, wd2))
+  assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  assert read_metrics(wd2)[0]["eval_reward"] == rows[0]["eval_reward"]
+  with pytest.raises(loop.SetupError, match="init_from and warm_start_from are exclusive"):
+    loop.run(tiny(init_from=wd, warm_start_from=os.path.join(wd, "hf_policy")),
+             str(tmp_path / "w3"))
 
 
 def test_samples_jsonl_holds_rollouts_as_the_model_saw_them(tiny_run):
@@ -185,6 +197,7 @@ def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
     ("optimal_token_baseline", 0.0, {}, "policy_pass"),          # Σπ² from the policy pass
     ("reinforce_pp", 0.01, {"kl_coef": 0.05}, "reference_pass"),  # KL-in-reward and KL loss
     ("dgpo", 0.0, {}, "reference_pass"),                          # logprob_ref and entropy
+    ("redippo", 0.0, {}, "critic_ref"),                           # two trained critics
 ])
 def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_kwargs,
                                                    producer, tmp_path):
@@ -202,6 +215,9 @@ def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_
   assert last["step"] == 2 and np.isfinite(last["loss"]) and np.isfinite(last["adv_abs_mean"])
   if estimator == "remax":
     assert last["time_baseline"] > 0
+  if estimator == "redippo":  # both critics learn after the update, timed as `critic`
+    assert last["time_critic"] > 0 and int(last["step"]) == 2
+    assert np.isfinite(last["critic_vf_mse"]) and np.isfinite(last["critic_ref_vf_mse"])
   if kl_coef:
     assert np.isfinite(last["kl_loss"])
 
@@ -350,7 +366,10 @@ def test_unknown_config_key_and_wrong_type_are_named():
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-  cfg = os.path.join(ROOT, "experiments/configs/grpo_arithmetic.py:tiny")
+  """Killed after step 3 and resumed from the step-2 checkpoint, a run repeats the
+  uninterrupted one: PRIME, so the checkpoint holds the policy, its optimiser, the frozen
+  reference and a trained producer (the implicit PRM and its optimiser), and the loader."""
+  cfg = os.path.join(ROOT, "experiments/configs/prime_arithmetic.py:tiny")
   common = ["--config", cfg, "--config.steps=4", "--config.mesh=data=1",
             "--config.eval_every=0", "--config.samples_every=1"]
   full = str(tmp_path / "full")
@@ -367,7 +386,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
   a, b = read_metrics(full), read_metrics(killed)
   assert [x["step"] for x in a] == [x["step"] for x in b] == [0, 1, 2, 3, 4]
   for x, y in zip(a, b):
-    for k in ("reward_mean", "loss", "pg_loss", "grad_norm", "response_length", "ratio_mean"):
+    for k in ("reward_mean", "loss", "pg_loss", "grad_norm", "response_length", "ratio_mean",
+              "adv_abs_mean", "prm_loss", "prm_grad_norm", "prm_score_mean"):
       if k in x:
         np.testing.assert_allclose(x[k], y[k], rtol=1e-6, atol=1e-7, err_msg=f"step {x['step']} {k}")
   # The wall clock carries on across the resume; samples.jsonl lost its rows after step 2.

@@ -1,6 +1,7 @@
 """Field producers of the runner: task span flags (`flag_mask`), the teacher-forced answer
-pass (`logprob_answer`, `answer_mask`, `logprob_answer_prior`) and the response re-scored under
-other prompts (`logprob_alt_pos` / `_neg`, `logprob_interventions`), unit and end to end."""
+pass (`logprob_answer`, `answer_mask`, `logprob_answer_prior`), the follow-up pass
+(`logprob_followup`) and the response re-scored under other prompts (`logprob_alt_pos` / `_neg`,
+`logprob_interventions`), unit and end to end."""
 import importlib
 import json
 import os
@@ -122,8 +123,8 @@ def _one_step_batch(c, workdir):
   for stage in run.stages:
     batch.update(stage(rs.train, batch, ctx))
   loop.check_batch(batch, num_groups=c.prompts_per_step, where="test")
-  adv, _ = run.adv_fn({n: batch[n] for n in run.method.estimator_fields},
-                      rs.train.estimator_state)
+  adv, _, _ = run.adv_fn({n: batch[n] for n in run.method.estimator_fields},
+                         rs.train.estimator_state)
   adv, resp = np.asarray(adv), np.asarray(batch["response_mask"])
   assert np.all(np.isfinite(adv)) and np.all(adv[~resp] == 0.0), c.estimator
   return run, rs, ctx, batch
@@ -162,6 +163,86 @@ def test_answer_logprobs_match_direct_scoring_of_each_row(tmp_path):
                                  np.asarray(want)[b, len(prefix):len(prefix) + len(answer)],
                                  atol=2e-5, rtol=1e-5, err_msg=f"{field} row {b}")
       assert np.all(host[field][b][len(answer):] == 0.0)
+
+
+# --------------------------------------------------------------------------
+# The follow-up pass (FLR).
+# --------------------------------------------------------------------------
+
+
+def test_followup_logprobs_match_direct_scoring_of_each_row(tmp_path):
+  """logprob_followup[b, f] equals the mean log-prob of follow-up f's tokens (text + eos) in
+  bos ⊕ prompt ⊕ response (no eos) ⊕ separator ⊕ f ⊕ eos built from the texts and scored
+  directly (the separator unscored); F=3 of different lengths, on a 4-way data mesh."""
+  c = tiny(estimator="flr", mesh="data=4", sft_steps=0, followups_pos=("correct", "yes"),
+           followups_neg=("wrong",), followup_separator=". ")
+  c.estimator_kwargs.num_positive = 2
+  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+  assert "followup_pass" in [s.name for s in run.stages]
+  tok, G = run.data.tokenizer, c.group_size
+  score = jax.jit(train.make_scorer(run.setup.graphdef, run.setup.rest, None))
+  host = jax.tree.map(np.asarray, {k: batch[k] for k in (
+      "logprob_followup", "tokens", "response_mask")})
+  B = host["tokens"].shape[0]
+  texts = ["correct", "yes", "wrong"]
+  assert host["logprob_followup"].shape == (B, 3)
+  assert host["logprob_followup"].dtype == np.float32
+  for f, text in enumerate(texts):
+    pairs = []
+    for b in range(B):
+      example = {k: ctx.examples[k][b // G] for k in ctx.examples}
+      response = [int(t) for t in host["tokens"][b][host["response_mask"][b]]]
+      if response and response[-1] == tok.eos_id:
+        response = response[:-1]
+      pairs.append((prompt_ids(tok, str(example["prompt"])) + response + tok.encode(". "),
+                    tok.encode(text) + [tok.eos_id]))
+    seq, mask = tasks_lib.pad_rows([p + a for p, a in pairs], None, pad_id=tok.pad_id,
+                                   pad_left=False)
+    want, _ = score(rs.train.params, jnp.asarray(seq), jnp.asarray(mask))
+    want = np.asarray(want)
+    for b, (prefix, followup) in enumerate(pairs):
+      np.testing.assert_allclose(
+          host["logprob_followup"][b, f],
+          want[b, len(prefix):len(prefix) + len(followup)].mean(), atol=2e-5, rtol=1e-5,
+          err_msg=f"follow-up {text!r} row {b}")
+  # The follow-ups and the responses change the scores.
+  assert np.all(np.ptp(host["logprob_followup"], axis=1) > 1e-4)
+  assert np.ptp(host["logprob_followup"][:, 0]) > 1e-4
+
+
+@pytest.mark.parametrize("overrides,kwargs,why", [
+    ({}, {"num_positive": 2}, r"num_positive=2 but followups_pos has 1 follow-up"),
+    ({"followups_pos": ("Correct",)}, {}, r"followups_pos: 'Correct' cannot be encoded"),
+    ({"followup_separator": "\t"}, {}, r"followup_separator: '\\t' cannot be encoded"),
+    ({"followups_pos": (), "followups_neg": ()}, {"num_positive": 0}, r"both empty"),
+])
+def test_followups_are_refused_before_any_file(tmp_path, overrides, kwargs, why):
+  """A num_positive other than len(followups_pos) or a follow-up the tokenizer cannot encode
+  is refused by check_method (no file written), and when the producer is built (naming the
+  field and value: a checkpoint's tokenizer is checked there)."""
+  c = tiny(estimator="flr", **overrides)
+  c.estimator_kwargs.update(kwargs)
+  wd = tmp_path / "w"
+  with pytest.raises(loop.SetupError, match=why):
+    loop.run(c, str(wd))
+  assert not os.path.exists(wd)
+  loop.check_method(tiny(estimator="grpo", **overrides))  # unused: no matter
+  setup = types.SimpleNamespace(c=c, data=types.SimpleNamespace(tokenizer=CharTokenizer()))
+  with pytest.raises(loop.SetupError, match=why):
+    producers._build_followup_pass(setup, frozenset({"logprob_followup"}))
+
+
+def test_flr_runs_end_to_end(tmp_path):
+  """flr by name on the grpo_arithmetic:tiny recipe (default follow-ups, num_positive=1)."""
+  c = tiny(estimator="flr", debug_checks=True, eval_every=0, export_hf=False,
+           checkpoint_every=0)
+  plan = {p.producer.name: p.wanted for p in loop.check_method(c).plan}
+  assert plan["followup_pass"] == {"logprob_followup"}
+  wd = str(tmp_path / "flr")
+  loop.run(c, wd)
+  with open(os.path.join(wd, "metrics.jsonl")) as f:
+    last = [json.loads(line) for line in f][-1]
+  assert last["step"] == 2 and np.isfinite(last["loss"]) and np.isfinite(last["adv_abs_mean"])
 
 
 # --------------------------------------------------------------------------
@@ -310,10 +391,7 @@ def test_flag_mask_marks_wrong_rows_only(tmp_path):
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
 # lacks. Everything else must plan on the default recipe (and so run by name).
 NOT_YET_RUNNABLE = {
-    "flr": "logprob_followup",      # follow-up texts scored after the response
-    "gae": "values",                # a critic
-    "gdpo": "reward_components",    # a multi-component verifier
-    "prime": "logprob_prm",         # the online implicit PRM
+    "gdpo": "reward_components",    # a multi-component verifier (reward-shaping issue)
 }
 
 

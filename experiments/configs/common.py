@@ -62,6 +62,11 @@ def base_config() -> ml_collections.ConfigDict:
                                   # losses accumulate in float32 either way (Adam moments follow
                                   # param_dtype).
   ))
+  c.warm_start_from = ""          # hf_policy/ exported by an earlier from-scratch run (same task):
+                                  # start from its weights (architecture from its config.json),
+                                  # e.g. one shared warm-up (`--config.steps=0` exports it) for
+                                  # several methods; the reference policy is this start. Set
+                                  # sft_steps=0 to skip a further warm-up.
   c.lora_rank = 0                 # >0: train LoRA adapters only (on lora_targets).
   c.lora_alpha = 16.0             # LoRA scale alpha/rank.
   c.lora_targets = ("q_proj", "v_proj")  # projections that get adapters.
@@ -89,8 +94,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.kl_coef = 0.0                 # β of a KL-to-reference loss term (0 = no reference model).
   c.kl_kind = "k3"                # KL estimator for that term.
   c.entropy_coef = 0.0            # entropy bonus coefficient.
+  c.obs_ce_coef = 0.0             # ECHO: λ of a cross-entropy term on observation tokens (obs_mask;
+                                  # multi-turn rollouts); 0 = off.
+  c.obs_ce_mode = "seq-mean"      # its reduction: seq-mean (ECHO) | token-mean.
   c.alt_context_pos = "correct: "  # cscr / treg: prefix of the prompt for logprob_alt_pos (run's tokenizer).
   c.alt_context_neg = "wrong: "   # cscr / treg: the same for logprob_alt_neg ("" = the plain prompt).
+  c.followups_pos = ("correct",)  # flr: follow-up texts scored after prompt + response (run's
+                                  # tokenizer); estimator_kwargs.num_positive must equal their number.
+  c.followups_neg = ("wrong",)    # flr: the negative follow-ups (scored after the positive ones).
+  c.followup_separator = "\n"     # flr: teacher-forced between the response and each follow-up
+                                  # (context, not scored; "" = none).
+  c.followup_scorer = "reference"  # flr: who scores the follow-ups: reference (the frozen initial
+                                  # policy; FLR's fixed LM) | policy (the current policy).
   # --- optimisation ---
   c.steps = 100                   # RL steps.
   c.learning_rate = 1e-3          # AdamW peak lr for RL.
@@ -99,6 +114,28 @@ def base_config() -> ml_collections.ConfigDict:
   c.grad_clip = 1.0               # global-norm gradient clipping.
   c.ppo_epochs = 1                # passes over each rollout batch.
   c.num_minibatches = 2           # minibatches per epoch.
+  # --- trained field producers (experiments/learners.py; built only when a method needs them) ---
+  c.prm = ml_collections.ConfigDict(dict(   # PRIME's online implicit PRM (logprob_prm).
+      objective="ce",             # ce (PRIME) | kto | vanilla_kto (credit.losses.prm).
+      beta=0.05,                  # β of the implicit reward β·Σ log πφ/πref in the PRM loss.
+      order="update_first",       # update_first: update on the batch, then score it (PRIME's
+                                  # code default, update=before) | score_first: score, then update.
+      learning_rate=1e-4,         # AdamW lr (PRIME: 1e-6 for 7B, 2x the policy's).
+      warmup_steps=0,             # its linear warm-up (then cosine decay over c.steps).
+      grad_clip=10.0,             # PRIME's PRM grad clip.
+      epochs=1,                   # passes over each rollout batch.
+      num_minibatches=1,          # optimiser steps per pass (PRIME: one update per batch).
+  ))
+  c.critic = ml_collections.ConfigDict(dict(  # value critics (values, values_ref): gae, redippo.
+      learning_rate=1e-4,         # AdamW lr of the trunk copy + value head.
+      warmup_steps=0,             # its linear warm-up.
+      grad_clip=1.0,              # global-norm clip.
+      clip_range_value=0.5,       # c_v of the clipped value loss (verl cliprange_value).
+      epochs=1,                   # passes over each rollout batch.
+      num_minibatches=2,          # optimiser steps per pass.
+      ref_context="answer {answer}: ",  # ReDiPPO's reference-guided critic reads this (gold
+                                  # answer filled in) before the prompt.
+  ))
   # --- evaluation, checkpoints, output ---
   c.eval_every = 20               # steps between held-out evaluations (greedy decoding).
   c.eval_samples = 0              # k > 0: evaluations also draw k samples per prompt (temperature,

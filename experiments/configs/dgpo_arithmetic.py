@@ -1,0 +1,25 @@
+"""DGPO on the default arithmetic setting: the GRPO sequence advantage redistributed over a
+response's tokens by an entropy gate and the policy's Hellinger deviation from the reference,
+with no KL term (the token-redistribution family).
+
+Command:
+  python -m experiments.run --config experiments/configs/dgpo_arithmetic.py --workdir runs/dgpo
+Variants: `:tiny` (2 steps, seconds; used by tests).
+
+The setting is `grpo_arithmetic.py`'s, so the two compare directly. DGPO (arXiv 2605.03327;
+`credit.advantages.token.dgpo`) needs per-token entropies and the reference's log-probs: the
+runner plans the policy pass and a reference pass over a frozen copy of the warmed-up policy
+(`reference_pass`). The entropy gate divides by log|V|; the runner fills `vocab_size` from the
+model. Other estimators of the family run on the same recipe by name
+(`--config.estimator=eapo|opsa|cscr|scapo|perceval|treg`), each planning its own producers.
+"""
+from experiments.configs import common, grpo_arithmetic
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = grpo_arithmetic.get_config("tiny" if a.tiny else None)
+  c.estimator = "dgpo"
+  c.policy_loss = "ppo_clip"
+  c.kl_coef = 0.0
+  return c

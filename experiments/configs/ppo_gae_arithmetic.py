@@ -1,0 +1,35 @@
+"""PPO with a learned critic and GAE on the default arithmetic setting (the critic family);
+`:redippo` adds ReDiPPO's reference-guided second critic.
+
+Command:
+  python -m experiments.run --config experiments/configs/ppo_gae_arithmetic.py --workdir runs/ppo
+  python -m experiments.run --config experiments/configs/ppo_gae_arithmetic.py:redippo --workdir runs/redippo
+Variants: `:tiny` (2 steps, seconds; used by tests), `:redippo` (combinable: `:redippo,tiny`).
+
+The setting is `grpo_arithmetic.py`'s, so the estimators compare directly. The critic is a copy
+of the warmed-up policy's decoder with a scalar value head (initialised to 0), trained after
+each policy update on the estimator's returns with PPO's clipped value loss (c_v = 0.5, verl's
+`cliprange_value`), its own AdamW at the policy's learning rate, 2 minibatches per step
+(`experiments/learners.py`). GAE uses verl's defaults γ = λ = 1 (the advantage is then the
+return minus the value, whitened over the batch's tokens); the per-step critic metrics are
+`critic_vf_mse`, `critic_vpred_mean`, `critic_loss`, and its time `time_critic`.
+
+`:redippo` (spec outcome_and_clipping.md §24; inferred from the abstract, see
+`credit.advantages.implicit.redippo`): a second, reference-guided critic reads the response
+after "answer <gold>: " ⊕ prompt (`critic.ref_context`); GAE runs on its values with λ =
+0.95, and each token's advantage is weighted by 1 + β·|V_ref − V|/mean|V_ref − V| clipped to
+[0, 3]. Both critics regress on the same returns.
+"""
+from experiments.configs import common, grpo_arithmetic
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False, redippo=False)
+  c = grpo_arithmetic.get_config("tiny" if a.tiny else None)
+  c.estimator = "redippo" if a.redippo else "gae"
+  c.policy_loss = "ppo_clip"
+  c.estimator_kwargs = {"gamma": 1.0, "lam": 0.95 if a.redippo else 1.0}
+  c.critic.learning_rate = c.learning_rate
+  c.critic.clip_range_value = 0.5
+  c.critic.num_minibatches = c.num_minibatches
+  return c
