@@ -96,6 +96,12 @@ CONTRACT: dict[str, Field] = {
     "sum_pi_squared": Field("BT", "f", "Σ_v π(v)² of the behaviour policy at each position",
                             True),
     "is_weights": Field("BT", "f", "truncated rollout importance weights", True),
+    "hellinger_ref": Field("BT", "f", "squared Hellinger distance 1 − Σ_v √(π π_ref) between the "
+                           "behaviour policy's and the reference's next-token distributions "
+                           "(full vocabulary; DGPO)", True),
+    "kl_ref": Field("BT", "f", "KL(π ‖ π_ref) between the behaviour policy's and the "
+                    "reference's next-token distributions (full vocabulary; VIMPO)", True),
+    "kl_ref_forward": Field("BT", "f", "KL(π_ref ‖ π), the other direction", True),
     # --- critic and targets ---
     "values": Field("BT", "f", "critic values", True),
     "values_ref": Field("BT", "f", "values of the reference-guided critic (it sees the "

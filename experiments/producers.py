@@ -30,7 +30,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from credit import CONTRACT, parallel
+from credit import CONTRACT, parallel, scoring
+from credit import divergences as divergences_lib
 from credit import tasks as tasks_lib
 from credit.tasks.char_tokenizer import prompt_ids
 from experiments import learners, train
@@ -200,6 +201,35 @@ def _build_reference_pass(s: Setup, wanted: frozenset) -> Produce:
   def produce(state, batch, ctx: StepContext) -> dict:
     logprob_ref, _ = score(ctx.ref_params, batch["tokens"], ctx.attn_mask)
     return {"logprob_ref": logprob_ref}
+
+  return produce
+
+
+# Full-vocabulary divergences of the behaviour policy from the reference, per position
+# (student = the policy π, teacher = the reference π_ref in `credit.divergences`' terms).
+DIVERGENCE_FIELDS = {"hellinger_ref": "hellinger", "kl_ref": "reverse_kl",
+                     "kl_ref_forward": "forward_kl"}
+
+
+def _build_divergence_pass(s: Setup, wanted: frozenset) -> Produce:
+  names = sorted(wanted)
+
+  @jax.jit
+  def divergences(params, ref_params, tokens, attn_mask, response_mask):
+    hidden = []
+    for p in (params, ref_params):
+      model = train.merge_model(s.graphdef, p, s.rest)
+      h, valid = scoring.next_token_hidden(model.hidden_states(tokens, mask_BT=attn_mask),
+                                           attn_mask)
+      hidden.append((h, model.unembedding().astype(h.dtype)))
+    (hs, ws), (ht, wt) = hidden
+    return {n: jnp.where(response_mask, divergences_lib.token_divergence(
+        hs, ws, ht, wt, kind=DIVERGENCE_FIELDS[n], mask_BT=valid, chunk_size=s.chunk_size),
+        0.0) for n in names}
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    return divergences(state.params, ctx.ref_params, batch["tokens"], ctx.attn_mask,
+                       batch["response_mask"])
 
   return produce
 
@@ -587,6 +617,11 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("reference_pass", ("logprob_ref",), ("tokens",), _build_reference_pass,
              "scoring", "the frozen initial policy (after any warm-up) scores the tokens",
              keeps_reference=True),
+    Producer("divergence_pass", tuple(DIVERGENCE_FIELDS), ("tokens", "response_mask"),
+             _build_divergence_pass, "scoring",
+             "full-vocabulary divergences of the behaviour policy from the frozen reference at "
+             "each position (squared Hellinger, KL both ways), from one pass of each model and "
+             "the chunked `credit.divergences` (no [B,T,V] array)", keeps_reference=True),
     Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
              "reward of the greedy response per prompt (ReMax)"),
     Producer("task_flags", ("flag_mask",), ("tokens", "response_mask"), _build_task_flags,

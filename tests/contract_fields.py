@@ -47,6 +47,11 @@ _SPECIAL: dict[str, Callable[[np.random.Generator, dict, dict], Any]] = {
     "entropy": lambda r, d, f: r.uniform(0.0, 3.0, _shape("entropy", d)).astype(np.float32),
     "sum_pi_squared": lambda r, d, f: r.uniform(0.05, 1.0, _shape("sum_pi_squared", d)
                                                 ).astype(np.float32),
+    "hellinger_ref": lambda r, d, f: r.uniform(0.0, 1.0, _shape("hellinger_ref", d)
+                                               ).astype(np.float32),
+    "kl_ref": lambda r, d, f: r.uniform(0.0, 2.0, _shape("kl_ref", d)).astype(np.float32),
+    "kl_ref_forward": lambda r, d, f: r.uniform(0.0, 2.0, _shape("kl_ref_forward", d)
+                                                ).astype(np.float32),
     "is_weights": lambda r, d, f: r.uniform(0.5, 1.5, _shape("is_weights", d)).astype(np.float32),
     "sample_weight": lambda r, d, f: r.uniform(0.5, 1.5, d["B"]).astype(np.float32),
     "teacher_topk_logprob": lambda r, d, f: np.asarray(jax.nn.log_softmax(

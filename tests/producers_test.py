@@ -406,3 +406,37 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
     else:
       plan = loop.check_method(c).plan
       assert plan[0].producer.name == "rollout", name
+
+
+def test_divergence_pass_matches_model_divergence(tmp_path):
+  """hellinger_ref / kl_ref / kl_ref_forward equal `credit.divergences.model_divergence`
+  between the policy and the frozen reference, on response tokens only (DGPO with
+  exact_hellinger and VIMPO with exact_kl plan the pass)."""
+  from credit import divergences
+  c = tiny(estimator="dgpo", sft_steps=0)
+  c.estimator_kwargs = {"exact_hellinger": True}
+  assert "divergence_pass" in [p.producer.name for p in loop.check_method(c).plan]
+  c2 = tiny(estimator="vimpo", sft_steps=0)
+  c2.estimator_kwargs = {"exact_kl": True}
+  assert "divergence_pass" in [p.producer.name for p in loop.check_method(c2).plan]
+  run, rs = loop.setup(c, str(tmp_path))
+  # A reference that differs from the policy: perturb the policy's copy.
+  ref = jax.tree.map(lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size, dtype=x.dtype)
+                                                 ).reshape(x.shape), rs.train.params)
+  rs.ref_params = ref
+  ctx = loop._context(run, rs)
+  batch = {}
+  for stage in run.stages:
+    batch.update(stage(rs.train, batch, ctx))
+  assert {st.name: st.wanted for st in run.stages}["divergence_pass"] == {"hellinger_ref"}
+  out = producers._build_divergence_pass(run.setup, frozenset(producers.DIVERGENCE_FIELDS))(
+      rs.train, batch, ctx)
+  policy = train.merge_model(run.setup.graphdef, rs.train.params, run.setup.rest)
+  reference = train.merge_model(run.setup.graphdef, ref, run.setup.rest)
+  resp = np.asarray(batch["response_mask"])
+  for field, kind in producers.DIVERGENCE_FIELDS.items():
+    want = np.asarray(divergences.model_divergence(policy, reference, batch["tokens"],
+                                                   ctx.attn_mask, kind=kind))
+    got = np.asarray(out[field])
+    np.testing.assert_allclose(got[resp], want[resp], rtol=1e-4, atol=1e-6, err_msg=field)
+    assert np.all(got[~resp] == 0) and np.all(got[resp] >= -1e-6) and got[resp].max() > 1e-4

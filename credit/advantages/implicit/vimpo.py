@@ -36,16 +36,16 @@ class VimpoOutput(NamedTuple):
 
 @register_estimator("vimpo",
                     needs=("reward", "group_id", "response_mask", "logprob", "logprob_ref"),
-                    paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "kl_estimate"),
+                    paper=_PAPER, optional_needs={"kl_ref": "exact_kl"},
+                    static_argnames=("num_groups", "group_size", "kl_estimate", "exact_kl"),
                     returns_output=True)
 def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob: ArrayLike, logprob_ref: ArrayLike,
                      num_groups: int, group_size: int | None = None,
                      beta: ArrayLike = 5e-4, gae_lambda: ArrayLike = 1.0,
                      clip: ArrayLike | None = None,
-                     kl_estimate: Literal["k3", "none"] = "k3",
-                     token_kl: ArrayLike | None = None) -> VimpoOutput:
+                     kl_estimate: Literal["k3", "none"] = "k3", exact_kl: bool = False,
+                     kl_ref: ArrayLike | None = None) -> VimpoOutput:
   """VIMPO: the policy-implied value, its terminal loss and the implied TD actor advantage.
 
   Paper: "VIMPO: Value-Implicit Policy Optimization for LLMs" (Kang, Feng, Levine, Song,
@@ -79,7 +79,7 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   sampled-token estimate k3 = β(e^{−ℓ_t} − 1 + ℓ_t) (unbiased for the KL on-policy,
   ≥ 0; ℓ clamped at −30 inside the exponential); then δ_t = β(1 − π_ref/π_θ)(y_t), still zero-mean on-policy like the exact
   ρ − κ, but noisier. (k1 = β ℓ_t cannot be used: it makes δ ≡ 0.) `kl_estimate="none"`
-  sets κ = 0 (E[δ] = β KL ≠ 0). Passing `token_kl` [B,T], the exact per-position
+  sets κ = 0 (E[δ] = β KL ≠ 0). Passing `kl_ref` [B,T], the exact per-position
   KL(π_θ ‖ π_ref) (e.g. from `credit.divergences` on the policy and reference logits; not
   a rollout-contract field), gives the port's form and overrides `kl_estimate`.
 
@@ -104,8 +104,12 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
     beta: β of the KL regularisation (5e-4, the port's `vimpo_beta`).
     gae_lambda: λ of the reverse accumulation (1.0, the port's `vimpo_gae_lambda`).
     clip: optional bound C on the implied sums (None: no clipping).
-    kl_estimate: static, κ without `token_kl`: "k3" | "none".
-    token_kl: optional [B,T] float exact KL(π_θ ‖ π_ref) per position (no gradient).
+    kl_estimate: static, κ without `kl_ref`: "k3" | "none".
+    exact_kl: static; κ from the exact `kl_ref` (which must then be given; the runner plans
+      `divergence_pass`, the port's full-vocabulary KL). False: `kl_estimate` unless
+      `kl_ref` is passed anyway.
+    kl_ref: optional [B,T] float exact KL(π_θ ‖ π_ref) per position (no gradient; contract
+      field).
 
   Returns:
     `VimpoOutput(advantages [B,T], value_loss scalar, values [B,T])`.
@@ -115,7 +119,7 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   ...                        response_mask=np.ones((2, 3), bool),
   ...                        logprob=np.array([[-.5, -.2, -.1], [-.3, -1., -.2]], np.float32),
   ...                        logprob_ref=np.log(np.full((2, 3), 0.5, np.float32)),
-  ...                        token_kl=np.full((2, 3), 0.1, np.float32), beta=0.1,
+  ...                        kl_ref=np.full((2, 3), 0.1, np.float32), beta=0.1,
   ...                        num_groups=1)
   >>> np.round(np.asarray(out.advantages, np.float64), 4).tolist()
   [[1.392, 1.1199, -0.0287], [-0.653, -1.5094, -0.3208]]
@@ -124,6 +128,10 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   """
   fn = "vimpo_advantages"
   check_choice(fn, "kl_estimate", kl_estimate, _KL_ESTIMATES)
+  if exact_kl and kl_ref is None:
+    raise ValueError(f"{fn}: exact_kl=True needs `kl_ref` [B,T] (the full-vocabulary "
+                     "KL(π ‖ π_ref) per position, e.g. credit.divergences.model_divergence("
+                     "kind='reverse_kl')); exact_kl=False uses `kl_estimate`")
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       fn, reward, group_id, num_groups, group_size, response_mask=response_mask)
   lp_BT = jnp.asarray(logprob, jnp.float32)
@@ -133,8 +141,8 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   ell_BT = jnp.where(tok_BT, lp_BT - jax.lax.stop_gradient(ref_BT), 0.0)
   b = jnp.asarray(beta, jnp.float32)
   rho_BT = b * ell_BT
-  if token_kl is not None:
-    kl_BT = jnp.asarray(token_kl, jnp.float32)
+  if kl_ref is not None:
+    kl_BT = jnp.asarray(kl_ref, jnp.float32)
     chex.assert_equal_shape([kl_BT, mask_BT])
     kappa_BT = b * jnp.where(tok_BT, kl_BT, 0.0)
   elif kl_estimate == "k3":

@@ -121,9 +121,9 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
 @register_estimator(
     "dgpo", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_ref",
                    "entropy"),
-    paper=_PAPER,
+    paper=_PAPER, optional_needs={"hellinger_ref": "exact_hellinger"},
     static_argnames=("num_groups", "group_size", "weighting", "group_std", "vocab_size",
-                     "gate"))
+                     "gate", "exact_hellinger"))
 def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                     response_mask: ArrayLike, logprob_old: ArrayLike, logprob_ref: ArrayLike,
                     entropy: ArrayLike, num_groups: int, group_size: int | None = None,
@@ -132,7 +132,8 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                     gate_power: ArrayLike = 1.0, vocab_size: int | None = None,
                     gate: Literal["log_vocab", "row_mean"] = "log_vocab",
                     group_std: Literal["unbiased", "population"] = "unbiased",
-                    eps: ArrayLike = 1e-6, hellinger: ArrayLike | None = None) -> Array:
+                    eps: ArrayLike = 1e-6, exact_hellinger: bool = False,
+                    hellinger_ref: ArrayLike | None = None) -> Array:
   """DGPO: the GRPO sequence advantage redistributed by an entropy-gated Hellinger deviation.
 
   Paper: "DGPO: Distribution-Guided Policy Optimization for Fine-Grained Credit Assignment"
@@ -170,9 +171,10 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   zero everywhere (s = 0). The scores and weights carry no gradient.
 
   Choices (ours):
-    * d_t: pass `hellinger` [B,T], the full-vocabulary squared Hellinger distance
-      1 − Σ_v √(π π_ref) (e.g. `credit.divergences` kind "hellinger", between the
-      behaviour and reference logits), for the paper's form. Without it the
+    * d_t: pass `hellinger_ref` [B,T], the full-vocabulary squared Hellinger distance
+      1 − Σ_v √(π π_ref) (contract field; the runner's `divergence_pass` makes it with the
+      chunked `credit.divergences`, between the behaviour and reference distributions) and
+      `exact_hellinger=True` (which makes the runner produce it), for the paper's form. Without it the
       sampled-token proxy d_t = (√π_t − √π_ref,t)² is used (the spec's choice; in [0,1],
       and exactly twice the sampled token's own term of ½Σ_v(√π − √π_ref)²).
     * π_θ is the behaviour policy `logprob_old` (the policy that sampled the batch, i.e.
@@ -222,8 +224,11 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
     gate: static, "log_vocab" (paper) | "row_mean" (spec's, ours).
     group_std: static, "unbiased" | "population".
     eps: added to σ_g, to the gate's mean entropy and as the uniform prior of "linear".
-    hellinger: optional [B,T] float full-vocabulary squared Hellinger distances in [0,1]
-      (not a rollout-contract field; values are clipped to [0,1]).
+    exact_hellinger: static; the paper's full-vocabulary d_t from `hellinger_ref` (which
+      must then be given; the runner plans `divergence_pass`). False (default): the
+      sampled-token proxy unless `hellinger_ref` is passed anyway.
+    hellinger_ref: optional [B,T] float full-vocabulary squared Hellinger distances in
+      [0,1] (values are clipped to [0,1]).
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
@@ -242,6 +247,11 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   check_choice("dgpo_advantages", "weighting", weighting, _WEIGHTINGS)
   check_choice("dgpo_advantages", "group_std", group_std, _GROUP_STDS)
   _check_gate("dgpo_advantages", gate, vocab_size)
+  if exact_hellinger and hellinger_ref is None:
+    raise ValueError("dgpo_advantages: exact_hellinger=True needs `hellinger_ref` [B,T] (the "
+                     "full-vocabulary squared Hellinger distance to the reference, e.g. "
+                     "credit.divergences.model_divergence(kind='hellinger')); "
+                     "exact_hellinger=False uses the sampled-token proxy")
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       "dgpo_advantages", reward, group_id, num_groups, group_size, response_mask=response_mask)
   adv_B = sequence_advantage(reward_B, gid_B, valid_B, num_groups=num_groups,
@@ -249,5 +259,5 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   w_BT = dgpo_weights(response_mask=mask_BT, logprob_old=logprob_old, logprob_ref=logprob_ref,
                       entropy=entropy, weighting=weighting, temperature=temperature,
                       alpha=alpha, gate_power=gate_power, vocab_size=vocab_size, gate=gate,
-                      eps=eps, hellinger=hellinger)
+                      eps=eps, hellinger=hellinger_ref)
   return redistribute(adv_B, w_BT, mask_BT, renormalize=False)

@@ -91,7 +91,7 @@ CONFIGS = {
     "beta_lambda": dict(beta=0.05, gae_lambda=0.9),
     "clip": dict(beta=1.0, clip=2.0),
     "no_kappa": dict(beta=0.1, kl_estimate="none"),
-    "token_kl": dict(beta=0.1, token_kl=True),
+    "kl_ref": dict(beta=0.1, token_kl=True, exact_kl=True),
 }
 
 
@@ -129,7 +129,7 @@ def test_registered_and_doctest():
 
 
 def test_spec_example():
-  out = vm.vimpo_advantages(token_kl=np.full((2, 3), 0.1, np.float32), **EX)
+  out = vm.vimpo_advantages(kl_ref=np.full((2, 3), 0.1, np.float32), **EX)
   np.testing.assert_allclose(np.asarray(out.advantages), EX_KL_ADV, atol=1e-3)
   np.testing.assert_allclose(float(out.value_loss), EX_KL_LOSS, rtol=1e-5)
   out = vm.vimpo_advantages(**EX)
@@ -153,10 +153,12 @@ def test_matches_numpy_reference(name, group_size, data):
   b = data.draw(batches(contiguous=group_size is not None))
   cfg = dict(CONFIGS[name])
   kl = b.pop("token_kl")
-  extra = dict(token_kl=kl) if cfg.pop("token_kl", False) else {}
-  out = jitted(name, group_size)(**b, **extra)
+  use_kl = cfg.pop("token_kl", False)
+  cfg.pop("exact_kl", None)
+  out = jitted(name, group_size)(**b, **(dict(kl_ref=kl) if use_kl else {}))
   adv, loss, val = ref(b["reward"], b["group_id"], b["response_mask"], b["logprob"],
-                       b["logprob_ref"], group_size=group_size, **cfg, **extra)
+                       b["logprob_ref"], group_size=group_size, **cfg,
+                       token_kl=kl if use_kl else None)
   np.testing.assert_allclose(np.asarray(out.advantages), adv, rtol=1e-3, atol=1e-3)
   np.testing.assert_allclose(np.asarray(out.values), val, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(float(out.value_loss), loss, rtol=1e-4, atol=1e-6)
@@ -224,3 +226,10 @@ def test_bad_args_raise():
   with pytest.raises(ValueError, match="kl_estimate"):
     vm.vimpo_advantages(logprob_ref=np.zeros((B, T), np.float32), num_groups=N,
                         kl_estimate="k1", **kw)
+
+
+def test_exact_kl_needs_the_field():
+  spec = registry.get_estimator("vimpo")
+  assert spec.needs_for({"exact_kl": True}) == spec.needs | {"kl_ref"}
+  with pytest.raises(ValueError, match="exact_kl=True needs `kl_ref`"):
+    vm.vimpo_advantages(exact_kl=True, **EX)

@@ -152,7 +152,8 @@ def batches(draw, contiguous=False):
 @functools.lru_cache(maxsize=None)
 def jitted(config_name):
   cfg = dict(CONFIGS[config_name])
-  cfg.pop("hellinger", None)
+  if cfg.pop("hellinger", None):
+    cfg["exact_hellinger"] = True
   return jax.jit(functools.partial(dg.dgpo_advantages, num_groups=N, **cfg))
 
 
@@ -160,7 +161,7 @@ def run_config(config_name, b):
   kw = {k: b[k] for k in ("reward", "group_id", "response_mask", "logprob_old",
                           "logprob_ref", "entropy")}
   if CONFIGS[config_name].get("hellinger"):
-    kw["hellinger"] = b["hellinger"]
+    kw["hellinger_ref"] = b["hellinger"]
   return np.asarray(jitted(config_name)(**kw), np.float64)
 
 
@@ -350,9 +351,9 @@ def test_nan_outside_mask_is_ignored():
                logprob_old=rng.uniform(-3, 0, (B, T)).astype(np.float32),
                logprob_ref=rng.uniform(-3, 0, (B, T)).astype(np.float32),
                entropy=rng.uniform(0, 2, (B, T)).astype(np.float32),
-               hellinger=rng.uniform(0, 1, (B, T)).astype(np.float32))
+               hellinger_ref=rng.uniform(0, 1, (B, T)).astype(np.float32))
   dirty = dict(clean)
-  for k in ("logprob_old", "logprob_ref", "entropy", "hellinger"):
+  for k in ("logprob_old", "logprob_ref", "entropy", "hellinger_ref"):
     dirty[k] = np.where(mask, clean[k], np.nan).astype(np.float32)
   for weighting in ("softmax", "linear"):
     a = dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V, **clean)
@@ -444,3 +445,15 @@ def test_shape_mismatch_raises():
                        logprob_old=np.zeros((B, T), np.float32),
                        logprob_ref=np.zeros((B, T + 1), np.float32),
                        entropy=np.ones((B, T), np.float32), num_groups=N, vocab_size=V)
+
+
+def test_exact_hellinger_needs_the_field():
+  """exact_hellinger=True switches the runner's `hellinger_ref` on (registry needs) and is
+  refused without it, before tracing."""
+  spec = registry.get_estimator("dgpo")
+  assert "hellinger_ref" in spec.needs_for({"exact_hellinger": True})
+  assert "hellinger_ref" not in spec.needs_for({})
+  row = example_row()
+  with pytest.raises(ValueError, match="exact_hellinger=True needs `hellinger_ref`"):
+    dg.dgpo_advantages(reward=np.array([1.]), group_id=np.zeros(1, np.int32), num_groups=1,
+                       vocab_size=V, exact_hellinger=True, **row)
