@@ -19,12 +19,14 @@ _PAPER = ("Beyond Verifiable Rewards: Scaling Reinforcement Learning for Languag
 
 
 def _masked_logmeanexp(x_B: Array, sel_BB: Array) -> tuple[Array, Array]:
-  """log mean_{j: sel[i,j]} exp(x_j) per row i, and the count (0 where nothing selected)."""
+  """log mean_{j: sel[..., i, j]} exp(x[..., j]) per row i, and the count (0 where nothing
+  selected); x [..., n], sel [..., n, n] (any leading batch axes)."""
   n_B = jnp.sum(sel_BB, axis=-1, dtype=jnp.float32)
-  xx_BB = jnp.where(sel_BB, x_B[None, :], -jnp.inf)
+  xx_BB = jnp.where(sel_BB, x_B[..., None, :], -jnp.inf)
   top_B = jnp.max(xx_BB, axis=-1)
   top_B = jax.lax.stop_gradient(jnp.where(n_B > 0, top_B, 0.0))
-  e_BB = jnp.where(sel_BB, jnp.exp(jnp.where(sel_BB, x_B[None, :] - top_B[:, None], 0.0)), 0.0)
+  e_BB = jnp.where(sel_BB, jnp.exp(jnp.where(sel_BB, x_B[..., None, :] - top_B[..., None],
+                                             0.0)), 0.0)
   s_B = jnp.sum(e_BB, axis=-1)
   ok_B = n_B > 0
   out_B = top_B + jnp.log(jnp.where(ok_B, s_B, 1.0)) - jnp.log(jnp.maximum(n_B, 1.0))
@@ -57,7 +59,8 @@ def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   answer likelihood. The supervised term on the answer tokens (∇ of L_G through ℓ) is a
   separate loss, not part of these advantages. Rows with an empty response or no answer
   tokens take no part; singleton groups get 0; a group whose ℓ are all equal gets 0.
-  The leave-one-out sums are taken over a [B,B] same-group mask (O(B²) memory).
+  The leave-one-out sums are taken over [N,G,G] masks with contiguous groups (`group_size`,
+  O(B·G)) and over a [B,B] same-group mask otherwise (O(B²) memory).
 
   Args:
     group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
@@ -78,11 +81,19 @@ def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   rows = lk.rows(fn, group_id, response_mask, num_groups, group_size, ell_B, has_B)
   valid_B = rows.valid
   gid_B = rows.group_id
-  same_BB = (gid_B[:, None] == gid_B[None, :]) & valid_B[:, None] & valid_B[None, :]
-  eye_BB = jnp.eye(gid_B.shape[0], dtype=bool)
   ell_B = jnp.where(valid_B, ell_B, 0.0)
-  full_B, n_B = _masked_logmeanexp(ell_B, same_BB)
-  loo_B, _ = _masked_logmeanexp(ell_B, same_BB & ~eye_BB)
+  B = ell_B.shape[0]
+  if group_size is not None:  # contiguous groups: [N,G,G] masks, O(B·G)
+    ell, val = ell_B.reshape(B // group_size, group_size), valid_B.reshape(-1, group_size)
+    same = val[:, :, None] & val[:, None, :]
+    eye = jnp.eye(group_size, dtype=bool)
+  else:  # any group ids: one [B,B] same-group mask, O(B²)
+    ell, val = ell_B, valid_B
+    same = (gid_B[:, None] == gid_B[None, :]) & val[:, None] & val[None, :]
+    eye = jnp.eye(B, dtype=bool)
+  full, n = _masked_logmeanexp(ell, same)
+  loo, _ = _masked_logmeanexp(ell, same & ~jnp.broadcast_to(eye, same.shape))
+  full_B, n_B, loo_B = full.reshape(B), n.reshape(B), loo.reshape(B)
   adv_B = jnp.where(valid_B & (n_B > 1), full_B - loo_B, 0.0)
   adv_B = jnp.asarray(reward_scale, jnp.float32) * adv_B
   return ops.broadcast_to_tokens(adv_B, rows.mask)
