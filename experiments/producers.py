@@ -104,7 +104,10 @@ class Producer:
 
   name: what errors and timings call it. provides / requires: contract fields.
   build: `build(setup, wanted) -> produce`, with `wanted` the provided fields the plan uses.
-  phase: the timing bucket it is reported under (`time_<phase>`).
+  phase: the timing bucket it is reported under (`time_<phase>`; summary.md's step-time
+  table lists each): sampling, reward, scoring (the policy's own pass), reference,
+  divergence, likelihood (answer / follow-up teacher forcing), rescoring (other contexts),
+  baseline, prm, critic — so every extra pass a method needs shows its cost per step.
   when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
   needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
   policy in `ctx.ref_params` (and checkpoints it). init: the producer learns
@@ -301,16 +304,43 @@ def append_answer(tokens_BS: np.ndarray, keep_BS: np.ndarray, answer_BA: np.ndar
 
 
 def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
+  """logprob_answer [B,A]: the gold answer's tokens (text + eos) teacher-forced after the
+  prompt and the response; logprob_answer_prior [B,A]: the same after the prompt alone.
+
+  Without a task `answer_marker` the answer follows the whole response with its final stop
+  token dropped (`_response_body`), and the prior follows the prompt. With one (`chain`:
+  "46,41=41", marker "="), the response is reasoning ⊕ marker ⊕ the model's own answer:
+  the gold answer follows the response cut right after its first marker (the reasoning and
+  the marker; what the model wrote after it is dropped), a response without the marker
+  keeps all of its body and the marker is inserted (context, not scored) before the
+  answer, and the prior follows prompt ⊕ marker (the response with empty reasoning). The
+  marker is found as its token ids (`tokenizer.encode(marker)`) in the response; a
+  tokenizer that merges it with its neighbours does not find it there (the marker is then
+  inserted). `answer_mask` is the same either way: the answer's tokens and eos.
+  """
   tok, G = s.data.tokenizer, s.group_size
   # A, the answer width, is fixed for the run: the longest gold answer of the train split.
   A = max(len(answer_ids(tok, tasks_lib.as_example(e)["answer"])) for e in s.data.train)
   P = s.data.max_prompt_len
+  marker = getattr(s.data.task, "answer_marker", None) or ""
+  marker_ids = np.asarray(tok.encode(marker) if marker else [], np.int32)
   score = s.scorer()
 
   @jax.jit
   def answer_logprobs(params, tokens, attn_mask, pos, answer_mask):
     logprob, _ = score(params, tokens, attn_mask)
     return jnp.where(answer_mask, jnp.take_along_axis(logprob, pos, axis=1), 0.0)
+
+  def forced(tokens, keep, ans_BA, amask_BA, insert_B):
+    """append_answer with the marker inserted before the answer on rows `insert_B`; the
+    positions returned are the answer's (the marker is context)."""
+    if not len(marker_ids):
+      return append_answer(tokens, keep, ans_BA, amask_BA, tok.pad_id)
+    ans_BW, amask_BW, off_B = _marked_answer(ans_BA, amask_BA, marker_ids, insert_B,
+                                             tok.pad_id)
+    seq, attn, pos_BW = append_answer(tokens, keep, ans_BW, amask_BW, tok.pad_id)
+    pos = np.take_along_axis(pos_BW, off_B[:, None] + np.arange(A)[None, :], axis=1)
+    return seq, attn, pos
 
   def produce(state, batch, ctx: StepContext) -> dict:
     host = ctx.host
@@ -322,20 +352,53 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
                        f"run's answer width A={A} (the longest of the train split)")
     ans_NA, amask_NA = tasks_lib.pad_rows(rows, A, pad_id=tok.pad_id, pad_left=False)
     ans_BA, amask_BA = np.repeat(ans_NA, G, axis=0), np.repeat(amask_NA, G, axis=0)
-    body = _response_body(tok, tokens, resp)
+    body, found_B = _cut_after_marker(tokens, _response_body(tok, tokens, resp), marker_ids)
     params = state.params
     out = {"answer_mask": parallel.shard_batch(amask_BA, s.mesh)}
-    seq, attn, pos = append_answer(tokens, prompt | body, ans_BA, amask_BA, tok.pad_id)
+    seq, attn, pos = forced(tokens, prompt | body, ans_BA, amask_BA, ~found_B)
     out["logprob_answer"] = answer_logprobs(params, *parallel.shard_batch(
         (seq, attn, pos), s.mesh), out["answer_mask"])
     if "logprob_answer_prior" in wanted:
-      seq, attn, pos = append_answer(tokens[:, :P], prompt[:, :P], ans_BA, amask_BA,
-                                     tok.pad_id)
+      seq, attn, pos = forced(tokens[:, :P], prompt[:, :P], ans_BA, amask_BA,
+                              np.ones(len(tokens), bool))
       out["logprob_answer_prior"] = answer_logprobs(params, *parallel.shard_batch(
           (seq, attn, pos), s.mesh), out["answer_mask"])
     return out
 
   return produce
+
+
+def _cut_after_marker(tokens_BT: np.ndarray, body_BT: np.ndarray, marker_ids: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+  """(body [B,T] cut right after the first occurrence of `marker_ids` inside it, found [B]);
+  rows without one keep their body. An empty marker: (body, all False)."""
+  M, T = len(marker_ids), tokens_BT.shape[1]
+  if not M:
+    return body_BT, np.zeros(len(body_BT), bool)
+  hit_BT = np.zeros_like(body_BT)
+  hit_BT[:, :T - M + 1] = True
+  for k, m in enumerate(marker_ids):
+    hit_BT[:, :T - M + 1] &= (tokens_BT[:, k:T - M + 1 + k] == m) & body_BT[:, k:T - M + 1 + k]
+  found_B = hit_BT.any(axis=1)
+  end_B = np.where(found_B, np.argmax(hit_BT, axis=1) + M, T)
+  return body_BT & (np.arange(T)[None, :] < end_B[:, None]), found_B
+
+
+def _marked_answer(ans_BA: np.ndarray, amask_BA: np.ndarray, marker_ids: np.ndarray,
+                   insert_B: np.ndarray, pad_id: int) -> tuple[np.ndarray, ...]:
+  """Rows [B, M+A] of marker ⊕ answer (rows `insert_B`) or the answer alone (others),
+  right-padded, their mask, and off [B] (the answer's first column: M or 0)."""
+  M, A = len(marker_ids), ans_BA.shape[1]
+  off_B = np.where(insert_B, M, 0)
+  idx_BW = np.arange(M + A)[None, :] - off_B[:, None]
+  inside_BW = (idx_BW >= 0) & (idx_BW < A)
+  idx_BW = np.clip(idx_BW, 0, A - 1)
+  mark_BW = insert_B[:, None] & (np.arange(M + A) < M)[None, :]
+  marker_W = np.concatenate([marker_ids, np.zeros(A, np.int32)])
+  ans_BW = np.where(mark_BW, marker_W[None, :],
+                    np.where(inside_BW, np.take_along_axis(ans_BA, idx_BW, axis=1), pad_id))
+  amask_BW = mark_BW | (inside_BW & np.take_along_axis(amask_BA, idx_BW, axis=1))
+  return ans_BW.astype(np.int32), amask_BW, off_B
 
 
 def _response_body(tok, tokens_BT: np.ndarray, resp_BT: np.ndarray) -> np.ndarray:
@@ -615,10 +678,10 @@ PRODUCERS: tuple[Producer, ...] = (
              "one no-gradient pass of the policy: log-probs (logprob_old recomputed by the "
              "trainer), entropy, and Σπ² from the same pass when needed"),
     Producer("reference_pass", ("logprob_ref",), ("tokens",), _build_reference_pass,
-             "scoring", "the frozen initial policy (after any warm-up) scores the tokens",
+             "reference", "the frozen initial policy (after any warm-up) scores the tokens",
              keeps_reference=True),
     Producer("divergence_pass", tuple(DIVERGENCE_FIELDS), ("tokens", "response_mask"),
-             _build_divergence_pass, "scoring",
+             _build_divergence_pass, "divergence",
              "full-vocabulary divergences of the behaviour policy from the frozen reference at "
              "each position (squared Hellinger, KL both ways), from one pass of each model and "
              "the chunked `credit.divergences` (no [B,T,V] array)", keeps_reference=True),
@@ -629,17 +692,17 @@ PRODUCERS: tuple[Producer, ...] = (
              "tokens", when=_task_flags_spans,
              off_doc="needs a built-in task with flag_chars, e.g. arithmetic"),
     Producer("answer_pass", ("logprob_answer", "answer_mask", "logprob_answer_prior"),
-             ("tokens", "response_mask"), _build_answer_pass, "scoring",
+             ("tokens", "response_mask"), _build_answer_pass, "likelihood",
              "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
              "(its stop token dropped), and after the prompt alone for the prior"),
     Producer("followup_pass", ("logprob_followup",), ("tokens", "response_mask"),
-             _build_followup_pass, "scoring",
+             _build_followup_pass, "likelihood",
              "the policy teacher-forces each follow-up text (c.followups_pos, then "
              "c.followups_neg; + eos) after prompt ⊕ response (its stop token dropped) ⊕ "
              "c.followup_separator, and averages each one's token log-probs (FLR)",
              check=_check_followups, keeps_reference=True),
     Producer("alt_context_pass", ("logprob_alt_pos", "logprob_alt_neg"),
-             ("tokens", "response_mask"), _build_alt_context_pass, "scoring",
+             ("tokens", "response_mask"), _build_alt_context_pass, "rescoring",
              "the policy re-scores the response tokens after the prompt prefixed with "
              "c.alt_context_pos / c.alt_context_neg (contrastive contexts: CSCR, T-REG)",
              when=_alt_contexts_encodable,
@@ -647,7 +710,7 @@ PRODUCERS: tuple[Producer, ...] = (
                      "can encode; the character tokenizer has only "
                      f"{tasks_lib.CharTokenizer().chars!r}"),
     Producer("interventions_pass", ("logprob_interventions",), ("tokens", "response_mask"),
-             _build_interventions_pass, "scoring",
+             _build_interventions_pass, "rescoring",
              "the policy re-scores the response tokens after each of the task's M "
              "answer-preserving prompt rewrites (`interventions`; SCAPO)",
              when=_task_has_interventions,

@@ -165,6 +165,77 @@ def test_answer_logprobs_match_direct_scoring_of_each_row(tmp_path):
       assert np.all(host[field][b][len(answer):] == 0.0)
 
 
+def test_answer_logprobs_after_the_task_marker_match_direct_scoring(tmp_path):
+  """With a task `answer_marker` (chain: "46,41=41"), logprob_answer[b] equals the log-probs
+  of the answer (+ eos) in bos ⊕ prompt ⊕ response cut right after its first marker ⊕ answer
+  ⊕ eos, or, for a response without the marker, bos ⊕ prompt ⊕ response (no eos) ⊕ marker ⊕
+  answer ⊕ eos; the prior is scored after bos ⊕ prompt ⊕ marker. Markers are written into
+  the sampled responses (none, one, two) so that every case occurs."""
+  c = tiny("verifree_chain", estimator="rlpr", mesh="data=4", sft_steps=0)
+  run, rs = loop.setup(c, str(tmp_path / "w"))
+  ctx = loop._context(run, rs)
+  tok = run.data.tokenizer
+  (m,) = tok.encode(run.data.task.answer_marker)
+  batch = {}
+  for stage in run.stages:
+    if stage.name == "answer_pass":
+      tokens = ctx.host["tokens"] = np.array(ctx.host["tokens"])  # the host copy is read-only
+      resp = ctx.host["response_mask"]
+      cols = np.flatnonzero(resp.any(0))
+      tokens[:, cols] = np.where(resp[:, cols] & (tokens[:, cols] == m), tok.encode("7")[0],
+                                 tokens[:, cols])
+      for b in range(len(tokens)):
+        body = [j for j in cols if resp[b, j] and tokens[b, j] != tok.eos_id]
+        if b % 3 and len(body) >= 4:
+          tokens[b, body[1]] = m
+          if b % 3 == 2:
+            tokens[b, body[3]] = m  # a second marker: the cut is after the first
+    batch.update(stage(rs.train, batch, ctx))
+  loop.check_batch(batch, num_groups=c.prompts_per_step, where="test")
+  score = jax.jit(train.make_scorer(run.setup.graphdef, run.setup.rest, None))
+  host = jax.tree.map(np.asarray, {k: batch[k] for k in (
+      "logprob_answer", "logprob_answer_prior", "answer_mask")})
+  tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+  G = c.group_size
+  rows = {"logprob_answer": [], "logprob_answer_prior": []}
+  found = []
+  for b in range(tokens.shape[0]):
+    example = {k: ctx.examples[k][b // G] for k in ctx.examples}
+    answer = tok.encode(str(example["answer"])) + [tok.eos_id]
+    response = [int(t) for t in tokens[b][resp[b]]]
+    if response and response[-1] == tok.eos_id:
+      response = response[:-1]
+    found.append(m in response)
+    prefix = response[:response.index(m) + 1] if found[-1] else response + [m]
+    prompt = prompt_ids(tok, str(example["prompt"]))
+    rows["logprob_answer"].append((prompt + prefix, answer))
+    rows["logprob_answer_prior"].append((prompt + [m], answer))
+  assert 0 < sum(found) < len(found)
+  for field, pairs in rows.items():
+    seq, mask = tasks_lib.pad_rows([p + a for p, a in pairs], None, pad_id=tok.pad_id,
+                                   pad_left=False)
+    want, _ = score(rs.train.params, jnp.asarray(seq), jnp.asarray(mask))
+    for b, (prefix, answer) in enumerate(pairs):
+      assert host["answer_mask"][b].sum() == len(answer)
+      np.testing.assert_allclose(host[field][b][:len(answer)],
+                                 np.asarray(want)[b, len(prefix):len(prefix) + len(answer)],
+                                 atol=2e-5, rtol=1e-5, err_msg=f"{field} row {b}")
+      assert np.all(host[field][b][len(answer):] == 0.0)
+
+
+def test_cut_after_marker():
+  tokens = np.array([[9, 5, 7, 5, 2], [9, 6, 6, 2, 0], [5, 5, 7, 2, 0]], np.int32)
+  body = np.array([[0, 1, 1, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 0, 0]], bool)
+  keep, found = producers._cut_after_marker(tokens, body, np.array([5], np.int32))
+  np.testing.assert_array_equal(found, [True, False, True])
+  np.testing.assert_array_equal(keep, [[0, 1, 0, 0, 0], [0, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+  keep, found = producers._cut_after_marker(tokens, body, np.array([5, 7], np.int32))
+  np.testing.assert_array_equal(found, [True, False, True])
+  np.testing.assert_array_equal(keep, [[0, 1, 1, 0, 0], [0, 1, 1, 0, 0], [1, 1, 1, 0, 0]])
+  keep, found = producers._cut_after_marker(tokens, body, np.zeros(0, np.int32))
+  assert keep is body and not found.any()
+
+
 # --------------------------------------------------------------------------
 # The follow-up pass (FLR).
 # --------------------------------------------------------------------------

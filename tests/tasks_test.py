@@ -16,6 +16,8 @@ from credit.tasks import char_tokenizer as tok_lib
 TASK_VARIANTS = [
     ("arithmetic", {}),
     ("arithmetic", {"min_digits": 1, "max_digits": 4, "ops": "+-*", "allow_negative": False}),
+    ("chain", {}),
+    ("chain", {"min_operands": 2, "max_operands": 4, "min_digits": 2, "ops": "+"}),
     ("countdown", {}),
     ("countdown", {"num_numbers": 3, "max_number": 50, "max_target": 200, "ops": "+-*"}),
     ("countdown", {"require_all": True}),
@@ -153,6 +155,11 @@ def test_obviously_wrong_responses_score_zero(name, kwargs):
     wrong = ["", "xyz", "((", "=" + demo]
     if name == "arithmetic":
       wrong += [str(int(demo) + 1), demo + "0", "+" + demo, demo + "="]
+    if name == "chain":
+      reasoning, answer = demo.split("=")
+      wrong += [reasoning, answer, reasoning + "=" + str(int(answer) + 1),
+                reasoning + "=0" + answer, reasoning + "=+" + answer, demo + "=",
+                reasoning + ";=" + answer, "x" + demo]
     if name == "countdown":
       wrong += [demo + "+1", f"({demo})*2", demo + "+", "(" + demo]
     if name == "pivotal":
@@ -218,6 +225,70 @@ def test_imperfect_demonstrator_forgets_carries_at_its_rate():
   assert all(exact.demonstration(e, rng) == e["answer"] for e in carry)
   with pytest.raises(ValueError, match="demo_carry_error"):
     ct.Arithmetic(demo_carry_error=1.5)
+
+
+# ---------------------------------------------------------------- chain
+
+
+def test_chain_format_and_answers():
+  task, examples = _examples("chain", {"min_operands": 2, "max_operands": 4})
+  assert task.answer_marker == "=" and task.verify({"answer": "41"}, "46,41=41") == 1.0
+  seen_n = set()
+  for e in examples:
+    terms = e["prompt"][:-1].replace("-", "+-").split("+")
+    values = [int(t) for t in terms]
+    sums = np.cumsum(values).tolist()
+    assert min(sums) >= 0 and e["answer"] == str(sums[-1])  # no negative running sum
+    assert task.demonstration(e) == ",".join(map(str, sums[1:])) + "=" + str(sums[-1])
+    assert ct.chain.running_sums(e["prompt"]) == sums
+    seen_n.add(len(values))
+  assert seen_n == {2, 3, 4}
+  e = {"prompt": "12+34-5=", "answer": "41"}
+  assert task.demonstration(e) == "46,41=41"
+  with pytest.raises(ValueError, match="not a chain prompt"):
+    ct.chain.running_sums("12*3=")
+
+
+@pytest.mark.parametrize("response,reward", [
+    ("46,41=41", 1.0), (" 46,41=41\n", 1.0), ("=41", 1.0),
+    ("45,40=41", 1.0),  # the reasoning's values are not checked: the reward is the outcome
+    ("46,41=40", 0.0), ("46,41", 0.0), ("41", 0.0), ("46,41=041", 0.0), ("46,41=+41", 0.0),
+    ("46,41=41=41", 0.0), ("46;41=41", 0.0), ("46,,41=41", 0.0), ("a=41", 0.0), ("", 0.0),
+    ("46,-41=41", 1.0)])
+def test_chain_verify(response, reward):
+  assert ct.Chain().verify({"prompt": "12+34-5=", "answer": "41"}, response) == reward
+
+
+@pytest.mark.parametrize("response,want", [
+    ("46,41=41", "........."), ("46,40=40", "....#####"), ("46,41", ".....#"),
+    ("56,51=51", "#########"), ("46,41=41=", "........##")])
+def test_chain_flags_from_the_first_wrong_character(response, want):
+  flags = ct.Chain().flag_chars({"prompt": "12+34-5=", "answer": "41"}, response)
+  assert "".join("#" if f else "." for f in flags) == want
+
+
+def test_chain_imperfect_demonstrator_slips_and_carries_the_slip_on():
+  task = ct.Chain(demo_carry_error=1.0)
+  rng = np.random.default_rng(0)
+  # 12+39 forgets the units carry (41), and the answer follows the slipped sum; every step
+  # with a carry or a borrow slips at rate 1 (41-5 -> 44).
+  assert task.demonstration({"prompt": "12+39-1=", "answer": "50"}, rng) == "41,40=40"
+  assert task.demonstration({"prompt": "12+39-5=", "answer": "46"}, rng) == "41,44=44"
+  assert task.demonstration({"prompt": "12+34-5=", "answer": "41"}, rng) == "46,41=41"
+  task = ct.Chain(demo_carry_error=0.7, max_operands=4)
+  examples = task.generate(np.random.default_rng(1), 2000)
+  demos = [task.demonstration(e, rng) for e in examples]
+  wrong = [task.verify(e, d) == 0.0 for e, d in zip(examples, demos)]
+  assert 0.4 < np.mean(wrong) < 0.8
+  for e, d in zip(examples, demos):
+    reasoning, answer = d.split("=")
+    assert reasoning.split(",")[-1] == answer  # consistent with its own reasoning
+    assert len(d) <= task.max_response_chars
+  assert all(task.demonstration(e) == ct.Chain().demonstration(e) for e in examples)
+  with pytest.raises(ValueError, match="demo_carry_error"):
+    ct.Chain(demo_carry_error=-0.1)
+  with pytest.raises(ValueError, match="ops"):
+    ct.Chain(ops="-")
 
 
 # ---------------------------------------------------------------- countdown

@@ -1,13 +1,15 @@
 """Built-in verifiable tasks (no download), a character tokenizer, data sources and loaders.
 
-Tasks: `get_task("arithmetic" | "countdown" | "pivotal" | "copy_digit", **options)`; each has
-`generate(rng, n)`, `verify(example, response) -> float`, `demonstration(example)`.
+Tasks: `get_task("arithmetic" | "chain" | "countdown" | "pivotal" | "copy_digit", **options)`;
+each has `generate(rng, n)`, `verify(example, response) -> float`, `demonstration(example)`
+(`chain`: reasoning, then the answer after its `answer_marker`).
 User data: `load_jsonl` (plain / GSM8K / MATH formats), `load_tfds`, verified with `MathVerifier`.
 tfds: `build_task_dataset`, `task_data_source`; batches: `make_loader` (grain).
 Token batches: `CharTokenizer`, `encode_prompts`, `encode_prompt_response`,
 `decode_responses`, `token_flags` (a task's character flags on response tokens).
 """
 from credit.tasks.arithmetic import Arithmetic
+from credit.tasks.chain import Chain
 from credit.tasks.base import (Task, UnknownTaskError, as_example, get_task, list_tasks,
                                register_task, verify_batch)
 from credit.tasks.copy_digit import CopyDigit
@@ -22,7 +24,7 @@ from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode
                                     encode_prompts, pad_rows, token_flags)
 
 __all__ = [
-    "DATA_FORMATS", "Arithmetic", "CharTokenizer", "CopyDigit", "Countdown", "ExampleSource", "ExpressionError",
+    "DATA_FORMATS", "Arithmetic", "Chain", "CharTokenizer", "CopyDigit", "Countdown", "ExampleSource", "ExpressionError",
     "MathVerifier", "MissingFieldError", "Pivotal", "Task", "UnknownTaskError", "as_example",
     "boxed_answer", "build_task_dataset", "collate", "decode_responses", "default_data_dir",
     "detect_format", "encode_prompt_response", "encode_prompts", "evaluate_expression",

@@ -20,6 +20,11 @@ and optionally
                                               fixed per task); the runner's
                                               `logprob_interventions` producer re-scores the
                                               response after each (SCAPO)
+  answer_marker: str                          the response is reasoning, this marker, then
+                                              the answer (`chain`: "46,41=41"); `answer` is
+                                              then the final answer alone, and the runner's
+                                              `answer_pass` producer teacher-forces it after
+                                              the response cut at its first marker
 
 Each example is a dict with `prompt: str`, `answer: str` (a reference correct
 response) and the task's `int_fields` (python ints, or lists for shaped fields).

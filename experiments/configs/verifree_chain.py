@@ -1,0 +1,64 @@
+"""VeriFree on chained arithmetic: the likelihood-reward family, on a task with reasoning.
+
+Command:
+  python -m experiments.run --config experiments/configs/verifree_chain.py --workdir runs/verifree
+Variants: `:tiny` (2 steps, seconds; used by tests). The other likelihood rewards run by
+name on the same setting: `--config.estimator=rlpr` (debiased by the prompt-only prior),
+`jepo`, `logprob_reward`; `--config.estimator=grpo` is the verifier-reward baseline.
+
+The setting. Prompts are `a±b±c=` with 1-digit operands (`credit.tasks.Chain`,
+`max_digits=1`); a response is the running sums, the marker "=", then the answer:
+"8+6-5=" -> "14,9=9". The likelihood rewards score π(a* | x, z), the gold answer a*
+teacher-forced after the prompt x and the sampled reasoning z: the `answer_pass` producer
+cuts each response right after its first "=" (a response without one gets the marker
+inserted) and scores a* ⊕ eos there, so the reward is the policy's own belief that its
+reasoning leads to the gold answer; no verifier is called for the advantages (the verifier
+only reports accuracy). VeriFree (arXiv 2505.21493): R = π(a* | x, z), RLOO baseline over
+the group of 8; the paper's extra answer-token loss is not part of this recipe.
+
+The warm-up imitates a demonstrator that forgets the carry or borrow of each running-sum
+step that needs one with probability 0.7 (`task_kwargs.demo_carry_error`) and carries the
+slip on into the answer ("8+6+5=" -> "4,9=9" instead of "14,19=19"), so the warmed-up
+policy answers consistently with its own reasoning and the error sits in the reasoning,
+where a likelihood reward has to put the credit. Demonstrations are right on 58% of
+problems; a policy that always slips gets 45% (the problems without a carry or borrow);
+the verifier is exact, so only the reward can take the policy beyond its demonstrator.
+
+Measured (seed 0, one run each, 2 CPU cores, 2026-12-03; the two runs side by side on a
+machine shared with other jobs, load average ~11):
+  * warm-up, 1500 SFT steps (533 s under that load): held-out greedy accuracy 0.441, the
+    always-slip level; the format is learnt (every sampled response has the marker);
+  * RL, 100 VeriFree steps (32 prompts x 8 samples, lr 3e-4): 0.832 / 0.828 / 0.852 / 0.859
+    at steps 25 / 50 / 75 / 100 (+0.418);
+  * the same with `--config.estimator=grpo` (the verifier's 0/1 reward): 0.824 / 0.863 /
+    0.875 / 0.879 (+0.438): on par, GRPO 2 points higher at the end (one seed each);
+  * wall time 14 min 24 s start to exit (GRPO 14 min 1 s) under that load; process CPU
+    time 5 min 41 s (user 4:36 + sys 1:05); not measured on an idle machine. The answer
+    pass costs ~0.26 s of a VeriFree step (`time_likelihood`).
+"""
+from experiments.configs import common
+
+SFT_STEPS = 1500
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = common.base_config()
+  c.task = "chain"
+  c.task_kwargs.max_digits = 1         # 1-digit operands: "8+6-5=" -> "14,9=9"
+  c.task_kwargs.demo_carry_error = 0.7  # the imperfect demonstrator of the warm-up
+  c.max_new_tokens = 9                  # the longest response ("18,27=27") + eos
+  c.estimator = "verifree"              # R = π(a* | x, z), RLOO baseline (its default); the
+                                        # family by name: rlpr, jepo, logprob_reward
+  c.policy_loss = "ppo_clip"
+  c.sft_steps = SFT_STEPS
+  c.steps = 100
+  c.learning_rate = 3e-4
+  c.ppo_epochs = 1
+  c.num_minibatches = 2
+  c.eval_every = 25
+  c.eval_samples = 0
+  c.checkpoint_every = 50
+  if a.tiny:
+    common.apply_tiny(c)
+  return c
