@@ -15,6 +15,13 @@ runner plans the policy pass, a reference pass over a frozen copy of the warmed-
 over positions so no [B,T,V] array exists). The entropy gate divides by log|V|; the runner fills `vocab_size` from the
 model. Other estimators of the family run on the same recipe by name
 (`--config.estimator=eapo|opsa|cscr|scapo|perceval|treg`), each planning its own producers.
+
+Measured (2026-12-03, 2 CPU cores; each seed's RL from the same warm-up as GRPO's via
+`--config.warm_start_from`), held-out greedy accuracy after 150 steps, seeds 0 / 1 / 2: DGPO
+0.934 / 0.867 / 0.980 (mean 0.927), GRPO 0.941 / 0.859 / 0.973 (0.924), from 0.453 / 0.500 /
+0.484; at step 25 0.842 against 0.850. On this task the two are indistinguishable with 3
+seeds. A step cost 0.70-0.90 s on a loaded machine (divergence pass 0.15-0.19 s, reference
+pass 0.08-0.10 s) against GRPO's 0.33-0.51 s.
 """
 from experiments.configs import common, grpo_arithmetic
 

@@ -21,6 +21,16 @@ the paper, see `credit.advantages.implicit.prime`):
   PPO clip (ε = 0.2), no KL term, as the authors' script.
 The PRM learning rate is 2x the policy's, PRIME's ratio (1e-6 vs 5e-7 at 7B). The runner
 reports `prm_loss`, `prm_accuracy` (sign of β·Σq against the label) and `time_prm`.
+
+Measured (2026-12-03, 2 CPU cores; each seed's RL from the same warm-up as GRPO's via
+`--config.warm_start_from`, which reproduces the full GRPO runs exactly), held-out greedy
+accuracy after 150 steps, seeds 0 / 1 / 2: PRIME 0.930 / 0.777 / 0.953 (mean 0.887), GRPO
+0.941 / 0.859 / 0.973 (0.924), from 0.453 / 0.500 / 0.484. At step 25 PRIME is at 0.788 on
+average, GRPO 0.850. The PRM barely separates right from wrong in 150 steps at β = 0.05
+(`prm_accuracy` 0.52-0.66 at the end): the implicit reward β·Σq stays small, so its token
+scores are mostly noise after the max-return normalisation. A step costs ~1.5 s on an idle
+machine (PRM update 0.68 s: a second model's forward and backward; two scoring passes 0.22
+s; policy update 0.48 s), against GRPO's 0.39 s.
 """
 from experiments.configs import common, grpo_arithmetic
 
