@@ -10,14 +10,16 @@ Modules, all re-exported here (`credit.ops.masked_mean` etc.):
   groups   group statistics on the [N,G] fast path and the segment path, and the
            row-level preamble and reductions of group estimators (`group_rows`, ...);
   returns  sequence <-> token placement, returns over time that skip masked positions;
-  turns    per-turn reductions and broadcasts.
+  turns    per-turn reductions and broadcasts;
+  select   exact order statistics, quantiles and k-smallest masks without a sort
+           (radix select on the float's order-preserving key).
 
 Numerical note: group and batch statistics are computed *shifted*: values are first
 moved by a per-group pivot (the group maximum) or by a first-pass mean, so that rewards
 such as [1000, 1000, 1000, 1000.01] keep their differences in float32 instead of
 cancelling in a raw sum.
 """
-from credit.ops import groups, masked, returns, turns
+from credit.ops import groups, masked, returns, select, turns
 from credit.ops.groups import (SINGLETONS, GroupMoments, GroupRows, SingletonPolicy,
                                gather_groups, group_count_rows, group_moments,
                                group_moments_dense, group_moments_rows, group_normalize,
@@ -27,6 +29,8 @@ from credit.ops.masked import (masked_mean, masked_sum, masked_var, masked_white
 from credit.ops.returns import (RECURRENCE_BLOCK, broadcast_to_tokens, cumsum_blocked,
                                 discounted_reverse_cumsum, last_token_mask, next_valid_value,
                                 outcome_to_token_rewards, sequence_lengths)
+from credit.ops.select import masked_order_statistics, masked_quantiles, smallest_k_mask
 from credit.ops.turns import turn_broadcast, turn_reduce
 
-__all__ = masked.__all__ + groups.__all__ + returns.__all__ + turns.__all__
+__all__ = (masked.__all__ + groups.__all__ + returns.__all__ + turns.__all__
+           + select.__all__)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from credit import ops
 from credit._checks import check_choice
 from credit.registry import register_estimator
 
@@ -37,7 +38,8 @@ def opsa_select(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 
   N counts the valid tokens of the whole batch (one pool); an empty batch selects nothing.
   Ties are broken by a stable sort on the flattened [B,T] index (row-major), an
-  unspecified point in the code. No gradient.
+  unspecified point in the code. Computed without a sort (`ops.smallest_k_mask`, a radix
+  select on the log-prob's bits), with the same result. No gradient.
 
   Args:
     response_mask: [B,T] bool.
@@ -59,14 +61,14 @@ def opsa_select(*, response_mask: ArrayLike, logprob_old: ArrayLike,
   chex.assert_rank([mask_BT, lp_BT], 2)
   chex.assert_equal_shape([mask_BT, lp_BT])
   mask_BT = mask_BT.astype(bool)
-  key = jax.lax.stop_gradient(jnp.where(mask_BT, lp_BT, jnp.inf)).reshape(-1)
-  order = jnp.argsort(key, stable=True)
-  rank = jnp.zeros(key.shape, jnp.int32).at[order].set(jnp.arange(key.shape[0], dtype=jnp.int32))
+  # Masked tokens enter as +inf (not as absent), so a valid +inf/NaN log-prob ties with
+  # them by flat index exactly as in a stable argsort of the whole [B,T] key.
+  key_BT = jax.lax.stop_gradient(jnp.where(mask_BT, lp_BT, jnp.inf))
   n = jnp.sum(mask_BT.astype(jnp.int32))
   frac = jnp.asarray(token_fraction, jnp.float32)
   k = jnp.floor(frac * n.astype(jnp.float32) + _FLOOR_TOL).astype(jnp.int32)
   k = jnp.where(n > 0, jnp.maximum(k, 1), 0)
-  return (rank.reshape(mask_BT.shape) < k) & mask_BT
+  return ops.smallest_k_mask(key_BT, k) & mask_BT
 
 
 @register_estimator(

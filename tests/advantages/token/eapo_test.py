@@ -13,6 +13,7 @@ import math
 
 import hypothesis
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -213,3 +214,52 @@ def test_shape_mismatch_raises():
     ea.eapo_advantages(reward=np.zeros(B, np.float32), group_id=np.zeros(B, np.int32),
                        response_mask=np.ones((B, T), bool),
                        entropy=np.ones((B, T + 1), np.float32), num_groups=N)
+
+
+def _sort_based_quantiles(x, mask, quantiles):
+  """The former `_masked_quantiles` (a full `jnp.sort` of the batch), the reference the
+  sort-free `ops.masked_quantiles` must reproduce bit for bit."""
+  flat = jnp.where(mask, x, jnp.inf).reshape(-1)
+  sorted_ = jnp.sort(flat)
+  n = jnp.sum(mask.astype(jnp.int32))
+  sorted_ = jnp.where(jnp.arange(sorted_.shape[0]) < n, sorted_, 0.0)
+  last = jnp.maximum(n - 1, 0)
+  out = []
+  for q in quantiles:
+    pos = jnp.asarray(q, jnp.float32) * last.astype(jnp.float32)
+    lo = jnp.floor(pos)
+    frac = pos - lo
+    lo = jnp.clip(lo.astype(jnp.int32), 0, last)
+    hi = jnp.minimum(lo + 1, last)
+    out.append(sorted_[lo] + frac * (sorted_[hi] - sorted_[lo]))
+  return jnp.stack(out)
+
+
+# Entropies with ties, ±0, negative values and large magnitudes (not physical, but the
+# quantiles must not care).
+_ENTROPY_POOL = np.array([0.0, -0.0, 0.5, 0.5, 1.0, -1.0, 2.0, 3e38, -3e38, 1e30], np.float32)
+
+
+@pytest.mark.parametrize("name", ["default", "kappa_quantiles", "linear_quantile_fast"])
+@hypothesis.settings(max_examples=10, deadline=None)
+@hypothesis.given(data=st.data())
+def test_equals_the_sort_based_quantiles_exactly(name, data):
+  cfg = CONFIGS[name]
+  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
+  rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+  ent = np.where(rng.random((B, T)) < data.draw(st.sampled_from([0.3, 1.0])),
+                 rng.choice(_ENTROPY_POOL, (B, T)), b["entropy"]).astype(np.float32)
+  mask = b["response_mask"]
+  if data.draw(st.booleans()):   # a single valid token in the batch
+    mask = np.zeros_like(mask)
+    mask[rng.integers(B), rng.integers(T)] = True
+  kw = dict(pick(b, *FIELDS), entropy=ent, response_mask=mask)
+  q = cfg.get("entropy_quantiles", (0.1, 0.9))
+  got_q = jax.jit(functools.partial(ea.ops.masked_quantiles, quantiles=q))(ent, mask)
+  want_q = jax.jit(functools.partial(_sort_based_quantiles, quantiles=q))(ent, mask)
+  np.testing.assert_array_equal(np.asarray(got_q), np.asarray(want_q))
+  got = np.asarray(jitted(name)(**kw))
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(ea.ops, "masked_quantiles", _sort_based_quantiles)
+    want = np.asarray(jax.jit(functools.partial(ea.eapo_advantages, num_groups=N, **cfg))(**kw))
+  np.testing.assert_array_equal(got, want)

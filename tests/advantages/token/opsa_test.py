@@ -13,6 +13,7 @@ import functools
 
 import hypothesis
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -181,3 +182,48 @@ def test_shape_mismatch_raises():
     op.opsa_advantages(response_mask=np.ones((B, T), bool),
                        entropy=np.ones((B, T + 1), np.float32),
                        logprob_old=np.zeros((B, T), np.float32))
+
+
+def _sort_based_select(*, response_mask, logprob_old, token_fraction=0.2):
+  """The former `opsa_select` (a stable argsort of the batch), the reference the sort-free
+  selection must reproduce exactly."""
+  mask_BT = jnp.asarray(response_mask).astype(bool)
+  lp_BT = jnp.asarray(logprob_old, jnp.float32)
+  key = jax.lax.stop_gradient(jnp.where(mask_BT, lp_BT, jnp.inf)).reshape(-1)
+  order = jnp.argsort(key, stable=True)
+  rank = jnp.zeros(key.shape, jnp.int32).at[order].set(jnp.arange(key.shape[0], dtype=jnp.int32))
+  n = jnp.sum(mask_BT.astype(jnp.int32))
+  frac = jnp.asarray(token_fraction, jnp.float32)
+  k = jnp.floor(frac * n.astype(jnp.float32) + 1e-4).astype(jnp.int32)
+  k = jnp.where(n > 0, jnp.maximum(k, 1), 0)
+  return (rank.reshape(mask_BT.shape) < k) & mask_BT
+
+
+# Log-probs with ties, ±0, positive and large-magnitude values, and ±inf.
+_LOGPROB_POOL = np.array([0.0, -0.0, -1.0, -1.0, -2.5, 1.0, -3e38, 3e38, -np.inf, np.inf],
+                         np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@hypothesis.settings(max_examples=10, deadline=None)
+@hypothesis.given(data=st.data())
+def test_equals_the_sort_based_selection_exactly(name, data):
+  b = data.draw(batches())
+  rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+  lp = np.where(rng.random((B, T)) < data.draw(st.sampled_from([0.3, 1.0])),
+                rng.choice(_LOGPROB_POOL, (B, T)), b["logprob_old"]).astype(np.float32)
+  mask = b["response_mask"]
+  if data.draw(st.booleans()):   # a single valid token in the batch
+    mask = np.zeros_like(mask)
+    mask[rng.integers(B), rng.integers(T)] = True
+  kw = dict(pick(b, *FIELDS), logprob_old=lp, response_mask=mask)
+  got = jitted(name)(**kw)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(op, "opsa_select", _sort_based_select)
+    want = jax.jit(functools.partial(op.opsa_advantages, **CONFIGS[name]))(**kw)
+  np.testing.assert_array_equal(np.asarray(got.loss_mask), np.asarray(want.loss_mask))
+  np.testing.assert_array_equal(np.asarray(got.advantages), np.asarray(want.advantages))
+  frac = CONFIGS[name].get("token_fraction", 0.2)
+  np.testing.assert_array_equal(
+      np.asarray(op.opsa_select(response_mask=mask, logprob_old=lp, token_fraction=frac)),
+      np.asarray(_sort_based_select(response_mask=mask, logprob_old=lp, token_fraction=frac)))
