@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.token import eapo as ea
+from tests.ops_select_test import ref_quantiles as _sort_based_quantiles
 from tests.advantages.token._ref import (EPS, G, N, T, B, batches, pick, ref_grpo,
                                          valid_tokens)
 
@@ -216,23 +217,6 @@ def test_shape_mismatch_raises():
                        entropy=np.ones((B, T + 1), np.float32), num_groups=N)
 
 
-def _sort_based_quantiles(x, mask, quantiles):
-  """The former `_masked_quantiles` (a full `jnp.sort` of the batch), the reference the
-  sort-free `ops.masked_quantiles` must reproduce bit for bit."""
-  flat = jnp.where(mask, x, jnp.inf).reshape(-1)
-  sorted_ = jnp.sort(flat)
-  n = jnp.sum(mask.astype(jnp.int32))
-  sorted_ = jnp.where(jnp.arange(sorted_.shape[0]) < n, sorted_, 0.0)
-  last = jnp.maximum(n - 1, 0)
-  out = []
-  for q in quantiles:
-    pos = jnp.asarray(q, jnp.float32) * last.astype(jnp.float32)
-    lo = jnp.floor(pos)
-    frac = pos - lo
-    lo = jnp.clip(lo.astype(jnp.int32), 0, last)
-    hi = jnp.minimum(lo + 1, last)
-    out.append(sorted_[lo] + frac * (sorted_[hi] - sorted_[lo]))
-  return jnp.stack(out)
 
 
 # Entropies with ties, ±0, negative values and large magnitudes (not physical, but the
