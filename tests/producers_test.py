@@ -50,6 +50,23 @@ def test_arithmetic_flags_from_the_first_wrong_character(response, want):
   assert dots(task.flag_chars({"prompt": "57+68=", "answer": "125"}, response)) == want
 
 
+@pytest.mark.parametrize("response,want", [
+    ("3*5+7", "......"),      # 22: correct, nothing flagged
+    ("7+3*5", "......"),
+    ("3*9+7", "..####"),      # 9 is not offered: flagged from it onward
+    ("3*5+3", "....##"),      # 3 used twice
+    ("3*5+07", "....###"),    # a leading zero
+    ("3*5x7", "...###"),      # a character outside the alphabet
+    ("3+5+7", "######"),      # legitimate numbers, wrong value: the whole response
+    ("3*(5+7", "#######"),    # malformed
+    ("", "#"),
+])
+def test_countdown_flags_from_the_first_wrong_step(response, want):
+  task = tasks_lib.get_task("countdown")
+  ex = {"prompt": "3 5 7:22=", "numbers": [3, 5, 7], "target": 22}
+  assert dots(task.flag_chars(ex, response)) == want
+
+
 def test_token_flags_with_the_character_tokenizer():
   tok = CharTokenizer()
   ids = tok.encode("115", add_eos=True)
@@ -88,7 +105,7 @@ def test_token_flags_cover_multi_character_tokens():
 
 
 def test_flags_are_refused_at_setup_for_a_task_without_them():
-  c = tiny(estimator="perceval", task="countdown")
+  c = tiny(estimator="perceval", task="pivotal")
   c.task_kwargs = {}
   with pytest.raises(loop.SetupError,
                      match=r"estimator 'perceval' needs \['flag_mask'\].*'task_flags'.*off"):

@@ -302,6 +302,54 @@ class Countdown:
       return 0.0
     return 1.0 if value == target else float(self.format_reward)
 
+  def flag_chars(self, example: Mapping[str, Any], response: str) -> np.ndarray:
+    """Per-character flags of a wrong response: from its first wrong step onward.
+
+    A response the verifier accepts (reward 1) gets no flag. Otherwise the characters are
+    read left to right and the first step that cannot belong to any solution is flagged
+    with everything after it: a character outside the expression alphabet, a number with a
+    leading zero, or a number the prompt does not offer (not given, or already used as
+    often as given; a hallucinated number, Perceval's case). When every number is
+    legitimate but the expression is malformed, incomplete or has the wrong value, the
+    error is not in one step that can be located without a search over all solutions: the
+    whole response is flagged. The last entry stands for the end of the response (its
+    stop token) and is flagged with the characters before it.
+
+      "3 5 7:22=" "3*5+7" -> ......   "3*9+7" -> ..####   "3+5+7" -> ######
+
+    Args:
+      example: the example (`numbers`, `target`, or its prompt).
+      response: the response text, decoded up to eos.
+
+    Returns:
+      [len(response) + 1] bool.
+    """
+    flags = np.zeros(len(response) + 1, bool)
+    if self.verify(example, response) == 1.0:
+      return flags
+    numbers, _ = self._numbers_target(example)
+    left = collections.Counter(numbers)
+    i = 0
+    while i < len(response):
+      c = response[i]
+      if c.isdigit():
+        j = i
+        while j < len(response) and response[j].isdigit():
+          j += 1
+        num = response[i:j]
+        if (len(num) > 1 and num[0] == "0") or left[int(num)] == 0:
+          flags[i:] = True
+          return flags
+        left[int(num)] -= 1
+        i = j
+      elif c in " +-*/()":
+        i += 1
+      else:
+        flags[i:] = True
+        return flags
+    flags[:] = True
+    return flags
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     """The example's constructed `answer` when it verifies, else a solver's expression."""
