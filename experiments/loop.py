@@ -181,6 +181,9 @@ def build_data(c: ml_collections.ConfigDict) -> Data:
   The tokenizer is the checkpoint's (`checkpoint_tokenizer`) with `c.init_from`, else the
   character tokenizer of the from-scratch models.
   """
+  if c.init_from and c.get("warm_start_from"):
+    raise SetupError("init_from and warm_start_from are exclusive: warm_start_from is for "
+                     "policies exported by a from-scratch run (the task's character tokenizer)")
   hf = _read_checkpoint_config(c.init_from) if c.init_from else None
   tok = checkpoint_tokenizer(c, hf) if hf is not None else tasks_lib.CharTokenizer()
   if c.task in ("jsonl", "tfds"):
@@ -286,9 +289,6 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
   an earlier from-scratch run (`c.warm_start_from`) (+ LoRA)."""
   from credit import models
   source = c.init_from or c.get("warm_start_from", "")
-  if c.init_from and c.get("warm_start_from"):
-    raise SetupError("init_from and warm_start_from are exclusive: warm_start_from is for "
-                     "policies exported by a from-scratch run (the task's character tokenizer)")
   if source:
     key = "init_from" if c.init_from else "warm_start_from"
     hf = _read_checkpoint_config(source, key)

@@ -179,7 +179,7 @@ def test_heatmap_keeps_the_latest_mixed_step():
 @pytest.mark.parametrize("change,match", [
     ({"estimator": "no_such"}, r"Unknown estimator .no_such.*Known"),
     ({"policy_loss": "no_such"}, r"Unknown policy loss .no_such.*Known"),
-    ({"estimator": "gae"}, r"needs \['values'\]"),
+    ({"estimator": "gdpo"}, r"needs \['reward_components'\]"),
     ({"task": "no_such_task"}, "Known tasks"),
     ({"init_from": "/nonexistent/model"}, "is not a directory"),
     ({"mesh": "data=9"}, "devices"),
@@ -267,17 +267,22 @@ def test_plan_orders_producers_and_names_missing_fields():
   # The sampler's log-probs replace the recomputed ones: no policy pass at all for GRPO.
   names = [p.producer.name for p in loop.check_method(tiny(logprob_old_source="sampler")).plan]
   assert "sampler_logprob_old" in names and "policy_pass" not in names
-  with pytest.raises(loop.SetupError, match=r"estimator 'gae' needs \['values'\]"):
-    loop.check_method(tiny(estimator="gae"))
+  with pytest.raises(loop.SetupError,
+                     match=r"estimator 'gdpo' needs \['reward_components'\]"):
+    loop.check_method(tiny(estimator="gdpo"))
   with pytest.raises(loop.SetupError, match=r"the KL term .* needs \['logprob_teacher'\]"):
     producers.plan({"logprob_teacher": ["the KL term (kl_coef=1)"]}, c)
-  # A new kind of input is a new table row: a critic makes `values`, and GAE plans.
-  critic = producers.Producer("critic", ("values",), ("tokens",), lambda s, w: None, "scoring",
-                              "a value head")
-  table = producers.PRODUCERS + (critic,)
-  gae = loop.method_needs(tiny(), credit.get_estimator("gae"), ())
-  plan = producers.plan(gae, c, table)
-  assert [p.producer.name for p in plan][-1] == "critic" and plan[-1].wanted == {"values"}
+  # A new kind of input is a new table row: a multi-component verifier, and GDPO plans.
+  graded = producers.Producer("graded", ("reward_components",), ("tokens",),
+                              lambda s, w: None, "reward", "several reward signals")
+  table = producers.PRODUCERS + (graded,)
+  gdpo = loop.method_needs(tiny(), credit.get_estimator("gdpo"), ())
+  plan = producers.plan(gdpo, c, table)
+  assert [p.producer.name for p in plan][-1] == "graded"
+  assert plan[-1].wanted == {"reward_components"}
+  # GAE's critic is a trained producer: planned after the rollout, before nothing it needs.
+  names = [p.producer.name for p in loop.check_method(tiny(estimator="gae")).plan]
+  assert names.index("critic") > names.index("rollout") and "policy_pass" in names
   for p in producers.PRODUCERS:
     assert set(p.provides) <= set(credit.CONTRACT)
 
