@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from credit import losses, parallel
+from credit import losses, ops, parallel
 from credit.losses import prm as prm_losses
 from credit.scoring import score_tokens
 from experiments import train
@@ -77,7 +77,8 @@ class _Trainer:
 
   def init(self, params) -> LearnerState:
     rep = parallel.replicated(self.mesh)
-    p_sh, o_sh = train.state_shardings(self.tx, params, self.tx.init(params), self.mesh)
+    p_sh, o_sh = train.state_shardings(self.tx, params, jax.eval_shape(self.tx.init, params),
+                                       self.mesh)
     params = jax.device_put(params, p_sh)
     return LearnerState(params=params, opt_state=jax.jit(self.tx.init, out_shardings=o_sh)(params),
                         step=jax.device_put(jnp.zeros((), jnp.int32), rep))
@@ -212,9 +213,9 @@ def check_critic_config(c) -> None:
 
 def init_critic(s: "Setup", policy_params) -> LearnerState:
   """The policy's trunk (after its warm-up) with a zero value head, and a fresh optimiser."""
-  check_critic_config(s.c)
-  params = {"trunk": _copy(policy_params),
-            "head": {"w": jnp.zeros((_hidden_size(s, policy_params),), jnp.float32), "b": jnp.zeros((), jnp.float32)}}
+  head = {"w": jnp.zeros((_hidden_size(s, policy_params),), jnp.float32),
+          "b": jnp.zeros((), jnp.float32)}
+  params = {"trunk": _copy(policy_params), "head": head}
   return _critic_trainer(s, None).init(params)
 
 
@@ -231,7 +232,6 @@ def _make_critic_producer(name: str, field: str, relay: Callable | None):
   (the reference critic), None scores the rollout rows."""
 
   def build(s: "Setup", wanted: frozenset):
-    check_critic_config(s.c)
     width, layout = relay(s) if relay else (None, None)
     trainer = _critic_trainer(s, width)
     P = s.data.max_prompt_len
@@ -257,7 +257,7 @@ def _make_critic_producer(name: str, field: str, relay: Callable | None):
       data = dict(ctx.extras.pop(name))
       returns = targets.get("returns")
       if returns is None:  # Monte-Carlo return of the outcome (γ = 1)
-        returns = jnp.where(data["response_mask"], batch["reward"][:, None], 0.0)
+        returns = ops.broadcast_to_tokens(batch["reward"], data["response_mask"])
       data["returns"] = returns
       learner, metrics = trainer.update(ctx.learners[name], data,
                                         jax.random.fold_in(ctx.key, 13))
