@@ -143,7 +143,7 @@ def init_prm(s: "Setup", policy_params) -> LearnerState:
 
 def build_prm(s: "Setup", wanted: frozenset):
   trainer = _prm_trainer(s)
-  score = s.scorer()
+  score = s.scorer(entropy=False)
   before = s.c.prm.order == "update_first"
 
   def produce(state, batch, ctx: "StepContext") -> dict:

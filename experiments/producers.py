@@ -60,12 +60,15 @@ class Setup:
   def model_state(self, params) -> Any:
     return nnx.merge_state(params, self.rest)
 
-  def scorer(self, *, sum_pi_squared: bool = False) -> Callable:
-    """The jitted no-gradient scoring pass (`train.make_scorer`), built once per variant."""
-    if sum_pi_squared not in self._scorers:
-      self._scorers[sum_pi_squared] = jax.jit(train.make_scorer(
-          self.graphdef, self.rest, self.chunk_size, sum_pi_squared=sum_pi_squared))
-    return self._scorers[sum_pi_squared]
+  def scorer(self, *, sum_pi_squared: bool = False, entropy: bool = True) -> Callable:
+    """The jitted no-gradient scoring pass (`train.make_scorer`), built once per variant;
+    `entropy=False` for the passes that only need log-probs (its slot is None)."""
+    key = (sum_pi_squared, entropy)
+    if key not in self._scorers:
+      self._scorers[key] = jax.jit(train.make_scorer(
+          self.graphdef, self.rest, self.chunk_size, sum_pi_squared=sum_pi_squared,
+          entropy=entropy))
+    return self._scorers[key]
 
   def repeat_groups(self, per_prompt: np.ndarray) -> Any:
     """[N] host values -> [B=N*G] row-sharded array (each prompt's value for its G samples)."""
@@ -199,7 +202,7 @@ def _build_policy_pass(s: Setup, wanted: frozenset) -> Produce:
 
 
 def _build_reference_pass(s: Setup, wanted: frozenset) -> Produce:
-  score = s.scorer()
+  score = s.scorer(entropy=False)
 
   def produce(state, batch, ctx: StepContext) -> dict:
     logprob_ref, _ = score(ctx.ref_params, batch["tokens"], ctx.attn_mask)
@@ -324,7 +327,7 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
   P = s.data.max_prompt_len
   marker = getattr(s.data.task, "answer_marker", None) or ""
   marker_ids = np.asarray(tok.encode(marker) if marker else [], np.int32)
-  score = s.scorer()
+  score = s.scorer(entropy=False)
 
   @jax.jit
   def answer_logprobs(params, tokens, attn_mask, pos, answer_mask):
@@ -493,7 +496,7 @@ def _build_followup_pass(s: Setup, wanted: frozenset) -> Produce:
   fu_FW, attend_FW = tasks_lib.pad_rows([sep_ids + answer_ids(tok, t) for t in texts], None,
                                         pad_id=tok.pad_id, pad_left=False)
   scored_FW = attend_FW & (np.arange(fu_FW.shape[1]) >= len(sep_ids))[None, :]
-  score = s.scorer()
+  score = s.scorer(entropy=False)
   use_reference = s.c.followup_scorer == "reference"
 
   @jax.jit
@@ -561,7 +564,7 @@ def _response_rescorer(s: Setup, width: int) -> Callable:
   """rescore(params, prompts [N] str, batch) -> [B,T] log-probs of the sampled response
   tokens after other prompts (`response_layout`), 0 outside `response_mask`."""
   P = s.data.max_prompt_len
-  score = s.scorer()
+  score = s.scorer(entropy=False)
   lay = response_layout(s, width)
 
   @jax.jit

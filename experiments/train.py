@@ -258,14 +258,16 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
 
 
 def make_scorer(graphdef, rest, chunk_size: int | None, *,
-                sum_pi_squared: bool = False) -> Callable:
+                sum_pi_squared: bool = False, entropy: bool = True) -> Callable:
   """score(params, tokens, attn_mask) -> (logprob [B,T], entropy [B,T]) without gradients; with
-  `sum_pi_squared`, (logprob, entropy, Σπ² [B,T]) from the same model pass."""
+  `sum_pi_squared`, (logprob, entropy, Σπ² [B,T]) from the same model pass; with
+  `entropy=False` the entropy is not computed (None in its place)."""
 
   def score(params, tokens, attn_mask):
     model = merge_model(graphdef, params, rest)
     hidden, unembed, mask = model_hidden(model, tokens, attn_mask)
-    out = score_hidden(hidden, unembed, tokens, mask, chunk_size=chunk_size, return_entropy=True)
+    out = score_hidden(hidden, unembed, tokens, mask, chunk_size=chunk_size,
+                       return_entropy=entropy)
     if not sum_pi_squared:
       return out
     return (*out, sum_pi_squared_hidden(hidden, unembed, mask, chunk_size=chunk_size))
