@@ -55,7 +55,18 @@ CONTRACT: dict[str, Field] = {
     "reward_components": Field("BR", "f", "several reward signals per sample", True),
     "step_reward": Field("BK", "f", "per-turn / per-step rewards (process, progress, judge)",
                          True),
-    "step_mask": Field("BK", "b", "valid entries of step_reward"),
+    "step_mask": Field("BK", "b", "valid entries of step_reward; in multi-turn rollouts the "
+                       "turns a sample took (turn k of row b ran iff step_mask[b,k])"),
+    "turn_progress": Field("BK", "f", "verifiable task progress in [0,1] after each turn "
+                           "(progress before the first turn is 0; ProCredit, HyperGraphPro)",
+                           True),
+    "turn_role": Field("BK", "i", "role that played each turn (0 the main agent / planner, "
+                       "1 a worker / synthesiser, ...; role-decoupled advantages)"),
+    "gold_logprob_turns": Field("BK", "f", "mean per-token log-prob of the gold answer given "
+                                "the trajectory up to the end of turn k (its observation "
+                                "included; IGPO, TRACE)", True),
+    "gold_logprob_prompt": Field("B", "f", "the same given the prompt alone (before any "
+                                 "turn)", True),
     "token_reward": Field("BT", "f", "dense per-token rewards", True),
     "flag_mask": Field("BT", "b", "tokens inside spans a judge / PRM flagged as wrong "
                        "(Perceval: hallucinated perceptual claims); penalised"),
@@ -240,7 +251,7 @@ def validate_fields(fields: Mapping[str, Any], *, num_groups: int | None = None,
     sel = arr
     if letters.startswith("BT") and mask is not None:
       sel = arr[mask.astype(bool)]
-    elif name == "step_reward" and "step_mask" in arrays:
+    elif letters == "BK" and "step_mask" in arrays:
       sel = arr[arrays["step_mask"].astype(bool)]
     bad = ~np.isfinite(sel)
     if bad.any():

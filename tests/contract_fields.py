@@ -36,14 +36,24 @@ def _lp(rng, shape):  # log-probabilities of sampled tokens
 _SPECIAL: dict[str, Callable[[np.random.Generator, dict, dict], Any]] = {
     "tokens": lambda r, d, f: r.integers(3, 50, _shape("tokens", d)).astype(np.int32),
     "obs_mask": lambda r, d, f: np.zeros(_shape("obs_mask", d), bool),
-    "turn_id": lambda r, d, f: np.where(f["response_mask"], 0, -1).astype(np.int32),
+    # Multi-turn layout: response positions t go to turn min(t // 2, K-1); a turn took place
+    # (step_mask) when it holds a policy token.
+    "turn_id": lambda r, d, f: np.where(f["response_mask"],
+                                        np.minimum(np.arange(d["T"]) // 2, d["K"] - 1),
+                                        -1).astype(np.int32),
+    "step_mask": lambda r, d, f: np.stack(
+        [(f["turn_id"] == k).any(1) for k in range(d["K"])], 1),
+    "turn_role": lambda r, d, f: r.integers(0, 2, _shape("turn_role", d)).astype(np.int32),
+    "turn_progress": lambda r, d, f: np.sort(r.uniform(0.0, 1.0, _shape("turn_progress", d)),
+                                             1).astype(np.float32),
+    "gold_logprob_turns": lambda r, d, f: _lp(r, _shape("gold_logprob_turns", d)),
+    "gold_logprob_prompt": lambda r, d, f: _lp(r, (d["B"],)),
     "step_id": lambda r, d, f: np.where(f["response_mask"], np.arange(d["T"]) // 2,
                                         -1).astype(np.int32),
     "prompt_id": lambda r, d, f: ((f["group_id"] * 5 + 2) % NUM_PROMPTS).astype(np.int32),
     "reward_components": lambda r, d, f: np.stack(
         [f["reward"], r.choice([0.0, 1.0], d["B"])] + [r.uniform(-1, 1, d["B"])] * (d["R"] - 2),
         1).astype(np.float32),
-    "step_mask": lambda r, d, f: np.ones(_shape("step_mask", d), bool),
     "entropy": lambda r, d, f: r.uniform(0.0, 3.0, _shape("entropy", d)).astype(np.float32),
     "sum_pi_squared": lambda r, d, f: r.uniform(0.05, 1.0, _shape("sum_pi_squared", d)
                                                 ).astype(np.float32),

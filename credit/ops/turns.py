@@ -1,4 +1,18 @@
-"""Per-turn reductions [B,T] -> [B,K] and back, keyed by `turn_id` (−1 outside any turn)."""
+"""Per-turn arrays [B,K]: reductions from tokens and back, and the turn-credit primitive.
+
+Keyed by `turn_id` [B,T] (−1 outside any turn: prompt, observations, padding) and a per-turn
+validity mask `valid_BK` (`step_mask` in the rollout contract: turn k of row b took place).
+
+Every turn-level estimator (IGPO, A2TGPO, SIOP, TRACE, MAPO, ProCredit, ...) is the same three
+steps over per-turn rewards `r [B,K]` (spec token_and_implicit.md, "Implementation notes"):
+
+1. `turn_normalize`: z-score over the valid (b, k) cells that share a key: the prompt group
+   (`by="pooled"`), the group and the turn index (`by="index"`), or the group and any per-turn
+   key such as a role or workflow stage (`by="key"`);
+2. `turn_returns`: discounted accumulation over the valid turns, `A_k = Σ_{k'≥k} γ^{n(k,k')} x_k'`
+   (n counts valid turns between), optionally divided by √(number of accumulated terms);
+3. `turn_broadcast`: each policy token of turn k gets `A_k`.
+"""
 from __future__ import annotations
 
 from typing import Literal
@@ -10,10 +24,15 @@ from jax.typing import ArrayLike
 
 from credit._checks import check_choice
 from credit.ops._cast import as_f32
+from credit.ops.masked import safe_sqrt
+from credit.ops.returns import discounted_reverse_cumsum
 
 Array = jax.Array
 
-__all__ = ["turn_reduce", "turn_broadcast"]
+__all__ = ["turn_reduce", "turn_broadcast", "turn_segments", "turn_normalize", "turn_returns",
+           "turn_counts"]
+
+TURN_NORMS = ("pooled", "index", "key")
 
 
 def turn_reduce(x: ArrayLike, turn_id: ArrayLike, num_turns: int,
@@ -53,3 +72,110 @@ def turn_broadcast(x_BK: ArrayLike, turn_id: ArrayLike, mask: ArrayLike | None =
     ok = ok & jnp.asarray(mask, bool)
   out = jnp.take_along_axis(x, jnp.clip(tid, 0, K - 1), axis=1)
   return jnp.where(ok, out, 0.0)
+
+
+def turn_segments(group_id: ArrayLike, num_groups: int, num_turns: int, *,
+                  by: Literal["pooled", "index", "key"] = "pooled",
+                  key: ArrayLike | None = None, num_keys: int | None = None
+                  ) -> tuple[Array, int]:
+  """Segment id of every (b, k) cell and the number of segments, for `turn_normalize`.
+
+  pooled: the prompt group g (all turns of all samples of the prompt in one pool);
+  index:  (g, k), the samples of the prompt that took turn k;
+  key:    (g, key[b,k]) with `key` [B,K] int in [0, num_keys) (role, workflow stage).
+  Cells whose group or key is out of range get segment id −1 (dropped).
+  """
+  check_choice("turn_segments", "by", by, TURN_NORMS)
+  gid = jnp.asarray(group_id, jnp.int32)
+  chex.assert_rank(gid, 1)
+  ok_B = (gid >= 0) & (gid < num_groups)
+  g_BK = jnp.broadcast_to(gid[:, None], (gid.shape[0], num_turns))
+  if by == "pooled":
+    seg, n = g_BK, num_groups
+    ok = jnp.broadcast_to(ok_B[:, None], seg.shape)
+  elif by == "index":
+    seg, n = g_BK * num_turns + jnp.arange(num_turns, dtype=jnp.int32)[None, :], \
+        num_groups * num_turns
+    ok = jnp.broadcast_to(ok_B[:, None], seg.shape)
+  else:
+    if key is None or num_keys is None:
+      raise ValueError("turn_segments(by='key') needs `key` [B,K] and the static `num_keys`")
+    k_BK = jnp.asarray(key, jnp.int32)
+    chex.assert_shape(k_BK, (gid.shape[0], num_turns))
+    seg, n = g_BK * num_keys + k_BK, num_groups * num_keys
+    ok = ok_B[:, None] & (k_BK >= 0) & (k_BK < num_keys)
+  return jnp.where(ok, seg, -1), n
+
+
+def turn_normalize(x_BK: ArrayLike, valid_BK: ArrayLike, group_id: ArrayLike, num_groups: int,
+                   *, by: Literal["pooled", "index", "key"] = "pooled",
+                   key: ArrayLike | None = None, num_keys: int | None = None,
+                   scale: bool = True, ddof: int = 0, eps: float = 1e-6,
+                   var_eps: float = 0.0, min_count: int = 2,
+                   small: Literal["zero", "raw", "centred"] = "zero") -> Array:
+  """Z-score of per-turn values over the valid cells of each segment (`turn_segments`).
+
+  .. math::  x̂_{b,k} = (x_{b,k} − μ_s) / (\\sqrt{σ_s^2 + var_eps} + eps)
+
+  with σ² the variance with `ddof` (0: population, as IGPO; 1: unbiased, as SIOP/MatchTIR),
+  computed shifted (segment max as pivot) for float32 accuracy.
+
+  Args:
+    x_BK: [B,K] per-turn values; entries outside `valid_BK` are ignored (may be NaN).
+    valid_BK: [B,K] bool, the cells that exist and take part.
+    group_id, num_groups: prompt group of each row; static segment count.
+    by, key, num_keys: the pooling (`turn_segments`).
+    scale: divide by the std (False: centre only).
+    ddof, eps, var_eps: as in the formula.
+    min_count: segments with fewer valid cells are "small" and get the `small` rule:
+      "zero" (0, the default), "raw" (the value unnormalised: μ=0, σ=1, verl's singleton
+      convention), "centred" (x − μ, no scaling).
+  Returns:
+    [B,K] float32, exact zeros outside `valid_BK`.
+  """
+  check_choice("turn_normalize", "small", small, ("zero", "raw", "centred"))
+  x = as_f32(x_BK)
+  valid = jnp.asarray(valid_BK, bool)
+  chex.assert_rank([x, valid], 2)
+  chex.assert_equal_shape([x, valid])
+  B, K = x.shape
+  seg_BK, n = turn_segments(group_id, num_groups, K, by=by, key=key, num_keys=num_keys)
+  ok = valid & (seg_BK >= 0)
+  seg = jnp.where(ok, seg_BK, n).reshape(-1)
+  okf = ok.reshape(-1).astype(jnp.float32)
+  v = jnp.where(ok, x, 0.0).reshape(-1)
+  ns = n + 1
+  count = jax.ops.segment_sum(okf, seg, ns)
+  pivot = jax.ops.segment_max(jnp.where(okf > 0, v, -jnp.inf), seg, ns)
+  pivot = jnp.where(count > 0, pivot, 0.0)
+  d = jnp.where(okf > 0, v - pivot[seg], 0.0)
+  mean_d = jax.ops.segment_sum(d, seg, ns) / jnp.maximum(count, 1.0)
+  cen = jnp.where(okf > 0, d - mean_d[seg], 0.0)
+  ss = jax.ops.segment_sum(cen * cen, seg, ns)
+  var = jnp.where(count > ddof, ss / jnp.maximum(count - ddof, 1.0), 0.0)
+  std = safe_sqrt(var + var_eps)
+  out = cen / (std[seg] + eps) if scale else cen
+  c = count[seg]
+  small_val = {"zero": jnp.zeros_like(v), "raw": v, "centred": cen}[small]
+  out = jnp.where(c < min_count, small_val, out)
+  return jnp.where(ok, out.reshape(B, K), 0.0)
+
+
+def turn_counts(valid_BK: ArrayLike) -> Array:
+  """Number of valid turns from k to the end of each row, [B,K] float32 (0 at invalid k)."""
+  v = jnp.asarray(valid_BK, bool)
+  return jnp.where(v, jax.lax.cumsum(v.astype(jnp.float32), axis=1, reverse=True), 0.0)
+
+
+def turn_returns(x_BK: ArrayLike, valid_BK: ArrayLike, gamma: ArrayLike = 1.0, *,
+                 sqrt_n: bool = False) -> Array:
+  """Discounted accumulation over the valid turns: A_k = x_k + γ·A_{next valid k'}.
+
+  Invalid turns neither add, reset nor discount. `sqrt_n=True` divides A_k by
+  √(number of valid turns from k to the end) (A2TGPO's rescaled accumulation).
+  Returns [B,K] float32, 0 at invalid turns.
+  """
+  out = discounted_reverse_cumsum(x_BK, valid_BK, gamma)
+  if sqrt_n:
+    out = out / jnp.sqrt(jnp.maximum(turn_counts(valid_BK), 1.0))
+  return out
