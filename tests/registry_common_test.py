@@ -255,6 +255,12 @@ EQUAL_GROUP_NOT_ZERO = {
     "rlpr": "the reward is the answer's mean token probability, not the `reward` field",
     "jepo": "credit comes from the answer log-likelihoods, not the `reward` field",
     "flr": "the reward is the follow-up likelihood, not the `reward` field",
+    # Turn-level methods: credit from per-turn signals (information gain, progress, verdicts,
+    # judge or rubric scores, PRM log-ratios) differs between the turns of equal-outcome rows.
+    **{name: "per-turn signals give credit where the outcomes are equal" for name in (
+        "igpo", "a2tgpo", "siop", "trace", "procredit", "vpr", "lean_first_error", "matchtir",
+        "abseeker", "dataprm", "lean4agentic", "mapo", "oprl", "rdpo", "river", "scout",
+        "taco", "veritas")},
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {
@@ -263,6 +269,11 @@ SINGLETON_NOT_ZERO = {
     "dcpo": "the prompt's history gives a baseline for a single sample",
     "vimpo": "the actor advantage comes from the log-ratios alone (whitened over the batch)",
     "treg": "additive mode: A = Â + α r̂ with Â = 0",
+    # Turn-level methods pooling the turns of one row (or the batch), so a lone sample's
+    # turns still contrast with each other; MatchTIR keeps a lone sample's raw value (code).
+    **{name: "per-turn contrasts within one sample (or a batch-wide part)" for name in (
+        "igpo", "siop", "trace", "procredit", "lean_first_error", "matchtir", "abseeker",
+        "dataprm", "veritas", "oprl", "mapo", "taco", "rdpo", "lean4agentic")},
 }
 
 
@@ -420,7 +431,8 @@ def test_loss_jit_equals_eager_and_sharded(name):
   assert set(metrics) == set(eager_metrics)
   mesh = Mesh(np.asarray(jax.devices()), ("data",))
   spec = registry.get_policy_loss(name)
-  data = {n: jax.device_put(b[n], NamedSharding(mesh, P("data", None))) for n in spec.needs}
+  data = {n: jax.device_put(b[n], NamedSharding(mesh, P("data", *[None] * (b[n].ndim - 1))))
+          for n in spec.needs}
   out = _loss_jitted(name)(data)
   np.testing.assert_allclose(np.asarray(out.loss), loss, rtol=1e-5, atol=1e-6)
   for k in metrics:

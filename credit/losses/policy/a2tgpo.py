@@ -1,0 +1,99 @@
+"""A2TGPO: PPO clip whose range follows each turn's normalised information gain."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from credit.advantages.turn.a2tgpo import a2tgpo_clip_range, a2tgpo_normalized_gains
+from credit.losses.policy._common import policy_inputs
+from credit.losses.policy.ppo_clip import _check_dual, clipped_surrogate_loss
+from credit.losses.reduction import POLICY_NEEDS, STATIC_ARGNAMES, TokenLoss, _full_loss
+from credit.registry import register_policy_loss
+
+__all__ = ["a2tgpo_loss", "dense_group_ids"]
+
+Array = jax.Array
+
+_NAME = "a2tgpo"
+_PAPER = ("A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level Clipping; "
+          "arXiv id not given in the seeds")
+_TURN_FIELDS = ("gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id", "group_id")
+
+
+def dense_group_ids(group_id: ArrayLike, row_valid: ArrayLike) -> Array:
+  """Group ids remapped to [0, B): the index of the group's first valid row ([B,B] compare).
+
+  Lets a loss normalise within groups without a static `num_groups` (the runner does not
+  pass one to losses): with B rows there are at most B groups.
+  """
+  gid = jnp.asarray(group_id, jnp.int32)
+  ok = jnp.asarray(row_valid, bool)
+  same = (gid[:, None] == gid[None, :]) & ok[None, :]
+  first = jnp.argmax(same, axis=1).astype(jnp.int32)
+  return jnp.where(ok, first, jnp.arange(gid.shape[0], dtype=jnp.int32))
+
+
+def a2tgpo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
+                response_mask: ArrayLike, gold_logprob_turns: ArrayLike | None = None,
+                gold_logprob_prompt: ArrayLike | None = None,
+                step_mask: ArrayLike | None = None, turn_id: ArrayLike | None = None,
+                group_id: ArrayLike | None = None, clip_eps: ArrayLike = 0.2,
+                lam: ArrayLike = 0.5, delta: ArrayLike = 0.5,
+                clip_ratio_c: ArrayLike | None = 3.0, gain: str = "log_prob_diff") -> TokenLoss:
+  """A2TGPO adaptive turn-level clipping: PPO clip with ε_{b,k} from the turn's normalised IG.
+
+  .. math::
+    ε_{b,k} = ε0 · clip(1 + λ·tanh(ĩ_{b,k}), 1 − δ, 1 + δ)     (outcome turn: ε0)
+    ℓ = max(−Aρ, −A·clip(ρ, 1 − ε_{b,k(t)}, 1 + ε_{b,k(t)}))   (+ dual clip c for A < 0)
+
+  ĩ is recomputed from the contract fields exactly as `a2tgpo_advantages` does
+  (`a2tgpo_normalized_gains`: IG of the gold answer's mean log-prob, z-scored per
+  (group, turn index), population std). Turns with a large positive ĩ get a wider range,
+  turns with a negative one a narrower range. Spec: `token_and_implicit.md` §5.
+
+  Confidence: inferred (from the abstract; no public code; λ = δ = 0.5 are ours).
+
+  Statistics are over the rows the loss receives: group ids are remapped with a [B,B]
+  comparison (`dense_group_ids`), so no static `num_groups` is needed, but when the
+  runner splits a group across minibatches ĩ is computed over the group's rows present in
+  the minibatch (identical to the estimator's with one minibatch, or minibatches holding
+  whole groups). Without the turn fields (any of them None) every token gets ε0: the loss
+  is then `ppo_clip` with ε_low = ε_high = ε0.
+
+  Args:
+    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
+    gold_logprob_turns [B,K], gold_logprob_prompt [B], step_mask [B,K], turn_id [B,T],
+      group_id [B]: the fields of `a2tgpo_advantages` (optional, see above).
+    clip_eps: ε0. lam, delta: λ and δ of the range (ours: 0.5, 0.5).
+    clip_ratio_c: dual-clip constant (> 1) for A < 0; None disables it.
+    gain: static, "log_prob_diff" | "prob_diff" (as the estimator).
+
+  Returns:
+    TokenLoss; metrics `clipfrac`, `clipfrac_lower` (dual clip active) and `clip_eps_mean`.
+  """
+  _check_dual(clip_ratio_c)
+  x = policy_inputs(logprob, logprob_old, advantages, response_mask)
+  fields = (gold_logprob_turns, gold_logprob_prompt, step_mask, turn_id, group_id)
+  if any(f is None for f in fields):
+    eps_BT = jnp.broadcast_to(jnp.asarray(clip_eps, jnp.float32), x.mask.shape)
+  else:
+    gid = dense_group_ids(group_id, jnp.any(x.mask, axis=1))
+    i_hat, cells, _ = a2tgpo_normalized_gains(
+        gold_logprob_turns=gold_logprob_turns, gold_logprob_prompt=gold_logprob_prompt,
+        step_mask=step_mask, turn_id=turn_id, group_id=gid, response_mask=x.mask,
+        num_groups=x.mask.shape[0], gain=gain)
+    eps_BT = a2tgpo_clip_range(jax.lax.stop_gradient(i_hat), cells, turn_id, clip_eps=clip_eps,
+                               lam=lam, delta=delta)
+  eps_BT = jnp.where(x.mask, eps_BT, 0.0)
+  loss_BT, clipped, dual = clipped_surrogate_loss(x.adv, jnp.exp(x.delta), 1.0 - eps_BT,
+                                                  1.0 + eps_BT, clip_ratio_c)
+  return TokenLoss(loss_BT, {"clipfrac": clipped, "clipfrac_lower": dual,
+                             "clip_eps_mean": eps_BT})
+
+
+# Registered by hand (not with `policy_loss`) because the loss takes contract fields beyond
+# `POLICY_NEEDS`; the full loss is the same per-token term + shared reduction.
+register_policy_loss(_NAME, needs=POLICY_NEEDS + _TURN_FIELDS, paper=_PAPER,
+                     static_argnames=STATIC_ARGNAMES + ("gain",),
+                     token_fn=a2tgpo_loss)(_full_loss(_NAME, a2tgpo_loss, "token-mean"))

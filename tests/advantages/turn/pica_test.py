@@ -1,0 +1,88 @@
+"""PiCA (credit/advantages/turn/pica.py); spec token_and_implicit.md §7 + Corrections."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from credit import registry
+from credit.advantages.turn import pica
+from tests.advantages.turn.igpo_test import batch, np_layout
+from tests.contract_fields import N  # noqa: F401  (shared layout)
+
+
+def np_token_rewards(b, mode="code", step_scale=0.3, outcome_scale=1.5, gamma=1.0):
+  row, valid, last = np_layout(b)
+  rho = b["step_reward"].astype(np.float64)
+  m, tid = b["response_mask"], b["turn_id"]
+  Bn, K = valid.shape
+  r = np.zeros((Bn, K))
+  for i in range(Bn):
+    ks = list(np.nonzero(valid[i])[0])
+    for n, k in enumerate(ks):
+      if mode == "code":
+        pen = 0.3 * 1.5 ** (n - 2) if n >= 3 else 0.0
+        r[i, k] = 1 - rho[i, k] - 0.55 - pen
+      else:
+        nxt = rho[i, ks[n + 1]] if n + 1 < len(ks) else 0.0
+        r[i, k] = gamma * nxt - rho[i, k]
+  x = np.zeros(m.shape)
+  for i in range(Bn):
+    pos = np.nonzero(m[i])[0]
+    for k in range(K):
+      toks = [t for t in pos if tid[i, t] == k]
+      if toks:
+        x[i, toks[-1]] += step_scale * r[i, k]
+    if len(pos):
+      if mode == "code":
+        x[i, pos[-1]] = 0.0 if tid[i, pos[-1]] >= 0 else x[i, pos[-1]]
+      x[i, pos[-1]] += outcome_scale * b["reward"][i]
+  return x
+
+
+def np_gae(x, values, m, gamma=1.0, lam=1.0):
+  adv, ret = np.zeros(x.shape), np.zeros(x.shape)
+  for i in range(x.shape[0]):
+    nv, run = 0.0, 0.0
+    for t in reversed(range(x.shape[1])):
+      if m[i, t]:
+        d = x[i, t] + gamma * nv - values[i, t]
+        run = d + gamma * lam * run
+        adv[i, t], ret[i, t] = run, run + values[i, t]
+        nv = values[i, t]
+  return adv, ret
+
+
+def test_spec_example_step_rewards():
+  rho = np.array([[0.3, 0.2, 0.6, 0.1, 0.4]])
+  r = 0.3 * np.asarray(pica.pica_step_rewards(rho, np.ones((1, 5), bool)))
+  np.testing.assert_allclose(r, [[0.045, 0.075, -0.045, -0.03, -0.1875]], atol=1e-6)
+
+
+def test_placement_and_outcome_overwrite():
+  # Two turns of two tokens; the outcome on the last token replaces turn 1's step reward.
+  tid = np.array([[0, 0, 1, 1]], np.int32)
+  kw = dict(reward=np.array([1.0]), step_reward=np.array([[0.3, 0.2]]),
+            step_mask=np.ones((1, 2), bool), turn_id=tid, values=np.zeros((1, 4)),
+            response_mask=tid >= 0, whiten=False)
+  out = pica.pica_advantages(**kw)
+  # token rewards [0, 0.045, 0, 1.5] → returns-to-go (γ = λ = 1, V = 0).
+  np.testing.assert_allclose(np.asarray(out.advantages)[0], [1.545, 1.545, 1.5, 1.5], atol=1e-5)
+  out = pica.pica_advantages(mode="pbrs", **kw)
+  # F = [0.2 − 0.3, 0 − 0.2]·0.3 = [−0.03, −0.06], outcome added: [0, −0.03, 0, 1.44].
+  np.testing.assert_allclose(np.asarray(out.returns)[0], [1.41, 1.41, 1.44, 1.44], atol=1e-5)
+  out = pica.pica_advantages(mode="pbrs", pbrs_terminal="outcome", **kw)
+  # Φ after the last step = R = 1: F = [−0.03, 0.24] → [0, −0.03, 0, 1.74].
+  np.testing.assert_allclose(np.asarray(out.returns)[0], [1.71, 1.71, 1.74, 1.74], atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", (0, 3))
+@pytest.mark.parametrize("kw", [{}, {"mode": "pbrs", "gamma": 0.9, "lam": 0.8}])
+def test_matches_numpy_reference(seed, kw):
+  b = batch(seed)
+  b["step_reward"] = np.abs(b["step_reward"])
+  spec = registry.get_estimator("pica")
+  out = pica.pica_advantages(**{n: b[n] for n in spec.needs}, whiten=False, **kw)
+  x = np_token_rewards(b, mode=kw.get("mode", "code"), gamma=kw.get("gamma", 1.0))
+  adv, ret = np_gae(x, b["values"], b["response_mask"], kw.get("gamma", 1.0), kw.get("lam", 1.0))
+  np.testing.assert_allclose(np.asarray(out.advantages), adv, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out.returns), ret, rtol=1e-4, atol=1e-5)
