@@ -32,3 +32,7 @@ __all__ = [
     "pad_rows", "register_task", "solve_countdown", "task_data_source", "task_tfds_name",
     "token_flags", "verify_batch",
 ]
+
+# The multi-turn tasks live with their environments (credit/envs: lookup, calculator,
+# multidoc); importing them here registers them, so `get_task("lookup")` works.
+import credit.envs  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position

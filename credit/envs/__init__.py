@@ -1,0 +1,24 @@
+"""Multi-turn environments (host side), a tool-call format and built-in multi-turn tasks.
+
+`base`: `StepResult`, `Limits`, the `Environment` / `MultiTurnTask` protocols, `TextEnv`
+(shared episode bookkeeping), `EnvBatch` (B episodes stepped together, their per-turn
+contract fields) and `run_episode`. `tools`: `ToolFormat`, `parse_action`, `Action`.
+Tasks (registered, so `credit.tasks.get_task("lookup")` works once this package is
+imported): `lookup` (multi-hop search over a hidden knowledge base), `calculator`
+(one arithmetic operation per turn with a calculator tool), `multidoc` (multi-hop QA over
+several hidden documents read with `read(d)`; dispatch turns role 0, the answer role 1).
+"""
+from credit.envs.base import (Environment, Episode, EpisodeDoneError, EnvBatch, Limits,
+                              MultiTurnTask, StepResult, TextEnv, Turn, run_episode,
+                              task_limits)
+from credit.envs.calculator import Calculator, CalculatorEnv
+from credit.envs.lookup import Lookup, LookupEnv
+from credit.envs.multidoc import MultiDoc, MultiDocEnv
+from credit.envs.tools import Action, ToolFormat, parse_action
+
+__all__ = [
+    "Action", "Calculator", "CalculatorEnv", "EnvBatch", "Environment", "Episode",
+    "EpisodeDoneError", "Limits", "Lookup", "LookupEnv", "MultiDoc", "MultiDocEnv",
+    "MultiTurnTask", "StepResult", "TextEnv", "ToolFormat", "Turn", "parse_action",
+    "run_episode", "task_limits",
+]
