@@ -346,7 +346,8 @@ class SamplingState:
     prompt_len_B: [B] int32, valid prompt tokens n_b.
     key_B: [B] per-row base keys `fold_in(key, b)`.
     logprob_sampler_BL, logprob_raw_BL: [B,L] f32, log-probs of the new tokens (0 elsewhere).
-    prompt_width: static P.
+    prompt_width: [] int32, column of new token 0 (P; a multi-turn rollout moves it to each
+      turn's first column, so one compiled decode serves every turn).
     pad_id: static id written for discarded draws and padding.
   """
   step: Array
@@ -360,7 +361,7 @@ class SamplingState:
   key_B: Array
   logprob_sampler_BL: Array
   logprob_raw_BL: Array
-  prompt_width: int = struct.field(pytree_node=False, default=0)
+  prompt_width: Array
   pad_id: int = struct.field(pytree_node=False, default=0)
 
 
@@ -451,18 +452,23 @@ def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Arr
       key_B=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(B)),
       logprob_sampler_BL=jnp.zeros((B, L), jnp.float32),
       logprob_raw_BL=jnp.zeros((B, L), jnp.float32),
-      prompt_width=P, pad_id=pad_id)
+      prompt_width=jnp.asarray(P, jnp.int32), pad_id=pad_id)
   state = state.replace(done_B=state.max_new_B <= 0)
   return _record(state, logits_BV, params)
 
 
 def decode_step(model, state: SamplingState, params: SamplingParams) -> SamplingState:
-  """One decode step: feeds the last new token ([B,1]) through the cached model, draws the next."""
+  """One decode step: feeds the last new token ([B,1]) through the cached model, draws the next.
+
+  The fed token is a valid cache slot iff it was really sampled (index t−1 < num_new_B), so a
+  row's stop token enters the cache too (a multi-turn rollout continues after it); the pads of
+  rows already done do not.
+  """
   t = state.step
   B = state.tokens_BL.shape[0]
   last_B1 = jax.lax.dynamic_slice(state.tokens_BL, (0, state.prompt_width + t - 1), (B, 1))
   positions_B1 = (state.prompt_len_B + t - 1)[:, None]
-  logits_B1V, cache = model(last_B1, positions_B1, mask_BT=~state.done_B[:, None],
+  logits_B1V, cache = model(last_B1, positions_B1, mask_BT=(t - 1 < state.num_new_B)[:, None],
                             cache=state.cache)
   return _record(state.replace(cache=cache), logits_B1V[:, 0], params)
 

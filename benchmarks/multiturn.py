@@ -1,0 +1,137 @@
+"""Multi-turn rollout tokens/s: `credit.envs.MultiTurnSampler` against single-turn sampling and
+against re-prefilling the whole history every turn.
+
+One random model (the character vocabulary, hidden 128, 2 layers: the size of the built-in
+recipes' policies), B episodes of K turns of scripted environments: each action is exactly W_a
+tokens (eos blocked until then), each observation W_o tokens. Compared, all on the same model:
+
+  multi-turn   `MultiTurnSampler`: one prefill, then per turn a decode loop and one chunked
+               feed of the observation; the KV cache is kept across turns;
+  single-turn  `credit.sampling.Sampler` drawing the same number of policy tokens in one go
+               (the speed of light for the policy tokens: no observations, no host round trips);
+  re-prefill   what an engine without a persistent cache does: each turn re-encodes prompt +
+               history with a fresh prefill (`Sampler` on the growing prefix), then decodes.
+
+Tokens/s counts policy + observation tokens (what the episode holds) for the multi-turn rows,
+policy tokens for single-turn. Compile runs are excluded; best and median of `--repeats`.
+
+  python benchmarks/multiturn.py [--batch 32] [--turns 4] [--action 16] [--obs 16] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from credit.envs.rollout import MultiTurnSampler, TurnLayout
+from credit.models import Decoder
+from credit.models.config import tiny_config
+from credit.sampling import Sampler
+from credit.tasks import CharTokenizer
+
+TOK = CharTokenizer()
+
+
+class FixedEnv:
+  """Observation of exactly `n_obs` characters after every turn; done after `turns` turns."""
+
+  def __init__(self, turns: int, n_obs: int):
+    self.turns, self.n_obs, self.k = turns, n_obs, 0
+
+  def reset(self):
+    self.k = 0
+    return "what is it?"
+
+  def step(self, action):
+    self.k += 1
+    done = self.k >= self.turns
+    return SimpleNamespace(observation="" if done else ("obs " * 8)[:self.n_obs], done=done,
+                           reward=0.0, progress=0.0, role=0)
+
+  def outcome(self):
+    return 0.0
+
+
+def timed(fn, repeats):
+  fn()  # compile
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return min(times), statistics.median(times)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--batch", type=int, default=32)
+  ap.add_argument("--turns", type=int, default=4)
+  ap.add_argument("--action", type=int, default=16)
+  ap.add_argument("--obs", type=int, default=16)
+  ap.add_argument("--repeats", type=int, default=3)
+  a = ap.parse_args()
+  B, K, W_a, W_o = a.batch, a.turns, a.action, a.obs
+  cfg = tiny_config("qwen3", vocab_size=TOK.vocab_size, hidden_size=128,
+                    intermediate_size=384, num_layers=2, head_dim=32)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  state = nnx.state(model)
+  P = 16
+  lay = TurnLayout(prompt_width=P, max_turns=K, max_action_tokens=W_a,
+                   max_observation_tokens=W_o)
+  # Actions of exactly W_a tokens: no stop token, a turn ends at its budget.
+  ms = MultiTurnSampler(model, tokenizer=TOK, layout=lay, stop_tokens=())
+  key = jax.random.key(0)
+  out = ms(state, [FixedEnv(K, W_o) for _ in range(B)], key=key)
+  n_multi = int(out.response_mask.sum() + out.obs_mask.sum())
+  n_policy = int(out.response_mask.sum())
+  t_multi = timed(lambda: ms(state, [FixedEnv(K, W_o) for _ in range(B)], key=key), a.repeats)
+
+  sampler = Sampler(model, pad_id=TOK.pad_id, stop_tokens=())
+  prompt = np.full((B, P), TOK.pad_id, np.int32)
+  ids = TOK.encode("what is it?", add_bos=True)
+  prompt[:, P - len(ids):] = ids
+  pmask = prompt != TOK.pad_id
+
+  def single():
+    o = sampler(state, prompt_tokens=prompt, prompt_mask=pmask, key=key,
+                max_new_tokens=K * W_a)
+    jax.block_until_ready(o.tokens)
+
+  t_single = timed(single, a.repeats)
+  obs_ids = np.asarray(TOK.encode(("obs " * 8)[:W_o]), np.int32)
+
+  def reprefill():
+    toks, mask = prompt, pmask
+    for k in range(K):
+      o = sampler(state, prompt_tokens=toks, prompt_mask=mask, key=jax.random.fold_in(key, k),
+                  max_new_tokens=W_a)
+      t = np.asarray(o.tokens)
+      m = np.asarray(o.prompt_mask | o.response_mask)
+      if k < K - 1:
+        toks = np.concatenate([t, np.broadcast_to(obs_ids, (B, W_o))], 1)
+        mask = np.concatenate([m, np.ones((B, W_o), bool)], 1)
+
+  t_re = timed(reprefill, a.repeats)
+  n_re = B * (K * W_a + (K - 1) * W_o)
+  rows = [("multi-turn (cache kept)", n_multi, t_multi),
+          ("single-turn, policy tokens only", B * K * W_a, t_single),
+          ("re-prefill each turn", n_re, t_re)]
+  print(f"B={B} K={K} W_a={W_a} W_o={W_o}; jax {jax.__version__}, "
+        f"{jax.devices()[0].platform}")
+  print("| engine | tokens | best s | median s | tokens/s (best) | vs multi-turn |")
+  print("|---|---:|---:|---:|---:|---:|")
+  base = n_multi / t_multi[0]
+  for name, n, (best, med) in rows:
+    print(f"| {name} | {n} | {best:.3f} | {med:.3f} | {n / best:,.0f} | "
+          f"{(n / best) / base:.2f}x |")
+  print(f"(multi-turn drew {n_policy} policy tokens of {B * K * W_a} possible)")
+
+
+if __name__ == "__main__":
+  main()

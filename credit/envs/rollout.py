@@ -1,0 +1,508 @@
+"""Multi-turn rollouts: the jitted KV-cache sampler driven turn by turn by host-side environments.
+
+Every row b of the batch is one episode. Turn k: the policy samples an action (until a stop
+token or the per-turn budget), the host decodes it to text, `env.step(text)` answers with an
+observation, the observation's tokens are appended, and the next turn continues from the cache.
+The cache is never recomputed: each token (prompt, action, observation) is fed through the model
+once.
+
+Buffer and cache layout (one column = one cache slot; all rows write the same slot at each step,
+as in `credit.sampling`):
+
+    [ prompt P | turn 0: action W_a | obs W_o | turn 1: action W_a | obs W_o | ... ]
+
+with P the (left-aligned) prompt width, W_a = `max_action_tokens`, W_o = `max_observation_tokens`.
+A turn's unused action slots and an observation's unused slots stay invalid in the cache, so
+attention skips them, and RoPE positions count only valid tokens (a row's position after its
+prompt, actions and observations is exactly its length in the compacted trajectory). Hence the
+log-probs of the actions equal a plain forward pass over the concatenated trajectory (tested).
+
+Per turn, three jitted programs (compiled once, the turn index is data):
+
+1. `decode` (`credit.sampling.decode`, with the turn's first column as `prompt_width`): draws the
+   action tokens; a stop token ends the row's turn;
+2. a catch-up feed: the token drawn at the loop's last step is written to the cache;
+3. `observe`: the observation tokens [B, W_o] are fed as one chunk at the observation block, and
+   the first token of the next turn is drawn from the last valid observation position.
+
+Limits: `max_turns` (K), `max_action_tokens` per turn, `max_observation_tokens` per observation
+(longer observations are truncated), `max_total_tokens` per episode (prompt excluded): the action
+budget of a turn is what is left, an observation is cut to what is left, and an episode that has
+used it all ends (`truncated`). An episode also ends when its environment says done or at K turns.
+
+Output (`MultiTurnOutput`, right-padded to T = P + max_total_tokens in the rollout contract):
+`response_mask` on the policy's tokens only (stop tokens included), `obs_mask` on observation
+tokens, `turn_id` (turn of each policy token, −1 elsewhere), per-turn arrays [B,K] from the
+environments (`step_reward`, `turn_progress`, `turn_role`, `step_mask` = the turn took place),
+`reward` = the environment's outcome, `logprob_sampler`/`logprob_raw` on policy tokens.
+Observation tokens never receive policy gradient: they are outside `response_mask`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from credit import sampling
+from credit.contract import Rollout
+
+Array = jax.Array
+
+__all__ = ["MultiTurnOutput", "MultiTurnSampler", "TurnLayout", "Trajectory"]
+
+# Column kinds of the internal buffer.
+_PAD, _PROMPT, _ACTION, _OBS = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnLayout:
+  """Static sizes of a multi-turn rollout (hashable: a jit static argument).
+
+  Attributes:
+    prompt_width: P, prompt columns (prompts are left-aligned into them).
+    max_turns: K, policy turns per episode.
+    max_action_tokens: W_a, tokens of one policy turn (stop token included).
+    max_observation_tokens: W_o, tokens of one observation (longer ones are truncated).
+    max_total_tokens: budget of actions + observations per episode (None: K·(W_a+W_o)).
+  """
+  prompt_width: int
+  max_turns: int
+  max_action_tokens: int
+  max_observation_tokens: int
+  max_total_tokens: int | None = None
+
+  def __post_init__(self):
+    for name in ("prompt_width", "max_turns", "max_action_tokens", "max_observation_tokens"):
+      v = getattr(self, name)
+      if not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"TurnLayout.{name} must be a positive int, got {v!r}")
+    if self.max_total_tokens is not None and self.max_total_tokens < 1:
+      raise ValueError(f"TurnLayout.max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+  def device(self) -> "TurnLayout":
+    """The layout the jitted programs see: the budget is enforced on the host, so runs that
+    differ only in `max_total_tokens` share compiled programs."""
+    return dataclasses.replace(self, max_total_tokens=None)
+
+  @property
+  def turn_width(self) -> int:
+    return self.max_action_tokens + self.max_observation_tokens
+
+  @property
+  def buffer_width(self) -> int:
+    """Columns (= cache slots) of the internal buffer."""
+    return self.prompt_width + self.max_turns * self.turn_width
+
+  @property
+  def budget(self) -> int:
+    full = self.max_turns * self.turn_width
+    return full if self.max_total_tokens is None else min(self.max_total_tokens, full)
+
+  @property
+  def output_width(self) -> int:
+    """T of the output arrays: prompt plus the episode budget."""
+    return self.prompt_width + self.budget
+
+  def action_column(self, k: int) -> int:
+    return self.prompt_width + k * self.turn_width
+
+  def observation_column(self, k: int) -> int:
+    return self.action_column(k) + self.max_action_tokens
+
+
+class Trajectory(NamedTuple):
+  """Host-side record of one episode: the texts and what the environment reported per turn."""
+  prompt: str
+  actions: list
+  observations: list
+  results: list
+  outcome: float
+  truncated: bool
+
+
+class MultiTurnOutput(NamedTuple):
+  """Multi-turn rollouts in the rollout contract (numpy, right-padded to T).
+
+  Attributes:
+    tokens: [B,T] int32, prompt, then actions and observations interleaved, pads after.
+    prompt_mask, response_mask, obs_mask: [B,T] bool: prompt, policy (action) and
+      environment (observation) tokens; disjoint.
+    turn_id: [B,T] int32, turn of each policy token, −1 elsewhere.
+    group_id: [B] int32.
+    logprob_sampler, logprob_raw: [B,T] f32 on policy tokens (0 elsewhere).
+    step_reward, turn_progress: [B,K] f32, the environment's per-turn reward and progress.
+    turn_role: [B,K] int32. step_mask: [B,K] bool, the turns that took place.
+    reward: [B] f32, the environment's outcome.
+    lengths: [B] int32, valid tokens of each row.
+    truncated: [B] bool, the episode ended by the token budget (not by its environment or K).
+    trajectories: per-row `Trajectory` texts and results.
+    timings: seconds spent sampling on the device and stepping environments on the host,
+      and the token counts.
+  """
+  tokens: np.ndarray
+  prompt_mask: np.ndarray
+  response_mask: np.ndarray
+  obs_mask: np.ndarray
+  turn_id: np.ndarray
+  group_id: np.ndarray
+  logprob_sampler: np.ndarray
+  logprob_raw: np.ndarray
+  step_reward: np.ndarray
+  turn_progress: np.ndarray
+  turn_role: np.ndarray
+  step_mask: np.ndarray
+  reward: np.ndarray
+  lengths: np.ndarray
+  truncated: np.ndarray
+  trajectories: list
+  timings: dict
+
+  def rollout(self) -> Rollout:
+    """The contract `Rollout` (extras: prompt_mask, logprob_raw)."""
+    return Rollout(tokens=self.tokens, response_mask=self.response_mask, obs_mask=self.obs_mask,
+                   turn_id=self.turn_id, group_id=self.group_id,
+                   logprob_sampler=self.logprob_sampler, step_reward=self.step_reward,
+                   step_mask=self.step_mask, turn_progress=self.turn_progress,
+                   turn_role=self.turn_role, reward=self.reward,
+                   extras={"prompt_mask": self.prompt_mask, "logprob_raw": self.logprob_raw})
+
+
+# --------------------------------------------------------------------------
+# Jitted pieces (model given as graphdef + state, so the caller's params are a pytree).
+# --------------------------------------------------------------------------
+
+
+def _turn_keys(key_B: Array, k: Array) -> Array:
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key_B, k)
+
+
+def _start(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params, *,
+           layout: TurnLayout, pad_id: int, cache_dtype):
+  """Prefill of the prompts into a cache of `layout.buffer_width` slots; draws turn 0's token 0."""
+  model = nnx.merge(graphdef, model_state)
+  extra = layout.buffer_width - layout.prompt_width
+  state = sampling.prefill(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
+                           key=key, max_new_tokens=extra, max_new_B=max_new_B, params=params,
+                           pad_id=pad_id, cache_dtype=cache_dtype)
+  return state
+
+
+def _run_turn(graphdef, model_state, state: sampling.SamplingState, params, *,
+              layout: TurnLayout):
+  """Decodes the rest of a turn, then feeds its last drawn token into the cache."""
+  model = nnx.merge(graphdef, model_state)
+  state = sampling.decode(model, state, params, max_new_tokens=layout.max_action_tokens)
+  # The loop drew `step` tokens and fed all but the last one; feed it (valid only for the rows
+  # that really sampled it), so every action token is in the cache before the observation.
+  t = state.step
+  B = state.tokens_BL.shape[0]
+  last_B1 = jax.lax.dynamic_slice(state.tokens_BL, (0, state.prompt_width + t - 1), (B, 1))
+  positions_B1 = (state.prompt_len_B + t - 1)[:, None]
+  _, cache = model(last_B1, positions_B1, mask_BT=(t - 1 < state.num_new_B)[:, None],
+                   cache=state.cache, return_hidden=True)
+  return state.replace(cache=cache)
+
+
+def _observe(graphdef, model_state, state: sampling.SamplingState, obs_BO, obs_mask_BO,
+             active_B, max_new_B, turn, params, *, layout: TurnLayout):
+  """Feeds the observations of turn `turn` (one chunk at its observation block) and draws the
+  first token of turn `turn + 1` from each row's last observation token."""
+  model = nnx.merge(graphdef, model_state)
+  B, O = obs_BO.shape
+  obs_col = layout.prompt_width + turn * layout.turn_width + layout.max_action_tokens
+  before_B = state.prompt_len_B + state.num_new_B  # valid tokens so far
+  positions_BO = before_B[:, None] + jnp.maximum(jnp.cumsum(obs_mask_BO, axis=1) - 1, 0)
+  cache = state.cache.replace(index=jnp.asarray(obs_col, jnp.int32))
+  hidden_BOD, cache = model(obs_BO, positions_BO.astype(jnp.int32), mask_BT=obs_mask_BO,
+                            cache=cache, return_hidden=True)
+  n_obs_B = jnp.sum(obs_mask_BO, axis=1, dtype=jnp.int32)
+  last_B = jnp.maximum(n_obs_B - 1, 0)
+  h_BD = jnp.take_along_axis(hidden_BOD, last_B[:, None, None], axis=1)[:, 0]
+  logits_BV = model.logits(h_BD[:, None])[:, 0]
+  tokens_BL = jax.lax.dynamic_update_slice(
+      state.tokens_BL, jnp.where(obs_mask_BO, obs_BO, state.pad_id).astype(jnp.int32),
+      (0, obs_col))
+  next_col = obs_col + layout.max_observation_tokens
+  nxt = state.replace(
+      step=jnp.zeros((), jnp.int32), tokens_BL=tokens_BL, cache=cache,
+      done_B=~active_B | (max_new_B <= 0), finished_B=jnp.zeros((B,), bool),
+      num_new_B=jnp.zeros((B,), jnp.int32), max_new_B=max_new_B,
+      prompt_len_B=before_B + n_obs_B, key_B=_turn_keys(state.key_B, turn + 1),
+      prompt_width=jnp.asarray(next_col, jnp.int32))
+  return sampling._record(nxt, logits_BV, params)
+
+
+# --------------------------------------------------------------------------
+# Host driver.
+# --------------------------------------------------------------------------
+
+
+class MultiTurnSampler:
+  """Samples multi-turn episodes of B environments with one policy.
+
+  >>> ms = MultiTurnSampler(model, tokenizer=tok, layout=TurnLayout(32, 3, 16, 16))  # doctest: +SKIP
+  >>> out = ms(nnx.state(model), envs, key=jax.random.key(0), temperature=1.0)       # doctest: +SKIP
+
+  `envs` is a sequence of B environments with `reset() -> str` and `step(action: str) ->` a
+  result with `observation`, `done`, `reward`, `progress` and `role` (`credit.envs.base`), and
+  `outcome() -> float`. Rows n·G..n·G+G−1 of a group share a prompt (`group_id`).
+  """
+
+  def __init__(self, model: nnx.Module, *, tokenizer, layout: TurnLayout,
+               stop_tokens: Sequence[int] | None = None, pad_id: int | None = None,
+               cache_dtype=None):
+    self.graphdef, _ = nnx.split(model)
+    self.tokenizer = tokenizer
+    self.layout = layout
+    self.vocab_size = sampling._vocab_size(model)
+    self.pad_id = int(tokenizer.pad_id if pad_id is None else pad_id)
+    if stop_tokens is None:
+      stop_tokens = (tokenizer.eos_id,)
+    self.stop_tokens = tuple(int(s) for s in stop_tokens)  # () : a turn ends at its budget
+    self._start = jax.jit(functools.partial(_start, self.graphdef),
+                          static_argnames=("layout", "pad_id", "cache_dtype"))
+    self._run_turn = jax.jit(functools.partial(_run_turn, self.graphdef),
+                             static_argnames=("layout",))
+    self._observe = jax.jit(functools.partial(_observe, self.graphdef),
+                            static_argnames=("layout",))
+    self.cache_dtype = cache_dtype
+
+  # -- tokenisation -----------------------------------------------------------
+
+  def _encode_prompts(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    P = self.layout.prompt_width
+    tok = self.tokenizer
+    ids = []
+    for p in prompts:
+      row = list(tok.encode(p, add_bos=getattr(tok, "bos_id", None) is not None))
+      if len(row) > P:
+        raise ValueError(f"a prompt of {len(row)} tokens does not fit prompt_width={P}: {p!r}")
+      ids.append(row)
+    tokens = np.full((len(ids), P), self.pad_id, np.int32)
+    mask = np.zeros((len(ids), P), bool)
+    for b, row in enumerate(ids):
+      if row:
+        tokens[b, P - len(row):] = row
+        mask[b, P - len(row):] = True
+    return tokens, mask
+
+  def _encode_observations(self, texts: Sequence[str | None], room_B: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray, list]:
+    O = self.layout.max_observation_tokens
+    B = len(texts)
+    tokens = np.full((B, O), self.pad_id, np.int32)
+    mask = np.zeros((B, O), bool)
+    kept = []
+    for b, text in enumerate(texts):
+      if text is None:
+        kept.append(None)
+        continue
+      ids = list(self.tokenizer.encode(text))[:max(0, min(O, int(room_B[b])))]
+      tokens[b, :len(ids)] = ids
+      mask[b, :len(ids)] = True
+      kept.append(ids)
+    return tokens, mask, kept
+
+  # -- one call ----------------------------------------------------------------
+
+  def __call__(self, model_state, envs: Sequence[Any], *, key: Array,
+               group_id: Sequence[int] | None = None, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> MultiTurnOutput:
+    if isinstance(model_state, nnx.Module):
+      model_state = nnx.state(model_state)
+    lay = self.layout
+    B, K, W_a = len(envs), lay.max_turns, lay.max_action_tokens
+    if B == 0:
+      raise ValueError("MultiTurnSampler needs at least one environment")
+    gid = np.zeros(B, np.int32) if group_id is None else np.asarray(group_id, np.int32)
+    if gid.shape != (B,):
+      raise ValueError(f"group_id must have shape ({B},), got {gid.shape}")
+    params = sampling.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
+                                      min_p=min_p, stop_tokens=self.stop_tokens,
+                                      vocab_size=self.vocab_size)
+    t_env = 0.0
+    t0 = time.perf_counter()
+    prompts = [env.reset() for env in envs]
+    t_env += time.perf_counter() - t0
+    p_tok, p_mask = self._encode_prompts(prompts)
+    budget = lay.budget
+    used_B = np.zeros(B, np.int64)  # action + observation tokens so far
+    max_new_B = np.full(B, min(W_a, budget), np.int32)
+
+    kinds = np.zeros((B, lay.buffer_width), np.int8)
+    kinds[:, :lay.prompt_width] = np.where(
+        np.sort(p_mask, axis=1), _PROMPT, _PAD)  # left-aligned, as prefill lays them
+    turn_of = np.full((B, lay.buffer_width), -1, np.int32)
+    step_reward = np.zeros((B, K), np.float32)
+    progress = np.zeros((B, K), np.float32)
+    role = np.zeros((B, K), np.int32)
+    step_mask = np.zeros((B, K), bool)
+    active = np.ones(B, bool)
+    truncated = np.zeros(B, bool)
+    actions: list[list[str]] = [[] for _ in range(B)]
+    observations: list[list[str]] = [[] for _ in range(B)]
+    results: list[list[Any]] = [[] for _ in range(B)]
+    n_action_tokens = 0
+    n_obs_tokens = 0
+
+    t_dev = time.perf_counter()
+    state = self._start(model_state, jnp.asarray(p_tok), jnp.asarray(p_mask), key,
+                        jnp.asarray(max_new_B), params, layout=lay.device(), pad_id=self.pad_id,
+                        cache_dtype=self.cache_dtype)
+    t_dev = time.perf_counter() - t_dev
+    for k in range(K):
+      t1 = time.perf_counter()
+      state = self._run_turn(model_state, state, params, layout=lay.device())
+      num_new = np.asarray(state.num_new_B)
+      a0 = lay.action_column(k)
+      block = np.asarray(state.tokens_BL[:, a0:a0 + W_a])
+      t_dev += time.perf_counter() - t1
+      t1 = time.perf_counter()
+      texts: list[str | None] = [None] * B
+      for b in np.flatnonzero(active):
+        n = int(num_new[b])
+        kinds[b, a0:a0 + n] = _ACTION
+        turn_of[b, a0:a0 + n] = k
+        used_B[b] += n
+        n_action_tokens += n
+        step_mask[b, k] = True
+        text = self.tokenizer.decode(block[b, :n].tolist())
+        actions[b].append(text)
+        res = envs[b].step(text)
+        results[b].append(res)
+        step_reward[b, k] = float(res.reward)
+        progress[b, k] = float(getattr(res, "progress", 0.0))
+        role[b, k] = int(getattr(res, "role", 0))
+        if res.done or k == K - 1:
+          active[b] = False
+          continue
+        if used_B[b] >= budget:
+          active[b], truncated[b] = False, True
+          continue
+        if not res.observation:
+          raise ValueError(
+              f"environment {type(envs[b]).__name__} returned an empty observation for a "
+              f"continuing episode (row {b}, turn {k}); the next turn needs a context token")
+        texts[b] = res.observation
+      t_env += time.perf_counter() - t1
+      if not active.any():
+        break
+      obs, obs_mask, kept = self._encode_observations(texts, budget - used_B)
+      o0 = lay.observation_column(k)
+      for b in np.flatnonzero(active):
+        n = len(kept[b])
+        if n == 0:  # no room left for the observation: the budget ends the episode
+          active[b], truncated[b] = False, True
+          continue
+        kinds[b, o0:o0 + n] = _OBS
+        used_B[b] += n
+        n_obs_tokens += n
+        observations[b].append(self.tokenizer.decode(kept[b]))
+      if not active.any():
+        break
+      max_new_B = np.minimum(W_a, np.maximum(budget - used_B, 0)).astype(np.int32)
+      t1 = time.perf_counter()
+      state = self._observe(model_state, state, jnp.asarray(obs), jnp.asarray(obs_mask),
+                            jnp.asarray(active), jnp.asarray(max_new_B),
+                            jnp.asarray(k, jnp.int32), params, layout=lay.device())
+      t_dev += time.perf_counter() - t1
+    t1 = time.perf_counter()
+    outcome = np.asarray([float(env.outcome()) for env in envs], np.float32)
+    t_env += time.perf_counter() - t1
+    tokens_BL = np.asarray(state.tokens_BL)
+    lp_s = np.asarray(state.logprob_sampler_BL)
+    lp_r = np.asarray(state.logprob_raw_BL)
+    trajs = [Trajectory(prompts[b], actions[b], observations[b], results[b], float(outcome[b]),
+                        bool(truncated[b])) for b in range(B)]
+    out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, lay.output_width, self.pad_id)
+    timings = {"device_s": t_dev, "env_s": t_env, "action_tokens": n_action_tokens,
+               "observation_tokens": n_obs_tokens}
+    return MultiTurnOutput(**out, group_id=gid, step_reward=step_reward, turn_progress=progress,
+                           turn_role=role, step_mask=step_mask, reward=outcome,
+                           truncated=truncated, trajectories=trajs, timings=timings)
+
+
+def _compact(kinds, turn_of, tokens_BL, lp_s_BL, lp_r_BL, width: int, pad_id: int) -> dict:
+  """Moves the valid columns of each row to the left, in order (right padding after)."""
+  B, L = kinds.shape
+  valid = kinds != _PAD
+  order = np.argsort(~valid, axis=1, kind="stable")
+  take = lambda x: np.take_along_axis(x, order, axis=1)[:, :width]
+  k = take(kinds)
+  lengths = valid.sum(1).astype(np.int32)
+  if (lengths > width).any():
+    raise AssertionError(f"a row of {lengths.max()} tokens exceeds the output width {width}")
+  action = k == _ACTION
+  return dict(
+      tokens=np.where(k != _PAD, take(tokens_BL), pad_id).astype(np.int32),
+      prompt_mask=k == _PROMPT, response_mask=action, obs_mask=k == _OBS,
+      turn_id=np.where(action, take(turn_of), -1).astype(np.int32),
+      logprob_sampler=np.where(action, take(lp_s_BL), 0.0).astype(np.float32),
+      logprob_raw=np.where(action, take(lp_r_BL), 0.0).astype(np.float32),
+      lengths=lengths)
+
+
+def encode_episode(tokenizer, layout: TurnLayout, prompt: str, actions: Sequence[str],
+                   observations: Sequence[str]) -> dict[str, np.ndarray]:
+  """One episode's texts in the layout `MultiTurnSampler` returns (compacted, right-padded to
+  `layout.output_width`): prompt (with bos), each action + eos, each observation truncated to
+  `max_observation_tokens`, all within the token budget. For supervised warm-ups on
+  demonstration episodes and for tests.
+
+  Returns tokens [T] int32, prompt_mask / response_mask / obs_mask [T] bool, turn_id [T] int32.
+  """
+  T = layout.output_width
+  bos = getattr(tokenizer, "bos_id", None) is not None
+  ids = list(tokenizer.encode(prompt, add_bos=bos))
+  if len(ids) > layout.prompt_width:
+    raise ValueError(f"a prompt of {len(ids)} tokens does not fit prompt_width="
+                     f"{layout.prompt_width}: {prompt!r}")
+  kind = [_PROMPT] * len(ids)
+  turn = [-1] * len(ids)
+  left = layout.budget
+  for k, a in enumerate(actions[:layout.max_turns]):
+    a_ids = (list(tokenizer.encode(a)) + [tokenizer.eos_id])[:min(layout.max_action_tokens, left)]
+    ids += a_ids
+    kind += [_ACTION] * len(a_ids)
+    turn += [k] * len(a_ids)
+    left -= len(a_ids)
+    if k < len(observations) and k < layout.max_turns - 1 and left > 0:
+      o_ids = list(tokenizer.encode(observations[k]))[:min(layout.max_observation_tokens, left)]
+      ids += o_ids
+      kind += [_OBS] * len(o_ids)
+      turn += [-1] * len(o_ids)
+      left -= len(o_ids)
+    if left <= 0:
+      break
+  n = len(ids)
+  tokens = np.full(T, tokenizer.pad_id, np.int32)
+  tokens[:n] = ids
+  kind_T = np.zeros(T, np.int8)
+  kind_T[:n] = kind
+  turn_T = np.full(T, -1, np.int32)
+  turn_T[:n] = turn
+  return {"tokens": tokens, "prompt_mask": kind_T == _PROMPT, "response_mask": kind_T == _ACTION,
+          "obs_mask": kind_T == _OBS, "turn_id": turn_T}
+
+
+def demonstration_episode(task, example, limits=None, rng=None
+                          ) -> tuple[str, list[str], list[str]]:
+  """(prompt, actions, observations) of the task's demonstration, played in its environment
+  (built with `limits`, the run's `credit.envs.Limits`); `rng` draws a stochastic
+  demonstrator's actions (a task option such as lookup's `demo_early_answer`)."""
+  env = task.make_env(example, limits)
+  prompt = env.reset()
+  actions = list(task.demonstration_turns(example, rng=rng))
+  observations = []
+  for a in actions:
+    res = env.step(a)
+    if res.done:
+      break
+    observations.append(res.observation)
+  return prompt, actions, observations
