@@ -38,6 +38,8 @@ from flax import nnx
 import credit
 from credit import parallel
 from credit import tasks as tasks_lib
+from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_episode,
+                                 encode_episode)
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
 from experiments import checkpointing, producers, reporting, train
@@ -309,10 +311,52 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
   return model, mcfg
 
 
+def turn_layout(c: ml_collections.ConfigDict, data: Data) -> TurnLayout:
+  """The multi-turn rollout sizes of a run: prompt width, K turns, per-turn action and
+  observation widths, and the episode's token budget `max_new_tokens`."""
+  return TurnLayout(prompt_width=data.max_prompt_len, max_turns=c.max_turns,
+                    max_action_tokens=c.max_action_tokens,
+                    max_observation_tokens=c.max_observation_tokens,
+                    max_total_tokens=c.max_new_tokens)
+
+
+def multi_turn_sampler(c: ml_collections.ConfigDict, data: Data, model):
+  """The run's `MultiTurnSampler` for a multi-turn task, else None."""
+  if not getattr(data.task, "multi_turn", False):
+    return None
+  tok = data.tokenizer
+  return MultiTurnSampler(model, tokenizer=tok, layout=turn_layout(c, data),
+                          stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,))
+
+
+def _episode_batches(data: Data, c, rng: np.random.Generator, n: int):
+  """Supervised warm-up batches of a multi-turn task: demonstration episodes played in the
+  environment; the loss is on the policy's actions only (observations are context). Each
+  example's episode is drawn once (a stochastic demonstrator's draw is then kept, like a
+  fixed set of traces) and reused."""
+  lay = turn_layout(c, data)
+  limits = producers.env_limits(c, data.tokenizer)
+  cache: dict[int, dict] = {}
+  while True:
+    idx = rng.integers(0, n, size=c.sft_batch_size)
+    rows = []
+    for i in idx:
+      if i not in cache:
+        prompt, acts, obs = demonstration_episode(data.task, data.train[i], limits, rng)
+        cache[i] = encode_episode(data.tokenizer, lay, prompt, acts, obs)
+      rows.append(cache[i])
+    b = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    yield {"tokens": b["tokens"],
+           "attn_mask": b["prompt_mask"] | b["response_mask"] | b["obs_mask"],
+           "response_mask": b["response_mask"]}
+
+
 def _sft_batches(data: Data, c, rng: np.random.Generator):
   """Demonstration batches (prompt + correct response) for supervised warm-up, drawn from the
   first `c.sft_examples` train examples (all when 0)."""
   n = min(c.sft_examples, len(data.train)) if c.sft_examples > 0 else len(data.train)
+  if getattr(data.task, "multi_turn", False):
+    yield from _episode_batches(data, c, rng, n)
   while True:
     idx = rng.integers(0, n, size=c.sft_batch_size)
     ex = [data.train[i] for i in idx]
@@ -335,6 +379,8 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int,
   """
   k = max(0, int(c.get("eval_samples", 0) or 0))
   key = jax.random.fold_in(jax.random.key(c.seed + 7_919), step)
+  if getattr(sampler, "layout", None) is not None:  # a MultiTurnSampler: play episodes
+    return _evaluate_episodes(sampler, model_state, data, c, batch_size, k, key)
   greedy, sampled = [], []
   ex = data.eval
   for n, i in enumerate(range(0, len(ex), batch_size)):
@@ -358,6 +404,39 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int,
                                 np.float64).reshape(len(chunk), k))
   r = np.concatenate(greedy)
   m = {"eval_accuracy": float(np.mean(r >= 1.0)), "eval_reward": float(np.mean(r))}
+  if k:
+    s = np.concatenate(sampled)
+    m["eval_mean_at_k"] = float(np.mean(s))
+    m["eval_pass_at_k"] = float(np.mean(np.any(s >= 1.0, axis=1)))
+  return m
+
+
+def _evaluate_episodes(sampler, model_state, data: Data, c, batch_size: int, k: int,
+                       key) -> dict[str, float]:
+  """`evaluate` for multi-turn tasks: greedy episodes (and k sampled ones per prompt) in the
+  task's environments; the reward is the episode outcome. Also the mean number of turns."""
+  greedy, sampled, turns = [], [], []
+  ex = data.eval
+  for n, i in enumerate(range(0, len(ex), batch_size)):
+    chunk = ex[i:i + batch_size]
+    rows = chunk + [chunk[-1]] * (batch_size - len(chunk))
+    limits = producers.env_limits(c, data.tokenizer)
+    out = sampler(model_state, [data.task.make_env(e, limits) for e in rows], key=jax.random.key(0),
+                  temperature=0.0)
+    greedy.append(out.reward[:len(chunk)])
+    turns.append(out.step_mask[:len(chunk)].sum(1))
+    if k:  # k episodes per prompt, batch_size rows per call
+      per = max(1, batch_size // k)
+      for j in range(0, len(chunk), per):
+        sub = chunk[j:j + per]
+        envs = [data.task.make_env(e, limits) for e in sub for _ in range(k)]
+        envs += [data.task.make_env(sub[-1], limits) for _ in range(batch_size - len(envs))]
+        out = sampler(model_state, envs, key=jax.random.fold_in(key, n * 1_000 + j),
+                      temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+        sampled.append(np.asarray(out.reward[:len(sub) * k], np.float64).reshape(len(sub), k))
+  r = np.concatenate(greedy)
+  m = {"eval_accuracy": float(np.mean(r >= 1.0)), "eval_reward": float(np.mean(r)),
+       "eval_turns": float(np.mean(np.concatenate(turns)))}
   if k:
     s = np.concatenate(sampled)
     m["eval_mean_at_k"] = float(np.mean(s))
@@ -466,7 +545,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   sampler = Sampler(model, pad_id=tok.pad_id,
                     stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,))
   prod_setup = producers.Setup(c, data, mesh, graphdef, rest, sampler, chunk,
-                               c.prompts_per_step, c.group_size)
+                               c.prompts_per_step, c.group_size,
+                               multi_sampler=multi_turn_sampler(c, data, model))
   trainable = lora_trainable_mask(params) if c.lora_rank else None
   tx = train.make_optimizer(learning_rate=c.learning_rate, total_steps=c.steps,
                             warmup_steps=c.warmup_steps, weight_decay=c.weight_decay,
@@ -668,7 +748,8 @@ def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, fl
 
 
 def _evaluate(run: Runner, rs: RunState) -> dict[str, float]:
-  return evaluate(run.setup.sampler, run.setup.model_state(rs.train.params), run.data, run.c,
+  return evaluate(run.setup.multi_sampler or run.setup.sampler,
+                  run.setup.model_state(rs.train.params), run.data, run.c,
                   run.eval_batch_size, step=rs.step)
 
 
@@ -798,16 +879,21 @@ def _heatmap(workdir, c, data: Data, batch: StepBatch, reporting) -> None:
   prompt and reward."""
   host = batch.host
   toks, advs, labels = [], [], []
+  obs_all = host.get("obs_mask")
+  obs = [] if obs_all is not None else None
   for i in reporting.select_rows(host["reward"], host["group_id"], c.num_heatmap_samples,
                                  per_group=3):
     m = host["response_mask"][i]
+    if obs is not None:  # multi-turn: observations shown in place, greyed
+      m = m | obs_all[i]
+      obs.append(obs_all[i][m])
     toks.append([_token_label(data.tokenizer, int(t)) for t in host["tokens"][i][m]])
     advs.append(batch.adv[i][m])
     labels.append(f"{reporting.short_text(batch.prompts[int(host['group_id'][i])])} "
                   f"r={float(host['reward'][i]):g}")
   note = "" if batch.mixed else " (no group with mixed rewards)"
   reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
-                              labels=labels,
+                              labels=labels, observations=obs,
                               title=f"{c.estimator}: per-token advantages, step {batch.step}{note}")
 
 

@@ -22,6 +22,7 @@ metrics, the sampler's raw log-probs — the rollout root records on the `StepCo
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
@@ -55,6 +56,7 @@ class Setup:
   chunk_size: int | None      # scoring chunk (None: auto)
   num_groups: int             # N prompts per step
   group_size: int             # G samples per prompt
+  multi_sampler: Any = None   # credit.envs.MultiTurnSampler for a multi-turn task (else None)
   _scorers: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def model_state(self, params) -> Any:
@@ -160,6 +162,156 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
         "obs_mask": np.zeros_like(resp), "turn_id": np.where(resp, 0, -1).astype(np.int32),
     }, s.mesh)
     return dict(fields, logprob_sampler=out.logprob_sampler)
+
+  return produce
+
+
+def is_multi_turn(c: ml_collections.ConfigDict) -> bool:
+  """The run's task is a multi-turn environment task (`credit.envs`)."""
+  if c.task in ("jsonl", "tfds"):
+    return False
+  try:
+    task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+  except (KeyError, TypeError):
+    return False  # build_data reports the bad task
+  return bool(getattr(task, "multi_turn", False))
+
+
+def env_limits(c: ml_collections.ConfigDict, tok) -> Any:
+  """The environments' `Limits`: the run's K turns, and with the character tokenizer (one
+  token per character) observations cut by the environment itself, with its visible marker,
+  before the sampler's `max_observation_tokens` would cut them silently."""
+  from credit.envs import Limits  # pylint: disable=g-import-not-at-top
+  chars = c.max_observation_tokens if isinstance(tok, tasks_lib.CharTokenizer) else None
+  return Limits(max_turns=c.max_turns, max_observation_chars=chars)
+
+
+def _examples_rows(examples: Mapping[str, Any]) -> list[dict]:
+  n = len(next(iter(examples.values())))
+  return [tasks_lib.as_example({k: examples[k][i] for k in examples}) for i in range(n)]
+
+
+def transcript(trajectory) -> str:
+  """One line of a multi-turn episode: action -> observation | action -> ... (for samples)."""
+  parts = []
+  for i, a in enumerate(trajectory.actions):
+    o = trajectory.observations[i] if i < len(trajectory.observations) else None
+    parts.append(a if o is None else f"{a} -> {o}")
+  return " | ".join(parts)
+
+
+def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
+  """G episodes per prompt with the task's environments (`credit.envs.MultiTurnSampler`)."""
+  c, G, task, ms = s.c, s.group_size, s.data.task, s.multi_sampler
+  group_id = np.repeat(np.arange(s.num_groups, dtype=np.int32), G)
+  limits = env_limits(c, s.data.tokenizer)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    envs = [task.make_env(e, limits) for e in _examples_rows(ctx.examples) for _ in range(G)]
+    t0 = time.perf_counter()
+    out = ms(s.model_state(state.params), envs, key=jax.random.fold_in(ctx.key, 0),
+             group_id=group_id, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    wall = time.perf_counter() - t0
+    tm = out.timings
+    n_tok = tm["action_tokens"] + tm["observation_tokens"]
+    ctx.metrics.update(rollout_tokens_per_s=n_tok / max(wall, 1e-9),
+                       rollout_env_s=tm["env_s"], turns_mean=float(out.step_mask.sum(1).mean()),
+                       observation_tokens=float(out.obs_mask.sum(1).mean()),
+                       truncated_frac=float(out.truncated.mean()))
+    ctx.host.update(tokens=out.tokens, response_mask=out.response_mask,
+                    prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=group_id,
+                    turn_id=out.turn_id, step_mask=out.step_mask,
+                    texts=[transcript(t) for t in out.trajectories])
+    ctx.attn_mask = parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
+                                         s.mesh)
+    ctx.extras["logprob_raw"] = parallel.shard_batch(out.logprob_raw, s.mesh)
+    ctx.extras["trajectories"] = out.trajectories
+    return parallel.shard_batch({
+        "tokens": out.tokens, "response_mask": out.response_mask, "group_id": group_id,
+        "prompt_id": np.repeat(np.asarray(ctx.examples["index"], np.int32), G),
+        "obs_mask": out.obs_mask, "turn_id": out.turn_id,
+        "logprob_sampler": out.logprob_sampler, "reward": out.reward,
+        "step_reward": out.step_reward, "step_mask": out.step_mask,
+        "turn_progress": out.turn_progress, "turn_role": out.turn_role}, s.mesh)
+
+  return produce
+
+
+def gold_prefix_masks(valid_BT: np.ndarray, prompt_BT: np.ndarray, turn_id_BT: np.ndarray,
+                      num_turns: int) -> np.ndarray:
+  """[B,K+1,T] bool: the tokens a turn-boundary score conditions on. Entry 0 is the prompt;
+  entry k+1 is everything before the first policy token of turn k+1 (turn k's actions and
+  observation included), the whole trajectory when there is no turn k+1."""
+  B, T = valid_BT.shape
+  cols = np.arange(T)
+  out = np.zeros((B, num_turns + 1, T), bool)
+  out[:, 0] = prompt_BT
+  for k in range(num_turns):
+    nxt = turn_id_BT == k + 1
+    start = np.where(nxt.any(1), np.argmax(nxt, axis=1), T)
+    out[:, k + 1] = valid_BT & (cols[None, :] < start[:, None])
+  return out
+
+
+def _gold_template_ids(tok, template: str, answer: str) -> tuple[list[int], list[bool]]:
+  """Token ids of `template` with {answer} filled in, and which of them are the answer's."""
+  pre, _, post = template.partition("{answer}")
+  parts = [(tok.encode(pre) if pre else [], False), (tok.encode(answer), True),
+           (tok.encode(post) if post else [], False)]
+  ids = [i for p, _ in parts for i in p]
+  scored = [flag for p, flag in parts for _ in p]
+  return ids, scored
+
+
+def _check_gold_config(c: ml_collections.ConfigDict) -> None:
+  if "{answer}" not in c.gold_template:
+    raise SetupError(f"gold_template={c.gold_template!r} must contain {{answer}}")
+  if c.gold_scorer not in ("policy", "reference"):
+    raise SetupError(f"gold_scorer={c.gold_scorer!r}; valid: policy | reference")
+
+
+def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
+  """gold_logprob_prompt [B] and gold_logprob_turns [B,K]: the mean log-prob of the gold
+  answer's tokens, teacher-forced in `c.gold_template` after the prompt alone and after each
+  turn boundary (`gold_prefix_masks`), by the behaviour policy or the frozen reference
+  (`c.gold_scorer`). All K+1 prefixes of all rows go through one batched pass."""
+  c, tok, G, K = s.c, s.data.tokenizer, s.group_size, s.c.max_turns
+  rows = [_gold_template_ids(tok, c.gold_template, tasks_lib.as_example(e)["answer"])
+          for e in s.data.train]
+  A = max(len(r[0]) for r in rows)
+  score = s.scorer(entropy=False)
+  use_ref = c.gold_scorer == "reference"
+
+  @jax.jit
+  def mean_logprob(params, tokens, attn_mask, pos, scored):
+    logprob, _ = score(params, tokens, attn_mask)
+    lp = jnp.where(scored, jnp.take_along_axis(logprob, pos, axis=1), 0.0)
+    return jnp.sum(lp, axis=1) / jnp.maximum(jnp.sum(scored, axis=1), 1)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    host = ctx.host
+    tokens = host["tokens"]
+    B, T = tokens.shape
+    per = [_gold_template_ids(tok, c.gold_template, a["answer"])
+           for a in _examples_rows({"answer": ctx.examples["answer"]})]
+    if max(len(p[0]) for p in per) > A:
+      raise ValueError(f"a gold answer template of {max(len(p[0]) for p in per)} tokens is "
+                       f"longer than the run's width A={A} (the longest of the train split)")
+    ans_NA, amask_NA = tasks_lib.pad_rows([p[0] for p in per], A, pad_id=tok.pad_id,
+                                          pad_left=False)
+    sc_NA = np.zeros_like(amask_NA)
+    for n, p in enumerate(per):
+      sc_NA[n, :len(p[1])] = p[1]
+    rep = lambda x: np.repeat(np.repeat(x, G, axis=0), K + 1, axis=0)
+    valid = host["prompt_mask"] | host["response_mask"] | host["obs_mask"]
+    keep = gold_prefix_masks(valid, host["prompt_mask"], host["turn_id"], K)
+    seq, attn, pos = append_answer(np.repeat(tokens, K + 1, axis=0), keep.reshape(-1, T),
+                                   rep(ans_NA), rep(amask_NA), tok.pad_id)
+    params = ctx.ref_params if use_ref else state.params
+    g = mean_logprob(params, *parallel.shard_batch((seq, attn, pos, rep(sc_NA)), s.mesh))
+    g = parallel.to_host(g).reshape(B, K + 1)
+    return parallel.shard_batch({"gold_logprob_prompt": g[:, 0].astype(np.float32),
+                                 "gold_logprob_turns": g[:, 1:].astype(np.float32)}, s.mesh)
 
   return produce
 
@@ -666,11 +818,30 @@ LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 # The table. Order matters only between producers of the same field: the first enabled
 # one makes it. The first row is the root (every step starts with the rollout).
 PRODUCERS: tuple[Producer, ...] = (
+    Producer("env_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
+                             "turn_id", "logprob_sampler", "reward", "step_reward", "step_mask",
+                             "turn_progress", "turn_role"), (), _build_env_rollout, "sampling",
+             "G episodes per prompt: the KV-cache sampler plays the task's environments turn "
+             "by turn (policy tokens in response_mask, environment tokens in obs_mask; "
+             "reward = the episode's outcome; per-turn reward, progress and role)",
+             when=is_multi_turn, off_doc="needs a multi-turn task (credit.envs), e.g. lookup"),
     Producer("rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                          "turn_id", "logprob_sampler"), (), _build_rollout, "sampling",
-             "G samples per prompt from the KV-cache sampler (single turn)"),
+             "G samples per prompt from the KV-cache sampler (single turn)",
+             when=lambda c: not is_multi_turn(c)),
     Producer("verifier", ("reward",), ("tokens", "response_mask"), _build_reward, "reward",
              "the task's verifier on the decoded responses"),
+    Producer("gold_pass", ("gold_logprob_turns", "gold_logprob_prompt"),
+             ("tokens", "response_mask", "obs_mask", "turn_id"), _build_gold_pass,
+             "likelihood", "the policy teacher-forces the gold answer (c.gold_template) after "
+             "the prompt and after every turn boundary (IGPO's information gain)",
+             when=lambda c: c.gold_scorer != "reference", check=_check_gold_config,
+             off_doc="gold_scorer='reference' uses gold_pass_ref"),
+    Producer("gold_pass_ref", ("gold_logprob_turns", "gold_logprob_prompt"),
+             ("tokens", "response_mask", "obs_mask", "turn_id"), _build_gold_pass,
+             "likelihood", "the same, scored by the frozen reference (TRACE)",
+             when=lambda c: c.gold_scorer == "reference", check=_check_gold_config,
+             keeps_reference=True, off_doc="gold_scorer='reference'"),
     Producer("sampler_logprob_old", ("logprob_old",), ("response_mask",),
              _build_sampler_logprob_old, "scoring",
              "behaviour log-probs reported by the sampler (raw model, temperature 1)",
@@ -804,7 +975,8 @@ def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
     raise SetupError(f"{why}, which no field producer of this loop makes (it can make "
                      f"{sorted(made)}){off}; add a producer to experiments/producers.py or use a "
                      "recipe with an environment or critic that provides them")
-  wanted: dict[str, set] = {table[0].name: set()}
+  root = next(p for p in table if p.when(c))  # the rollout (single- or multi-turn)
+  wanted: dict[str, set] = {root.name: set()}
   todo = list(needed)
   while todo:
     field = todo.pop()

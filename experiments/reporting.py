@@ -564,7 +564,8 @@ def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]
                       title: str = "Per-token advantages",
                       labels: Sequence[str] | None = None, wrap: int = 20,
                       max_tokens: int = 160, max_chars: int = 7,
-                      vmax: float | None = None, dpi: int = 110) -> None:
+                      vmax: float | None = None, dpi: int = 110,
+                      observations: Sequence[Any] | None = None) -> None:
   """Draws sampled responses as token grids coloured by advantage.
 
   Each response is wrapped into rows of `wrap` tokens; a cell shows the token
@@ -586,6 +587,9 @@ def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]
     max_chars: characters shown per token.
     vmax: colour scale limit; default the largest |advantage| shown.
     dpi: resolution.
+    observations: per response, a bool per token: True for environment tokens of a
+      multi-turn episode (they get no advantage and are drawn grey, in italics, so the
+      policy's turns stand apart).
 
   Raises:
     ValueError: lengths of `tokens`, `advantages` or `labels` disagree.
@@ -599,11 +603,18 @@ def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]
   if not tokens:
     raise ValueError("nothing to plot")
   responses: list[list[tuple[str, float]]] = []
+  obs_cells: set = set()  # (response, index) of observation tokens
   for i, (toks, adv) in enumerate(zip(tokens, advantages)):
     adv = np.asarray(adv, np.float64)
     if adv.ndim != 1 or adv.shape[0] != len(toks):
       raise ValueError(f"response {i}: {len(toks)} tokens but advantages of "
                        f"shape {adv.shape}")
+    if observations is not None:
+      flags = np.asarray(observations[i], bool)
+      if flags.shape != (len(toks),):
+        raise ValueError(f"response {i}: {len(toks)} tokens but {flags.shape} observation flags")
+      adv = np.where(flags, math.nan, adv)
+      obs_cells.update((i, j) for j in np.flatnonzero(flags[:max_tokens]))
     cells = [(_visible_token(t, max_chars), a) for t, a in
              zip(toks[:max_tokens], adv[:max_tokens])]
     if len(toks) > max_tokens:
@@ -614,12 +625,15 @@ def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]
   label_texts = [labels[i] if labels is not None else f"#{i}" for i in range(len(tokens))]
   grid_rows: list[list[tuple[str, float]]] = []
   label_rows: list[tuple[int, str]] = []
+  grey: list[tuple[int, int]] = []  # grid (row, column) of observation cells
   multi_row = any(len(cells) > wrap for cells in responses)
-  for cells, label in zip(responses, label_texts):
+  for i, (cells, label) in enumerate(zip(responses, label_texts)):
     if grid_rows and multi_row:
       grid_rows.append([])  # separator between responses that span several rows
     label_rows.append((len(grid_rows), label))
     for start in range(0, len(cells), wrap):
+      grey += [(len(grid_rows), j - start) for j in range(start, min(start + wrap, len(cells)))
+               if (i, j) in obs_cells]
       grid_rows.append(cells[start:start + wrap])
 
   values = np.full((len(grid_rows), wrap), np.nan)
@@ -640,11 +654,17 @@ def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]
   ax = fig.add_subplot()
   image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm,
                     aspect="auto", interpolation="nearest")
+  from matplotlib.patches import Rectangle  # pylint: disable=g-import-not-at-top
+  for r, c in grey:
+    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, color="0.85", linewidth=0))
+  grey_set = set(grey)
   for r, row in enumerate(grid_rows):
     for c, (text, a) in enumerate(row):
       dark = math.isfinite(a) and abs(a) / vmax > 0.6
+      obs = (r, c) in grey_set
       ax.text(c, r, text, ha="center", va="center", fontsize=7,
-              color="white" if dark else "black", parse_math=False)
+              color="white" if dark else ("0.3" if obs else "black"),
+              style="italic" if obs else "normal", parse_math=False)
   # Thin cell borders on filled cells only.
   for r, row in enumerate(grid_rows):
     if row:

@@ -477,9 +477,11 @@ def test_flag_mask_marks_wrong_rows_only(tmp_path):
 
 
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
-# lacks. Everything else must plan on the default recipe (and so run by name).
+# lacks. Everything else must plan on the default recipe (turn-level methods: on the
+# multi-turn `igpo_lookup` recipe), and so run by name.
 NOT_YET_RUNNABLE = {
     "gdpo": "reward_components",    # a multi-component verifier (reward-shaping issue)
+    "logo": "parent_id",            # re-rollouts from a saved environment state (Memory-R2)
 }
 
 
@@ -487,13 +489,14 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
   import credit
   from tests.experiments_test import tiny
   for name in credit.list_estimators():
-    c = tiny(estimator=name)
+    turn = credit.get_estimator(name).family == "turn"
+    c = tiny("igpo_lookup" if turn else "grpo_arithmetic", estimator=name)
     if name in NOT_YET_RUNNABLE:
       with pytest.raises(producers.SetupError, match=NOT_YET_RUNNABLE[name]):
         loop.check_method(c)
     else:
       plan = loop.check_method(c).plan
-      assert plan[0].producer.name == "rollout", name
+      assert plan[0].producer.name == ("env_rollout" if turn else "rollout"), name
 
 
 def test_divergence_pass_matches_model_divergence(tmp_path):

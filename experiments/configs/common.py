@@ -81,6 +81,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.group_size = 8                # G samples per prompt.
   c.max_new_tokens = 8            # response budget in tokens (eos included). Dr.GRPO's constant is
                                   # loss_kwargs.norm_constant, set separately.
+  # Multi-turn tasks (credit.envs: lookup, calculator, ...): the episode's token budget is
+  # max_new_tokens (actions + observations); each policy turn ends at eos or max_action_tokens.
+  c.max_turns = 4                 # K, policy turns per episode.
+  c.max_action_tokens = 16        # tokens of one policy turn (eos included).
+  c.max_observation_tokens = 16   # tokens of one observation (longer ones are truncated).
+  c.gold_template = "answer({answer})"  # igpo / trace / a2tgpo: the gold answer is teacher-forced
+                                  # in this template after each turn; only its {answer} tokens
+                                  # are scored.
+  c.gold_scorer = "policy"        # who scores the gold answer: policy (the behaviour policy, IGPO)
+                                  # | reference (the frozen initial policy, TRACE).
   c.temperature = 1.0             # sampling temperature.
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.
@@ -179,4 +189,25 @@ def apply_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.progress = False
   c.ppo_epochs = 1
   c.num_minibatches = 2
+  return c
+
+
+def multi_turn_training(c: ml_collections.ConfigDict, *, tiny: bool) -> ml_collections.ConfigDict:
+  """The training settings the multi-turn recipes share (igpo_lookup, procredit_calculator):
+  a short supervised warm-up on demonstration episodes, 50 RL steps of 16 prompts x 8
+  episodes; with `tiny`, `apply_tiny` and a 64-token episode budget."""
+  c.sft_steps = 300
+  c.sft_batch_size = 32
+  c.steps = 50
+  c.prompts_per_step = 16
+  c.group_size = 8
+  c.learning_rate = 3e-4
+  c.ppo_epochs = 1
+  c.num_minibatches = 2
+  c.eval_every = 25
+  c.num_eval_examples = 128
+  c.checkpoint_every = 50
+  if tiny:
+    apply_tiny(c)
+    c.max_new_tokens = 64
   return c

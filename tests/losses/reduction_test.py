@@ -27,7 +27,11 @@ def test_registry_has_every_loss_with_contract_needs():
   assert EXPECTED <= set(NAMES)
   for n in NAMES:
     spec = get_policy_loss(n)
-    assert spec.needs == {"logprob", "logprob_old", "advantages", "response_mask"}
+    base = {"logprob", "logprob_old", "advantages", "response_mask"}
+    # A2TGPO's per-turn clip range reads the turn fields as well.
+    extra = ({"gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id", "group_id"}
+             if n == "a2tgpo" else set())
+    assert spec.needs == base | extra, n
     assert "arXiv" in spec.paper
     assert {"loss_agg_mode", "is_level", "is_mode"} <= set(spec.static_argnames)
     assert spec.confidence in CONFIDENCE_TAGS

@@ -1,0 +1,47 @@
+"""IGPO on `lookup`, a multi-hop search agent: turn credit from information gain about the gold answer.
+
+Command:
+  python -m experiments.run --config experiments/configs/igpo_lookup.py --workdir runs/igpo_lookup
+Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the same setting:
+`--config.estimator=grpo`; TRACE (the gold answer scored by the frozen reference):
+`--config.estimator=trace --config.gold_scorer=reference`; a progress-based method:
+`--config.estimator=procredit` (verified progress = hops revealed).
+
+The setting (`credit.envs.lookup`). Each question is a 1- or 2-hop chain over a hidden knowledge
+base of its own ("city of boss of ann?"); the policy reads one fact per turn with
+`lookup(ann boss)` (observation "ann boss: bob"), then writes `answer(kim)`. The environment
+knows which gold facts each turn revealed, so per-turn progress is exact. The policy is a tiny
+from-scratch model: a short supervised warm-up on demonstration episodes (observations are
+context, not targets), then RL on the outcome (exact match of the answer).
+
+IGPO (`credit.advantages.turn.igpo`) needs `gold_logprob_turns`: after every
+turn boundary the runner teacher-forces the gold answer in `c.gold_template` ("answer({answer})",
+only the answer's tokens scored) under the behaviour policy (`gold_pass`, one batched pass over
+the K+1 prefixes of every episode). A turn that reveals the answer raises its log-probability,
+so it earns the largest turn reward; the final turn carries the outcome.
+"""
+import ml_collections
+
+from experiments.configs import common
+
+
+def lookup_config(a) -> ml_collections.ConfigDict:
+  """The shared multi-turn setting on `lookup` (used by the recipes on this task)."""
+  c = common.base_config()
+  c.task = "lookup"
+  c.task_kwargs = ml_collections.ConfigDict({"min_hops": 2, "max_hops": 2,
+                                             "num_distractors": 4,
+                                             "demo_early_answer": 0.5})
+  c.max_turns = 4                 # 3 turns in a correct episode, one spare
+  c.max_action_tokens = 18        # "lookup(ann boss)" + eos
+  c.max_observation_tokens = 16   # "ann boss: bob"
+  c.max_new_tokens = 96           # the episode's budget: actions + observations
+  return common.multi_turn_training(c, tiny=a.tiny)
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = lookup_config(a)
+  c.estimator = "igpo"
+  c.policy_loss = "ppo_clip"
+  return c

@@ -1,0 +1,49 @@
+"""ProCredit on `calculator`: multi-step arithmetic with a calculator tool, credit from verified progress.
+
+Command:
+  python -m experiments.run --config experiments/configs/procredit_calculator.py \\
+      --workdir runs/procredit_calculator
+Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the same setting:
+`--config.estimator=grpo`; other per-turn verdict methods: `vpr`, `lean_first_error` (first
+wrong step), `matchtir` (turn rewards = matched tool calls), `hypergraphpro`.
+
+The setting (`credit.envs.calculator`). A prompt is an expression of 2-3 operations on one-digit
+numbers ("5+3+(1+1)=?"); each turn the policy reduces one operation with `calc(5+3)` and reads
+the value and the rest of the expression ("8; now 8+(1+1)"), then writes `answer(10)`. A step
+is correct when it reduces an operation the current expression allows with the right
+operands; the environment reports per turn whether it was (`step_reward`, 1 or 0) and the
+fraction of operations correctly reduced (`turn_progress`), so the first wrong step is known.
+
+The warm-up imitates an imperfect demonstrator (`task_kwargs.demo_misread=0.5`): half of its
+episodes misread one operand of one step ("3+4" -> `calc(3+5)`) and carry the wrong value on,
+so imitation answers about half of the problems wrong, and the environment marks the slipped
+step and every later one as incorrect.
+
+ProCredit (`credit.advantages.turn.procredit`; distill_and_structure.md B10): the change of
+verified progress over each turn, group-normalised over the turns of the prompt's episodes,
+added to the GRPO outcome advantage, so a failed episode still credits its correct steps and
+blames the turn that went wrong.
+"""
+import ml_collections
+
+from experiments.configs import common
+
+
+def calculator_config(a) -> ml_collections.ConfigDict:
+  """The shared multi-turn setting on `calculator` (used by the recipes on this task)."""
+  c = common.base_config()
+  c.task = "calculator"
+  c.task_kwargs = ml_collections.ConfigDict({"min_ops": 2, "max_ops": 3, "demo_misread": 0.5})
+  c.max_turns = 5                 # 3-4 turns in a demonstration, one spare
+  c.max_action_tokens = 12        # "calc(5+3)" + eos
+  c.max_observation_tokens = 20   # "8; now 8+(1+1)"
+  c.max_new_tokens = 120          # the episode's budget: actions + observations
+  return common.multi_turn_training(c, tiny=a.tiny)
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = calculator_config(a)
+  c.estimator = "procredit"
+  c.policy_loss = "ppo_clip"
+  return c
