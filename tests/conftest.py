@@ -3,6 +3,14 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One persistent compilation cache per test session, shared by the xdist workers (they inherit
+# the controller's environment) and by the runner subprocesses the end-to-end tests start: the
+# many runs of the same tiny models compile each program once. A fresh directory, so a session
+# starts cold like CI; results never depend on it (the cache is keyed by the program).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile  # noqa: E402
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="credit-jax-cache-")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 import jax  # noqa: E402
 

@@ -101,21 +101,21 @@ def test_public_names_are_re_exported():
     assert name in ops.__all__
 
 
-@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.settings(max_examples=20, deadline=None)
 @hypothesis.given(xm=arrays())
 def test_order_statistics_equal_a_sort(xm):
   x, mask = xm
   n = int(mask.sum())
-  ranks = np.arange(-1, n + 1, dtype=np.int32)   # outside [0, n) is clipped
+  # A fixed number of ranks (one compile per shape), outside [0, n) too: those are clipped.
+  ranks = np.array([-1, 0, n // 3, n // 2, n - 1, n, n + 1], np.int32)
   got = np.asarray(jax.jit(ops.masked_order_statistics)(x, mask, ranks))
   want = ref_sorted(x, mask)[np.clip(ranks, 0, max(n - 1, 0))] if n else np.zeros(ranks.shape)
   np.testing.assert_array_equal(got, want)
   assert not np.isnan(got).any() or np.isnan(x[mask]).any()
 
 
-@hypothesis.settings(max_examples=40, deadline=None)
-@hypothesis.given(xm=arrays(), quantiles=st.sampled_from(
-    [(0.1, 0.9), (0.0, 1.0), (0.25, 0.5, 0.75), (0.37,)]))
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(xm=arrays(), quantiles=st.sampled_from([(0.0, 0.37, 1.0), (0.1, 0.9)]))
 def test_quantiles_equal_the_sort_based_reference(xm, quantiles):
   x, mask = xm
   got = np.asarray(jitted_quantiles(quantiles)(x, mask))
@@ -128,18 +128,18 @@ def test_quantiles_equal_the_sort_based_reference(xm, quantiles):
       assert min(s[lo], s[min(lo + 1, n - 1)]) <= g <= max(s[lo], s[min(lo + 1, n - 1)])
 
 
-@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(xm=arrays(nan=False))
 def test_quantiles_match_numpy_linear(xm):
   x, mask = xm
   x = np.clip(np.nan_to_num(x), -1e30, 1e30).astype(np.float32)   # finite, no overflow
   hypothesis.assume(mask.any())
-  got = np.asarray(ops.masked_quantiles(x, mask, (0.1, 0.9)), np.float64)
+  got = np.asarray(jitted_quantiles((0.1, 0.9))(x, mask), np.float64)
   want = np.quantile(x[mask].astype(np.float64), (0.1, 0.9), method="linear")
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.settings(max_examples=20, deadline=None)
 @hypothesis.given(xm=arrays(), data=st.data())
 def test_smallest_k_equals_a_stable_argsort(xm, data):
   x, mask = xm
@@ -177,12 +177,14 @@ def test_many_entries_and_large_values():
   mask = rng.random(x.shape) < 0.8
   n = int(mask.sum())
   ranks = np.array([0, 1, n // 10, n // 2, n - 2, n - 1], np.int32)
-  np.testing.assert_array_equal(ops.masked_order_statistics(x, mask, ranks),
+  # Jitted (eager dispatch of the radix passes costs more than compiling them once).
+  np.testing.assert_array_equal(jax.jit(ops.masked_order_statistics)(x, mask, ranks),
                                 ref_sorted(x, mask)[ranks])
+  smallest = jax.jit(ops.smallest_k_mask)
   for k in (1, n // 5, n // 5 + 1, n - 1, n):
-    np.testing.assert_array_equal(ops.smallest_k_mask(x, k, mask), ref_smallest_k(x, mask, k))
+    np.testing.assert_array_equal(smallest(x, k, mask), ref_smallest_k(x, mask, k))
   q = (0.1, 0.9)
-  np.testing.assert_array_equal(ops.masked_quantiles(x, mask, q), ref_quantiles(x, mask, q))
+  np.testing.assert_array_equal(jitted_quantiles(q)(x, mask), jitted_ref_quantiles(q)(x, mask))
 
 
 def test_vmap_over_k_and_no_retrace():
@@ -190,7 +192,7 @@ def test_vmap_over_k_and_no_retrace():
   x = rng.choice(np.array([0.0, 1.0, 2.0], np.float32), (4, 8))
   mask = rng.random(x.shape) < 0.7
   ks = np.array([0, 1, 5, 9, int(mask.sum())], np.int32)
-  got = jax.vmap(lambda k: ops.smallest_k_mask(x, k, mask))(ks)
+  got = jax.jit(jax.vmap(lambda k: ops.smallest_k_mask(x, k, mask)))(ks)  # jit: eager is slow
   for k, g in zip(ks, np.asarray(got)):
     np.testing.assert_array_equal(g, ref_smallest_k(x, mask, k))
 
