@@ -9,7 +9,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # starts cold like CI; results never depend on it (the cache is keyed by the program).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import tempfile  # noqa: E402
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="credit-jax-cache-")
+  _run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one run
+  if _run:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
+                                                           f"credit-jax-cache-{_run}")
+  else:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="credit-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 import jax  # noqa: E402
