@@ -336,3 +336,36 @@ def test_multidoc_documents_roles_and_cuts():
   assert res.info["truncated"] and res.info["gold_revealed"] == ()
   with pytest.raises(ValueError):
     get_task("multidoc", num_docs=2)
+
+
+def test_imperfect_demonstrators_slip_where_documented():
+  from credit.envs.rollout import demonstration_episode
+  rng = np.random.default_rng(0)
+  # lookup: a 2-hop question answered right after the first lookup, with its name.
+  task = get_task("lookup", min_hops=2, max_hops=2, demo_early_answer=1.0)
+  for ex in task.generate(np.random.default_rng(1), 5):
+    _, acts, obs = demonstration_episode(task, ex, rng=rng)
+    assert len(acts) == 2 and acts[0].startswith("lookup(")
+    assert acts[1] == f"answer({obs[0].split(': ')[1]})"
+    env = task.make_env(ex)
+    env.reset()
+    assert [env.step(a).reward for a in acts] == [1.0, 0.0] and env.outcome() == 0.0
+    assert task.demonstration_turns(ex) == task.demonstration_turns(ex, rng=None)  # no rng: right
+  # calculator: multi-digit operands copied with their first digit, the wrong value carried.
+  task = get_task("calculator", demo_truncate=1.0)
+  seen = 0
+  for ex in task.generate(np.random.default_rng(2), 40):
+    _, acts, _ = demonstration_episode(task, ex, rng=rng)
+    env = task.make_env(ex)
+    env.reset()
+    rewards = [env.step(a).reward for a in acts[:-1]]
+    env.step(acts[-1])
+    right = task.demonstration_turns(ex)
+    if acts == right:  # no multi-digit operand: the demonstration is the right one
+      assert env.outcome() == 1.0
+      continue
+    seen += 1
+    first = next(i for i, (a, b) in enumerate(zip(acts, right)) if a != b)
+    assert rewards[:first] == [1.0] * first and all(r == 0.0 for r in rewards[first:])
+    assert env.outcome() == 0.0
+  assert seen >= 5

@@ -148,6 +148,11 @@ def _replace_leftmost(tree: Tree, target: tuple[str, int, int], value: int) -> T
   return (op, left, _replace_leftmost(right, target, value))
 
 
+def _first_digit(v: int) -> int:
+  """A multi-digit value copied with its first digit only (the truncating demonstrator)."""
+  return int(str(v)[0]) if v >= 10 else v
+
+
 def count_ops(tree: Tree) -> int:
   return 0 if isinstance(tree, int) else 1 + count_ops(tree[1]) + count_ops(tree[2])
 
@@ -167,12 +172,13 @@ class Calculator:
       extra_turns).
     max_observation_chars: observations are cut to this many characters.
     call_open, call_close: tool-call markers (`ToolFormat`); "" for the character model.
-    demo_misread: an imperfect demonstrator for the supervised warm-up: with this
-      probability its demonstration misreads the second operand of one step (drawn
-      uniformly) as one more ("3+4" -> `calc(3+5)`) and carries the wrong value on, so its
-      answer is wrong: that step is an incorrect step (reward 0; the calculator computes it,
-      the expression is unchanged) and so is every later one. Imitating it answers that
-      share of problems wrong; only the reward can teach the policy to read its operands.
+    demo_truncate: an imperfect demonstrator for the supervised warm-up: with this
+      probability (per episode) it copies every multi-digit operand with its first digit
+      only ("now 48+5" -> `calc(4+5)`), a copying slip of small models, and carries the
+      wrong value on: that step and every later one are incorrect steps (reward 0; the
+      calculator computes them, the expression stays), and the answer is wrong. The slip
+      is tied to the context (a multi-digit operand), so a policy that imitates it
+      truncates there under greedy decoding too; only the reward can teach it to copy.
   """
   min_ops: int = 2
   max_ops: int = 3
@@ -183,7 +189,7 @@ class Calculator:
   max_observation_chars: int = 52
   call_open: str = ""
   call_close: str = ""
-  demo_misread: float = 0.0
+  demo_truncate: float = 0.0
   name = "calculator"
   multi_turn = True
 
@@ -268,20 +274,18 @@ class Calculator:
   def demonstration_turns(self, example: Mapping[str, Any],
                           rng: np.random.Generator | None = None) -> list[str]:
     """The actions of a demonstration episode: the leftmost reducible operation each turn;
-    with `rng` and `demo_misread` > 0, sometimes the misreading demonstrator's (class
+    with `rng` and `demo_truncate` > 0, sometimes the truncating demonstrator's (class
     docstring)."""
     tree, turns = self.tree(example), []
-    slip = -1
-    if rng is not None and self.demo_misread > 0 and rng.random() < self.demo_misread:
-      slip = int(rng.integers(count_ops(tree)))
+    slips = rng is not None and self.demo_truncate > 0 and rng.random() < self.demo_truncate
     while not isinstance(tree, int):
       op, a, b = reducible(tree)[0]
-      if len(turns) == slip:  # the misread operand, and the wrong value carried on
-        turns.append(self.fmt.call("calc", f"{a}{op}{b + 1}"))
-        tree = _replace_leftmost(tree, (op, a, b), _APPLY[op](a, b + 1))
-        continue
-      turns.append(self.fmt.call("calc", f"{a}{op}{b}"))
-      tree, _ = reduce_once(tree, (op, a, b))
+      ra, rb = (_first_digit(a), _first_digit(b)) if slips else (a, b)
+      turns.append(self.fmt.call("calc", f"{ra}{op}{rb}"))
+      if (ra, rb) == (a, b):
+        tree, _ = reduce_once(tree, (op, a, b))
+      else:  # the wrong value, carried on
+        tree = _replace_leftmost(tree, (op, a, b), _APPLY[op](ra, rb))
     return turns + [self.fmt.answer(str(tree))]
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None

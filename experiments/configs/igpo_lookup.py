@@ -12,7 +12,11 @@ base of its own ("city of boss of ann?"); the policy reads one fact per turn wit
 `lookup(ann boss)` (observation "ann boss: bob"), then writes `answer(kim)`. The environment
 knows which gold facts each turn revealed, so per-turn progress is exact. The policy is a tiny
 from-scratch model: a short supervised warm-up on demonstration episodes (observations are
-context, not targets), then RL on the outcome (exact match of the answer).
+context, not targets), then RL on the outcome (exact match of the answer). The demonstrator is
+imperfect (`task_kwargs.demo_early_answer=0.7`): on 7 of 10 two-hop questions it answers right
+after the first lookup, with the intermediate name, the premature answer of a search agent.
+Imitating it, the greedy policy answers the 1-hop questions right and the 2-hop ones early;
+only the outcome reward can teach it to make the second lookup.
 
 IGPO (`credit.advantages.turn.igpo`) needs `gold_logprob_turns`: after every
 turn boundary the runner teacher-forces the gold answer in `c.gold_template` ("answer({answer})",
@@ -29,10 +33,10 @@ def lookup_config(a) -> ml_collections.ConfigDict:
   """The shared multi-turn setting on `lookup` (used by the recipes on this task)."""
   c = common.base_config()
   c.task = "lookup"
-  c.task_kwargs = ml_collections.ConfigDict({"min_hops": 2, "max_hops": 2,
+  c.task_kwargs = ml_collections.ConfigDict({"min_hops": 1, "max_hops": 2,
                                              "num_distractors": 4,
-                                             "demo_early_answer": 0.5})
-  c.max_turns = 4                 # 3 turns in a correct episode, one spare
+                                             "demo_early_answer": 0.7})
+  c.max_turns = 4                 # 2-3 turns in a correct episode, one spare
   c.max_action_tokens = 18        # "lookup(ann boss)" + eos
   c.max_observation_tokens = 16   # "ann boss: bob"
   c.max_new_tokens = 96           # the episode's budget: actions + observations

@@ -14,10 +14,11 @@ is correct when it reduces an operation the current expression allows with the r
 operands; the environment reports per turn whether it was (`step_reward`, 1 or 0) and the
 fraction of operations correctly reduced (`turn_progress`), so the first wrong step is known.
 
-The warm-up imitates an imperfect demonstrator (`task_kwargs.demo_misread=0.5`): half of its
-episodes misread one operand of one step ("3+4" -> `calc(3+5)`) and carry the wrong value on,
-so imitation answers about half of the problems wrong, and the environment marks the slipped
-step and every later one as incorrect.
+The warm-up imitates an imperfect demonstrator (`task_kwargs.demo_truncate=0.7`): in 7 of 10
+episodes it copies multi-digit operands with their first digit only ("now 48+5" -> `calc(4+5)`)
+and carries the wrong value on; about half of the problems have such an operand. Imitating it,
+the greedy policy truncates there too; the environment marks that step and every later one as
+incorrect, so the first wrong turn is known.
 
 ProCredit (`credit.advantages.turn.procredit`; distill_and_structure.md B10): the change of
 verified progress over each turn, group-normalised over the turns of the prompt's episodes,
@@ -33,7 +34,7 @@ def calculator_config(a) -> ml_collections.ConfigDict:
   """The shared multi-turn setting on `calculator` (used by the recipes on this task)."""
   c = common.base_config()
   c.task = "calculator"
-  c.task_kwargs = ml_collections.ConfigDict({"min_ops": 2, "max_ops": 3, "demo_misread": 0.5})
+  c.task_kwargs = ml_collections.ConfigDict({"min_ops": 2, "max_ops": 3, "demo_truncate": 0.7})
   c.max_turns = 5                 # 3-4 turns in a demonstration, one spare
   c.max_action_tokens = 12        # "calc(5+3)" + eos
   c.max_observation_tokens = 20   # "8; now 8+(1+1)"
