@@ -531,3 +531,15 @@ def test_divergence_pass_matches_model_divergence(tmp_path):
     got = np.asarray(out[field])
     np.testing.assert_allclose(got[resp], want[resp], rtol=1e-4, atol=1e-6, err_msg=field)
     assert np.all(got[~resp] == 0) and np.all(got[resp] >= -1e-6) and got[resp].max() > 1e-4
+
+
+def test_multi_turn_plans_echo_and_trace_from_the_environment_rollout():
+  """ECHO's observation loss and TRACE's reference-scored gold answer plan on a multi-turn
+  recipe: obs_mask comes from the environment rollout, the gold scores from gold_pass_ref."""
+  from tests.experiments_test import tiny
+  m = loop.check_method(tiny("igpo_lookup", obs_ce_coef=0.5))
+  assert "obs_mask" in m.update_fields and m.plan[0].producer.name == "env_rollout"
+  m = loop.check_method(tiny("igpo_lookup", estimator="trace", gold_scorer="reference"))
+  assert "gold_pass_ref" in [p.producer.name for p in m.plan] and m.keeps_reference
+  with pytest.raises(producers.SetupError, match="gold_template"):
+    loop.check_method(tiny("igpo_lookup", gold_template="answer()"))
