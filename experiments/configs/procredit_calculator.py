@@ -24,6 +24,11 @@ ProCredit (`credit.advantages.turn.procredit`; distill_and_structure.md B10): th
 verified progress over each turn, group-normalised over the turns of the prompt's episodes,
 added to the GRPO outcome advantage, so a failed episode still credits its correct steps and
 blames the turn that went wrong.
+
+Measured (2026-12-03, seed 0, 2 CPU cores shared by four runs): the 300-step warm-up reaches
+held-out greedy accuracy 0.336 (SFT loss 0.11: under-trained), and neither GRPO nor ProCredit
+moves it in 50 steps (0.359 at steps 25 and 50; sampled train reward 0.10-0.16). The warm-up
+is too short for this task; a longer one (and more steps) is the next thing to measure.
 """
 import ml_collections
 
