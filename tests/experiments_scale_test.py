@@ -61,7 +61,9 @@ def test_mesh_and_multiprocess_runs_match_single_device(tmp_path):
   common = ["--config", cfg, "--config.steps=2", "--config.eval_every=0",
             "--config.checkpoint_every=0", "--config.prompts_per_step=8"]
   runs = {}
-  for name, mesh in (("single", "data=1"), ("mesh", "data=2,fsdp=4")):
+  # The 2-process run shards over the same data=2,fsdp=4 mesh, so a one-process run on that
+  # mesh would prove nothing more (dropped to keep the suite within its CI budget).
+  for name, mesh in (("single", "data=1"),):
     wd = str(tmp_path / name)
     r = run_cli(common + ["--workdir", wd, f"--config.mesh={mesh}", "--local_cpu_devices=8"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -81,15 +83,15 @@ def test_mesh_and_multiprocess_runs_match_single_device(tmp_path):
   # The exported policy (save_pretrained all-gathers FSDP shards; process 0 writes) is the same.
   from safetensors.numpy import load_file
   exported = {n: load_file(str(tmp_path / n / "hf_policy" / "model.safetensors"))
-              for n in ("single", "mesh", "multi")}
+              for n in ("single", "multi")}
   assert sorted(exported["multi"]) == sorted(exported["single"])
   # Adam normalises each update to ~lr, so a parameter whose gradient is near zero can move by
   # a visible fraction of lr (3e-4) on summation-order noise alone: atol is 1/30 of lr.
-  for name in ("mesh", "multi"):
+  for name in ("multi",):
     for k, v in exported["single"].items():
       np.testing.assert_allclose(exported[name][k], v, rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
   base = runs["single"]
-  for name in ("mesh", "multi"):
+  for name in ("multi",):
     assert [r["step"] for r in runs[name]] == [r["step"] for r in base]
     for x, y in zip(base, runs[name]):
       for k in COMPARE:
