@@ -464,13 +464,21 @@ def decode_step(model, state: SamplingState, params: SamplingParams) -> Sampling
   row's stop token enters the cache too (a multi-turn rollout continues after it); the pads of
   rows already done do not.
   """
+  logits_B1V, cache = feed_last(model, state)
+  return _record(state.replace(cache=cache), logits_B1V[:, 0], params)
+
+
+def feed_last(model, state: SamplingState, *, return_hidden: bool = False):
+  """Feeds the last drawn token ([B,1]) through the cached model: (logits or hidden, cache).
+
+  The fed token is a valid cache slot iff it was really sampled (index t−1 < num_new_B).
+  """
   t = state.step
   B = state.tokens_BL.shape[0]
   last_B1 = jax.lax.dynamic_slice(state.tokens_BL, (0, state.prompt_width + t - 1), (B, 1))
   positions_B1 = (state.prompt_len_B + t - 1)[:, None]
-  logits_B1V, cache = model(last_B1, positions_B1, mask_BT=(t - 1 < state.num_new_B)[:, None],
-                            cache=state.cache)
-  return _record(state.replace(cache=cache), logits_B1V[:, 0], params)
+  return model(last_B1, positions_B1, mask_BT=(t - 1 < state.num_new_B)[:, None],
+               cache=state.cache, return_hidden=return_hidden)
 
 
 def decode(model, state: SamplingState, params: SamplingParams, *,

@@ -200,12 +200,7 @@ def _run_turn(graphdef, model_state, state: sampling.SamplingState, params, *,
   state = sampling.decode(model, state, params, max_new_tokens=layout.max_action_tokens)
   # The loop drew `step` tokens and fed all but the last one; feed it (valid only for the rows
   # that really sampled it), so every action token is in the cache before the observation.
-  t = state.step
-  B = state.tokens_BL.shape[0]
-  last_B1 = jax.lax.dynamic_slice(state.tokens_BL, (0, state.prompt_width + t - 1), (B, 1))
-  positions_B1 = (state.prompt_len_B + t - 1)[:, None]
-  _, cache = model(last_B1, positions_B1, mask_BT=(t - 1 < state.num_new_B)[:, None],
-                   cache=state.cache, return_hidden=True)
+  _, cache = sampling.feed_last(model, state, return_hidden=True)
   return state.replace(cache=cache)
 
 
