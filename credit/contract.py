@@ -103,6 +103,9 @@ CONTRACT: dict[str, Field] = {
     "teacher_topk_logprob": Field("BTk", "f", "top-k teacher log-probs (last entry: tail "
                                   "bucket)"),
     "teacher_topk_ids": Field("BTk", "i", "token ids of teacher_topk_logprob (tail: -1)"),
+    "logprob_topk": Field("BTk", "f", "the current policy's log-probs of teacher_topk_ids "
+                          "(the trainer's own pass, differentiated; last entry: the tail "
+                          "bucket), for full-distribution distillation losses"),
     "entropy": Field("BT", "f", "policy entropy at each position", True),
     "sum_pi_squared": Field("BT", "f", "Σ_v π(v)² of the behaviour policy at each position",
                             True),
@@ -126,6 +129,13 @@ CONTRACT: dict[str, Field] = {
     "prefix_len": Field("B", "i", "tree rollouts: position where the branch departs"),
     "policy_version": Field("B", "i", "asynchronous rollouts: parameter version that sampled "
                             "the row"),
+    # --- answers and queries (self-distillation, majority voting) ---
+    "query_mask": Field("BT", "b", "policy tokens inside the queries a response issued (the "
+                        "arguments of its search / tool calls; SD-Search's distillation "
+                        "positions)"),
+    "answer_value": Field("B", "f", "numeric value of the response's final answer as the task "
+                          "parses it, NaN when it has none (SOLID's solver objective; "
+                          "majority voting without gold answers)"),
 }
 
 _REQUIRED = ("tokens", "response_mask")

@@ -753,3 +753,94 @@ def score_with_context(
   out = score_tokens(model, full_tok, full_mask, **kwargs)
   ent = None if out.entropy is None else out.entropy[:, c:]
   return TokenScores(out.logprob[:, c:], ent)
+
+
+# --------------------------------------------------------------------------
+# Teacher distributions and the student's log-probs on them (distillation).
+# --------------------------------------------------------------------------
+
+
+class TeacherScores(NamedTuple):
+  """A teacher's scores of a student's tokens, aligned like `score_tokens`.
+
+  logprob: [B,T] float32 log-prob of each sampled token (0 where `score_tokens` gives 0).
+  topk_logprob: [B,T,k+1] float32 — the k most probable ids' full-softmax log-probs, then
+    the tail bucket log(max(1 − Σ_k p, 1e-8)) (the contract's `teacher_topk_logprob`); 0 at
+    invalid positions. None when k = 0.
+  topk_ids: [B,T,k+1] int32 — their ids, −1 for the tail and at invalid positions. None
+    when k = 0.
+  """
+  logprob: Array
+  topk_logprob: Array | None
+  topk_ids: Array | None
+
+
+def _with_tail(logprob_BTK: Array, valid_BT: Array) -> Array:
+  """K full-softmax log-probs -> K+1 buckets (tail last), 0 at invalid positions."""
+  from credit.divergences import topk_buckets  # pylint: disable=g-import-not-at-top
+  return jnp.where(valid_BT[..., None], topk_buckets(logprob_BTK, tail="bucket"), 0.0)
+
+
+def teacher_scores_hidden(hidden_BTD: ArrayLike, unembed_DV: ArrayLike, tokens_BT: ArrayLike,
+                          mask_BT: ArrayLike | None = None, *, top_k: int = 0,
+                          **kwargs) -> TeacherScores:
+  """A teacher's next-token scores from its hidden states, without gradient.
+
+  ``logprob[:, t]`` is `score_hidden`'s (the teacher's log-prob of the student's token t);
+  with ``top_k = k > 0`` also the teacher's k most probable ids at each position and their
+  log-probs (`token_topk`, exact under vocabulary chunks) plus one tail bucket holding the
+  rest of the mass, so that the k+1 entries sum to one (up to the 1e-8 floor of an empty
+  tail). Chunked like `token_logprobs_and_entropy`: no [B,T,V] array is formed.
+
+  Args:
+    hidden_BTD, unembed_DV, tokens_BT, mask_BT: as in `score_hidden`.
+    top_k: static k (0: log-probs only).
+    **kwargs: chunk_size, vocab_chunk_size, temperature, precision.
+
+  Returns:
+    TeacherScores.
+  """
+  hidden_BTD = jax.lax.stop_gradient(jnp.asarray(hidden_BTD))
+  unembed_DV = jax.lax.stop_gradient(jnp.asarray(unembed_DV))
+  lp = score_hidden(hidden_BTD, unembed_DV, tokens_BT, mask_BT, return_entropy=False,
+                    **kwargs).logprob
+  if not top_k:
+    return TeacherScores(lp, None, None)
+  h_pred, valid_BT = next_token_hidden(hidden_BTD, mask_BT)
+  top = token_topk(h_pred, unembed_DV, top_k, **kwargs)
+  ids = jnp.concatenate([top.ids, jnp.full(top.ids.shape[:2] + (1,), -1, jnp.int32)], axis=-1)
+  return TeacherScores(lp, _with_tail(top.logprob, valid_BT),
+                       jnp.where(valid_BT[..., None], ids, -1))
+
+
+def candidate_scores_hidden(hidden_BTD: ArrayLike, unembed_DV: ArrayLike, tokens_BT: ArrayLike,
+                            mask_BT: ArrayLike | None, candidate_ids_BTk: ArrayLike,
+                            **kwargs) -> tuple[TokenScores, Array]:
+  """The student's scores of its tokens and of a teacher's top-k ids, from one chunked pass.
+
+  Returns (`score_hidden`'s TokenScores, [B,T,k] log-probs of the candidates): the sampled
+  token and the first k−1 candidate ids (`teacher_topk_ids` without its tail entry, −1
+  entries scored as id 0) are scored together as k ids per position by
+  `token_logprobs_and_entropy`; the candidates' full-softmax log-probs then get the same
+  tail bucket as the teacher's (`teacher_scores_hidden`), so the two [B,T,k] arrays are
+  distributions over the same buckets. Differentiable (exact gradients through the chunked
+  custom VJP); 0 at invalid positions.
+
+  Args:
+    hidden_BTD, unembed_DV, tokens_BT, mask_BT: as in `score_hidden`.
+    candidate_ids_BTk: [B,T,k] int, the teacher's ids with the tail entry last.
+    **kwargs: chunk_size, vocab_chunk_size, temperature, return_entropy, precision.
+  """
+  tokens_BT = jnp.asarray(tokens_BT)
+  ids = jnp.asarray(candidate_ids_BTk)
+  chex.assert_rank(ids, 3)
+  chex.assert_equal_shape_prefix([tokens_BT, ids], 2)
+  h_pred, valid_BT = next_token_hidden(hidden_BTD, mask_BT)
+  tok = jnp.where(valid_BT, tokens_BT, 0)[..., None]
+  cand = jnp.where(ids[..., :-1] >= 0, ids[..., :-1], 0)
+  out = token_logprobs_and_entropy(h_pred, unembed_DV,
+                                   jnp.concatenate([tok, cand], axis=-1).astype(jnp.int32),
+                                   **kwargs)
+  lp = jnp.where(valid_BT, out.logprob[..., 0], 0.0)
+  ent = None if out.entropy is None else jnp.where(valid_BT, out.entropy, 0.0)
+  return TokenScores(lp, ent), _with_tail(out.logprob[..., 1:], valid_BT)

@@ -68,6 +68,10 @@ _SPECIAL: dict[str, Callable[[np.random.Generator, dict, dict], Any]] = {
         r.normal(size=_shape("teacher_topk_logprob", d)), -1), np.float32),
     "teacher_topk_ids": lambda r, d, f: r.integers(0, 50, _shape("teacher_topk_ids", d)
                                                    ).astype(np.int32),
+    # A few distinct values (clusters for majority voting) and some unparsed answers.
+    "answer_value": lambda r, d, f: r.choice([3.0, 7.0, 7.0000001, np.nan], d["B"]
+                                             ).astype(np.float32),
+    "query_mask": lambda r, d, f: f["response_mask"] & (r.random(_shape("query_mask", d)) > 0.5),
     "parent_id": lambda r, d, f: np.full(d["B"], -1, np.int32),
     "prefix_len": lambda r, d, f: np.zeros(d["B"], np.int32),
     "policy_version": lambda r, d, f: np.zeros(d["B"], np.int32),

@@ -446,3 +446,68 @@ class MemoryTest(parameterized.TestCase):
 if __name__ == "__main__":
   from absl.testing import absltest
   absltest.main()
+
+
+# --------------------------------------------------------------------------
+# Teacher top-k scores and the student's scores of the teacher's ids (distillation).
+# --------------------------------------------------------------------------
+
+
+def _full_next_token_logprobs(h, w, mask):
+  """[B,T,V] log-softmax of the hidden state that predicts each token (naive reference)."""
+  h_pred, valid = scoring.next_token_hidden(h, mask)
+  return jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h_pred, w), -1), valid
+
+
+def test_teacher_topk_with_tail_matches_full_vocabulary_and_sums_to_one():
+  h, w, y, _, _ = _inputs(3, scale=1.0)
+  mask = jnp.arange(T)[None, :] >= jnp.array([[0], [3]])  # row 1 left-padded
+  k = 5
+  out = scoring.teacher_scores_hidden(h, w, y, mask, top_k=k, chunk_size=4,
+                                      vocab_chunk_size=256)
+  full, valid = _full_next_token_logprobs(h, w, mask)
+  want_lp = jnp.where(valid, jnp.take_along_axis(full, y[..., None], -1)[..., 0], 0.0)
+  np.testing.assert_allclose(out.logprob, want_lp, atol=1e-5)
+  vals, ids = jax.lax.top_k(full, k)
+  v = np.asarray(valid)
+  np.testing.assert_array_equal(np.asarray(out.topk_ids)[v][:, :k], np.asarray(ids)[v])
+  np.testing.assert_allclose(np.asarray(out.topk_logprob)[v][:, :k], np.asarray(vals)[v],
+                             atol=1e-5)
+  tail = np.log1p(-np.exp(np.asarray(vals, np.float64)).sum(-1))
+  # log(1 − Σp) amplifies the float32 rounding of the top-k log-probs when the tail is small.
+  np.testing.assert_allclose(np.asarray(out.topk_logprob)[v][:, k], tail[v], rtol=2e-4)
+  np.testing.assert_allclose(np.exp(np.asarray(out.topk_logprob, np.float64)[v]).sum(-1), 1.0,
+                             atol=1e-5)
+  assert np.all(np.asarray(out.topk_ids)[v][:, k] == -1)
+  assert np.all(np.asarray(out.topk_ids)[~v] == -1) and np.all(
+      np.asarray(out.topk_logprob)[~v] == 0.0)
+
+
+def test_student_candidate_scores_equal_full_vocabulary_in_value_and_gradient():
+  h, w, y, g_lp, _ = _inputs(4)
+  mask = jnp.ones((B, T), bool)
+  k = 4
+  teacher = scoring.teacher_scores_hidden(h * 0.7, w, y, mask, top_k=k, chunk_size=8)
+  g_top = jax.random.normal(jax.random.PRNGKey(9), (B, T, k + 1))
+
+  def chunked(h, w):
+    (lp, ent), cand = scoring.candidate_scores_hidden(h, w, y, mask, teacher.topk_ids,
+                                                      chunk_size=4)
+    return jnp.sum(lp * g_lp) + jnp.sum(cand * g_top), (lp, ent, cand)
+
+  def naive(h, w):
+    full, valid = _full_next_token_logprobs(h, w, mask)
+    lp = jnp.where(valid, jnp.take_along_axis(full, y[..., None], -1)[..., 0], 0.0)
+    ids = jnp.maximum(teacher.topk_ids[..., :k], 0)
+    top = jnp.take_along_axis(full, ids, -1)
+    tail = jnp.log(jnp.maximum(1.0 - jnp.exp(top).sum(-1, keepdims=True), 1e-8))
+    cand = jnp.where(valid[..., None], jnp.concatenate([top, tail], -1), 0.0)
+    return jnp.sum(lp * g_lp) + jnp.sum(cand * g_top), (lp, cand)
+
+  (_, (lp, ent, cand)), g = jax.value_and_grad(chunked, argnums=(0, 1), has_aux=True)(h, w)
+  (_, (lp_n, cand_n)), g_n = jax.value_and_grad(naive, argnums=(0, 1), has_aux=True)(h, w)
+  np.testing.assert_allclose(lp, lp_n, atol=1e-5)
+  np.testing.assert_allclose(cand, cand_n, atol=1e-5)
+  assert ent.shape == (B, T)
+  for a, b in zip(g, g_n):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
