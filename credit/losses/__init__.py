@@ -11,6 +11,8 @@
   echo.py          `observation_ce_loss` (ECHO's auxiliary cross-entropy on observation tokens)
   prm.py           implicit-PRM training objectives: `prm_ce_loss`, `prm_dpo_loss`,
                    `prm_kto_loss`, `prm_vanilla_kto_loss`
+  amft.py          AMFT's meta-learned SFT/RL balance: `amft_loss`, `amft_meta_gradient`,
+                   `amft_update_phi`, `amft_step` (a training-loop component)
 
 A registered loss is used by name: `credit.get_policy_loss("ppo_clip").fn(...)` is
 `ppo_clip_loss(...)` followed by `reduce_policy_loss(...)`.
@@ -24,6 +26,8 @@ from credit.losses.value import value_loss
 from credit.losses.echo import OBS_CE_MODES, observation_ce_loss
 from credit.losses.prm import (prm_ce_loss, prm_dpo_loss, prm_kto_loss, prm_sequence_logratio,
                                prm_vanilla_kto_loss)
+from credit.losses.amft import (AmftStep, amft_loss, amft_meta_gradient, amft_mu, amft_step,
+                                amft_update_phi)
 from credit.losses import policy
 from credit.losses.policy import *  # noqa: F401,F403  (every per-token `<key>_loss`)
 
@@ -33,6 +37,7 @@ __all__ = [
     "kl_in_reward", "kl_loss", "kl_penalty", "entropy_bonus", "value_loss", "policy",
     "OBS_CE_MODES", "observation_ce_loss",
     "prm_ce_loss", "prm_dpo_loss", "prm_kto_loss", "prm_sequence_logratio",
-    "prm_vanilla_kto_loss",
+    "prm_vanilla_kto_loss", "AmftStep", "amft_loss", "amft_meta_gradient", "amft_mu",
+    "amft_step", "amft_update_phi",
     *policy.__all__,
 ]
