@@ -261,6 +261,18 @@ EQUAL_GROUP_NOT_ZERO = {
         "igpo", "a2tgpo", "siop", "trace", "procredit", "vpr", "lean_first_error", "matchtir",
         "abseeker", "dataprm", "lean4agentic", "mapo", "oprl", "rdpo", "river", "scout",
         "taco", "veritas")},
+    # Distillation: teacher / self-teacher signals give credit where the outcomes are equal.
+    "diffgate": "an all-fail group gets pure bounded teacher guidance (d_g = 1)",
+    "scope": "all-correct groups get weighted MLE (λ·w), all-failed ones weighted OPD",
+    "hypereyes": "failed rows (reward ≤ 0) keep the OPD term after the group normalisation",
+    "jolt_teacher": "per-token KL toward the student role: −β(ℓ_T|T − ℓ_S|T)",
+    "solid": "the reward is the majority pseudo-label from answer_value, not the `reward` field",
+    "sipo": "the contrastive self-teacher term applies wherever the group has a mistake",
+    "opid": "the skill teacher term w_e·(ℓ_skill − ℓ) is per token, whatever the outcome",
+    "seed": "the skill teacher term w_e·(ℓ_skill − ℓ) is per token, whatever the outcome",
+    "sod": "the additive OPD term α·w·(ℓᵀ − ℓˢ) is not zero where Â = 0",
+    "pcsd": "the additive teacher-support term β·w·s is not zero where Â = 0",
+    "pbsd": "the additive turn-evidence term λ·ẽ contrasts the turns of a group",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {
@@ -274,6 +286,17 @@ SINGLETON_NOT_ZERO = {
     **{name: "per-turn contrasts within one sample (or a batch-wide part)" for name in (
         "igpo", "siop", "trace", "procredit", "lean_first_error", "matchtir", "abseeker",
         "dataprm", "veritas", "oprl", "mapo", "taco", "rdpo", "lean4agentic")},
+    # Distillation: a lone sample keeps its teacher term (or its weight-1 path).
+    "scope": "a lone sample has weight 1: λ (correct) or the teacher gap (failed)",
+    "jolt_teacher": "per-token teacher-role KL",
+    "diffgate": "a failed lone sample gets the bounded teacher term",
+    "hypereyes": "a failed lone sample keeps the OPD term",
+    "sipo": "a lone failed sample keeps its contrast term",
+    "opid": "code: a lone trajectory gets μ=0, σ=1, i.e. its raw reward",
+    "seed": "code: a lone trajectory gets μ=0, σ=1, i.e. its raw reward",
+    "sod": "the additive OPD term α·w·(ℓᵀ − ℓˢ) is not zero where Â = 0",
+    "pcsd": "the additive teacher-support term β·w·s is not zero where Â = 0",
+    "pbsd": "the additive turn-evidence term λ·ẽ contrasts the turns of a lone sample",
 }
 
 

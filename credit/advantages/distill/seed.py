@@ -1,0 +1,80 @@
+"""SEED: OPID's skill-augmented re-scoring advantage with self-generated skills."""
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+from jax.typing import ArrayLike
+
+from credit.advantages.distill.opid import opid_advantages
+from credit.registry import register_estimator
+
+Array = jax.Array
+
+__all__ = ["seed_advantages"]
+
+_PAPER = ("SEED: self-evolving agents that distil their own hindsight skills (abstract only, "
+          "arXiv id not retrieved; https://github.com/jinyangwu/SEED could not be read)")
+
+
+@register_estimator(
+    "seed", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_alt"),
+    paper=_PAPER,
+    static_argnames=("num_groups", "group_size", "mode", "singleton", "normalize_teacher",
+                     "failed_only"))
+def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
+                    logprob_old: ArrayLike, logprob_alt: ArrayLike,
+                    logprob_teacher: ArrayLike | None = None, num_groups: int,
+                    group_size: int | None = None,
+                    mode: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm",
+                    episode_weight: ArrayLike = 0.001, step_weight: ArrayLike = 0.001,
+                    singleton: Literal["raw", "zero"] = "raw",
+                    normalize_teacher: bool = False, clip_teacher: ArrayLike | None = None,
+                    failed_only: bool = False, success_threshold: ArrayLike = 1.0,
+                    eps: ArrayLike = 1e-6) -> Array:
+  """SEED: the episode advantage plus the old policy's log-prob shift under a self-made skill.
+
+  Confidence: inferred (from the abstract, `shared/methods/distill_and_structure.md` A8).
+  SEED's policy writes its own hindsight skills (natural-language lessons from its finished
+  trajectories); the old policy then re-scores the same sampled response with the skill in
+  its context, and the log-prob shift is added to the outcome advantage as a token
+  advantage. That is OPID's estimator; only who writes the skill differs (the policy
+  itself rather than an external analyser), which changes the loop, not the arrays. SEED's
+  repository (jinyangwu/SEED) could not be read and searches (pages / code / issues, 2026)
+  found no equations, while the same authors' OPID code (jinyangwu/OPID,
+  `gigpo/core_gigpo.py`) is public, so this entry calls `opid_advantages` with the same
+  arguments and defaults (OPID's ALFWorld script: "mean_std_norm", w_e = w_s = 0.001;
+  SEED's own weights are unknown). See `opid_advantages` for the math, the layout and the
+  skill-mask convention (no skill on a row: pass `logprob_old` in that field).
+
+  .. math::
+    A_{b,t} = M_{b,t} · ( Â_b + w_e · sg(ℓ^{skill}_{b,t} − ℓˢ_{b,t})
+                              [+ w_s · sg(ℓ^{step}_{b,t} − ℓˢ_{b,t})] )
+
+  Args:
+    reward, group_id, response_mask, logprob_old: as in `opid_advantages`.
+    logprob_alt: [B,T] float the old policy's sampled-token log-probs with the self-generated
+      (episode) skill in the context.
+    logprob_teacher: optional [B,T] float, with a self-generated step-level skill.
+    num_groups, group_size, mode, episode_weight, step_weight, singleton,
+      normalize_teacher, clip_teacher, failed_only, success_threshold, eps: as in
+      `opid_advantages`.
+
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+
+  >>> import numpy as np
+  >>> lp_old = np.tile(np.array([[-0.7, -1.0]], np.float32), (4, 1))
+  >>> lp_skill = lp_old.copy(); lp_skill[1] = [-0.2, -1.5]
+  >>> a = seed_advantages(reward=np.array([1., 0., 0., 1.]), group_id=np.zeros(4, np.int32),
+  ...                     response_mask=np.ones((4, 2), bool), logprob_old=lp_old,
+  ...                     logprob_alt=lp_skill, num_groups=1)
+  >>> np.round(np.asarray(a[1], np.float64), 6).tolist()
+  [-0.865524, -0.866524]
+  """
+  return opid_advantages(
+      reward=reward, group_id=group_id, response_mask=response_mask, logprob_old=logprob_old,
+      logprob_alt=logprob_alt, logprob_teacher=logprob_teacher, num_groups=num_groups,
+      group_size=group_size, mode=mode, episode_weight=episode_weight, step_weight=step_weight,
+      singleton=singleton, normalize_teacher=normalize_teacher, clip_teacher=clip_teacher,
+      failed_only=failed_only, success_threshold=success_threshold, eps=eps)

@@ -1,0 +1,120 @@
+"""VERPO (credit/advantages/distill/verpo.py); spec distill_and_structure.md A10.
+
+Registry-wide properties live in tests/registry_common_test.py.
+"""
+from __future__ import annotations
+
+import doctest
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from credit import registry
+from credit.advantages import grpo_advantages
+from credit.advantages.distill import verpo
+from tests.advantages.distill._ref_steps import (B, G, N, T, call, make_batch, pick,
+                                                 ref_verpo)
+
+FIELDS = ("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher")
+CONFIGS = {
+    "default": dict(),
+    "fast_alt_reference": dict(group_size=G, use_alt_reference=True, gamma0=0.3, rho=0.5),
+    "wide_cheap": dict(rho=0.6, lambda_fisher=4.0, group_std="none"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(name):
+  cfg = CONFIGS[name]
+  return jax.jit(functools.partial(verpo.verpo_advantages, num_groups=N, **cfg))
+
+
+def _fields(b, cfg):
+  names = FIELDS + (("logprob_alt",) if cfg.get("use_alt_reference") else ())
+  return pick(b, *names)
+
+
+def test_registered():
+  spec = registry.get_estimator("verpo")
+  assert spec.family == "distill" and spec.confidence == "inferred"
+  assert spec.needs == set(FIELDS)
+  assert spec.needs_for({"use_alt_reference": True}) == set(FIELDS) | {"logprob_alt"}
+
+
+def test_doctests():
+  res = doctest.testmod(verpo, optionflags=doctest.NORMALIZE_WHITESPACE)
+  assert res.attempted > 0 and res.failed == 0
+
+
+def test_spec_example():
+  # Â = −0.5, e = [−0.4, 0.3, −0.05], p = [.5, .5, .9], top-1 of the accepted → A[0] = −0.82.
+  ls = np.log(np.array([[0.5, 0.5, 0.9]] * 2, np.float32))
+  a = call(verpo.verpo_advantages, reward=np.array([0.0, 1.0]), group_id=np.zeros(2, np.int32),
+           response_mask=np.ones((2, 3), bool), logprob_old=ls,
+           logprob_teacher=ls + np.array([[-0.4, 0.3, -0.05]] * 2, np.float32), num_groups=1,
+           group_std="none")
+  np.testing.assert_allclose(a[0], [-0.82, -0.5, -0.5], atol=1e-5)
+  # Row 1 (Â = +0.5) accepts only the positive correction: s = min(1, .5·.3/.25) = .6.
+  np.testing.assert_allclose(a[1], [0.5, 0.5 + 0.6 * 0.3, 0.5], atol=1e-5)
+
+
+@pytest.mark.parametrize("name,seed", [(n, 0) for n in sorted(CONFIGS)] + [("default", 1)])
+def test_matches_numpy_reference(name, seed):
+  cfg = CONFIGS[name]
+  b = make_batch(seed, contiguous=cfg.get("group_size") is not None)
+  got = np.asarray(jitted(name)(**_fields(b, cfg)), np.float64)
+  np.testing.assert_allclose(got, ref_verpo(b, **cfg), rtol=1e-4, atol=1e-5)
+
+
+def test_localisation_sign_and_degenerate_groups():
+  b = make_batch(4, extreme=False)
+  b["reward"] = np.tile(np.array([1.0, 0.0], np.float32), B // 2)   # mixed groups
+  grpo = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"), num_groups=N)
+  a = np.asarray(jitted("wide_cheap")(**pick(b, *FIELDS)))
+  base = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"),
+              num_groups=N, scale="none")                       # Â without σ, [B,T]
+  mask = b["response_mask"]
+  changed = mask & ~np.isclose(a, base, atol=1e-7)
+  n = mask.sum(1)
+  # At most max(1, ⌊ρ n⌋) tokens per row move, only away from zero (|A| grows, sign kept).
+  assert np.all(changed.sum(1) <= np.maximum(1, np.floor(np.float32(0.6) * n)))
+  assert changed.any() and np.all(np.abs(a[changed]) > np.abs(base[changed]))
+  assert np.all(np.sign(a) == np.sign(base))
+  # The all-equal group 0 (Â = 0) gets exact zeros; teacher == student gives GRPO.
+  d = np.asarray(jitted("default")(**pick(make_batch(5), *FIELDS)))
+  assert np.all(d[:G] == 0.0)
+  same = dict(pick(b, *FIELDS), logprob_teacher=b["logprob_old"])
+  np.testing.assert_allclose(np.asarray(jitted("default")(**same)), grpo, rtol=1e-6, atol=1e-7)
+
+
+def test_ties_go_to_the_earlier_token():
+  ls = np.full((2, 4), np.log(0.5), np.float32)
+  a = call(verpo.verpo_advantages, reward=np.array([0.0, 1.0]), group_id=np.zeros(2, np.int32),
+           response_mask=np.ones((2, 4), bool), logprob_old=ls,
+           logprob_teacher=ls - np.float32(0.2), num_groups=1, group_std="none")
+  np.testing.assert_allclose(a[0], [-0.5 - 0.2 * 0.4, -0.5, -0.5, -0.5], atol=1e-6)
+
+
+def test_alt_reference_needs_logprob_alt():
+  b = make_batch(0)
+  with pytest.raises(ValueError, match="logprob_alt"):
+    verpo.verpo_advantages(**pick(b, *FIELDS), num_groups=N, use_alt_reference=True)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(group_std="sample"), "group_std"), (dict(group_size=3), "multiple"),
+])
+def test_bad_static_args_raise(kwargs, match):
+  b = make_batch(0)
+  with pytest.raises(ValueError, match=match):
+    call(verpo.verpo_advantages, **pick(b, *FIELDS), num_groups=N, **kwargs)
+
+
+def test_shape_mismatch_raises():
+  b = make_batch(0)
+  with pytest.raises(AssertionError):
+    call(verpo.verpo_advantages, **dict(pick(b, *FIELDS),
+                                        logprob_teacher=np.zeros((B, T + 1), np.float32)),
+         num_groups=N)
