@@ -27,7 +27,7 @@ import os
 import shutil
 import signal
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +93,8 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
   need(RUNNER_NEEDS, "the runner (update inputs and metrics)")
   need(est.needs_for(dict(c.estimator_kwargs)), f"estimator {est.name!r}")
   need(set(loss_fields) - STEP_FIELDS - {"logprob_sampler"}, f"policy loss {c.policy_loss!r}")
+  if "logprob_topk" in loss_fields:  # the update scores the teacher's top-k ids itself
+    need(["teacher_topk_ids"], f"policy loss {c.policy_loss!r} (logprob_topk)")
   if c.kl_coef:
     need(["logprob_ref"], f"the KL term (kl_coef={c.kl_coef})")
   if c.importance_correction:
@@ -135,7 +137,9 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
     raise SetupError(f"obs_ce_mode={c.obs_ce_mode!r}; valid: {list(credit.losses.OBS_CE_MODES)}")
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
                                | ({"logprob_ref"} if c.kl_coef else set())
-                               | ({"obs_mask"} if c.obs_ce_coef else set())))
+                               | ({"obs_mask"} if c.obs_ce_coef else set())
+                               | ({"teacher_topk_ids"} if "logprob_topk" in loss_fields
+                                  else set())))
   plan = producers.plan(method_needs(c, est, loss_fields), c)
   return Method(est, loss, est_fields, est_static, loss_fields, loss_kwargs, update_fields,
                 tuple(plan))
@@ -528,10 +532,66 @@ def _checked_setup(c: ml_collections.ConfigDict):
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
+  _check_amft(c, data)
   model, mcfg = build_policy(c, data.tokenizer, mesh)
   from credit.models import shard_model
   shard_model(model, mesh)
   return method, data, mesh, model, mcfg, c.scoring_chunk_size or None  # None: auto chunk
+
+
+def _check_amft(c: ml_collections.ConfigDict, data: Data) -> None:
+  a = c.amft
+  if not a.enabled:
+    return
+  if c.ppo_epochs != 1 or c.num_minibatches != 1:
+    raise SetupError(f"amft: one update per RL step on the whole batch; set ppo_epochs=1 and "
+                     f"num_minibatches=1 (got {c.ppo_epochs}, {c.num_minibatches})")
+  if getattr(data.task, "multi_turn", False):
+    raise SetupError("amft: single-turn tasks only (its SFT batches are prompt + response)")
+  if not 0.0 < a.init_mu < 1.0:
+    raise SetupError(f"amft.init_mu={a.init_mu} must be in (0, 1)")
+  if a.val_at not in ("lookahead", "current"):
+    raise SetupError(f"amft.val_at={a.val_at!r}; valid: lookahead | current")
+  if not 1 <= a.val_examples < len(data.train):
+    raise SetupError(f"amft.val_examples={a.val_examples} must be in [1, {len(data.train)})")
+
+
+def _demonstrations(data: Data, examples: list[dict], rng: np.random.Generator | None) -> dict:
+  """prompt + demonstration rows of `examples` (the task's demonstrator; rng None: the
+  correct answers) as an SFT batch: tokens, attn_mask, response_mask."""
+  demos = [data.task.demonstration(e, rng) for e in examples]
+  b = tasks_lib.encode_prompt_response(data.tokenizer, [e["prompt"] for e in examples], demos,
+                                       data.max_prompt_len, data.max_response_len)
+  return {"tokens": b["tokens"], "attn_mask": b["prompt_mask"] | b["response_mask"],
+          "response_mask": b["response_mask"]}
+
+
+def _amft_update(c: ml_collections.ConfigDict, data: Data, mesh, graphdef, rest, tx, st_sh,
+                 method: Method, chunk: int | None) -> Callable:
+  """update(state, batch) of an AMFT run (`train.make_amft_update`): each step's SFT batch
+  is drawn with a key of (seed, step), so a resumed run draws the same ones; the validation
+  batch is fixed (the last `amft.val_examples` train examples, correct answers)."""
+  a = c.amft
+  rl_loss = train.make_rl_loss(
+      graphdef, rest, loss_spec=method.loss, loss_fields=method.loss_fields,
+      loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
+      entropy_coef=c.entropy_coef, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
+      obs_ce_mode=c.obs_ce_mode)
+  rep = parallel.replicated(mesh)
+  step_fn = jax.jit(train.make_amft_update(
+      graphdef, rest, tx, rl_loss_fn=rl_loss, chunk_size=chunk, lr=c.learning_rate,
+      meta_lr=a.meta_lr, entropy_coef=a.entropy_coef, val_at=a.val_at),
+      out_shardings=(st_sh, rep), donate_argnums=(0,))
+  val = parallel.shard_batch(_demonstrations(data, data.train[-a.val_examples:], None), mesh)
+  n = min(c.sft_examples, len(data.train)) if c.sft_examples > 0 else len(data.train)
+
+  def update(state, batch):
+    rng = np.random.default_rng([c.seed, 23, int(state.step)])
+    idx = rng.integers(0, n, size=a.sft_batch_size)
+    sft = _demonstrations(data, [data.train[i] for i in idx], rng)
+    return step_fn(state, batch, parallel.shard_batch(sft, mesh), val)
+
+  return update
 
 
 def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]:
@@ -556,12 +616,18 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   rep = parallel.replicated(mesh)
   p_sh, o_sh = train.state_shardings(tx, params, tx.init(params), mesh)
   params = jax.device_put(params, p_sh)
+  amft = (train.AmftState(phi=jnp.asarray(np.log(c.amft.init_mu / (1 - c.amft.init_mu)),
+                                           jnp.float32),
+                          target_entropy=jnp.asarray(np.nan, jnp.float32))
+          if c.amft.enabled else None)
   state = train.TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), rep), params=params,
                            opt_state=jax.jit(tx.init, out_shardings=o_sh)(params),
                            key=jax.device_put(_key_data(c.seed), rep),
-                           estimator_state=jax.device_put(est_state, rep))
+                           estimator_state=jax.device_put(est_state, rep),
+                           amft=jax.device_put(amft, rep))
   st_sh = train.TrainState(step=rep, params=p_sh, opt_state=o_sh, key=rep,
-                           estimator_state=jax.tree.map(lambda _: rep, est_state))
+                           estimator_state=jax.tree.map(lambda _: rep, est_state),
+                           amft=jax.tree.map(lambda _: rep, amft))
   adv_fn = jax.jit(train.make_advantage_fn(est, method.estimator_static),
                    out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state,
                                   parallel.batch_sharding(mesh, 2)))
@@ -572,6 +638,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       num_minibatches=c.num_minibatches, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
       obs_ce_mode=c.obs_ce_mode),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
+  if c.amft.enabled:
+    update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)
   div = parallel.batch_divisor(mesh)
   eval_bs = min(128, max(div, len(data.eval)))
   runner = Runner(
@@ -808,7 +876,8 @@ def finish(run: Runner, rs: RunState, out: Outputs | None) -> dict[str, Any]:
   c, s = run.c, run.setup
   if c.export_hf:
     export_policy(train.merge_model(s.graphdef, rs.train.params, s.rest), run.mcfg,
-                  os.path.join(run.workdir, "hf_policy"), init_from=c.init_from)
+                  os.path.join(run.workdir, "hf_policy"), init_from=c.init_from,
+                  tokenizer=run.data.tokenizer)
   heatmap = rs.heatmap
   if heatmap is not None:
     heatmap = heatmap._replace(adv=np.asarray(parallel.to_host(heatmap.adv)))
@@ -852,11 +921,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt")
 
 
-def export_policy(model: Decoder, mcfg: ModelConfig, out_dir: str, *, init_from: str = "") -> None:
+def export_policy(model: Decoder, mcfg: ModelConfig, out_dir: str, *, init_from: str = "",
+                  tokenizer: Any = None) -> None:
   """The trained policy as a Hugging Face directory (LoRA merged): safetensors + config.json,
-  plus the tokenizer files of `init_from` when the policy came from a checkpoint."""
+  plus the tokenizer files of `init_from` when the policy came from a checkpoint, or the
+  character tokenizer's identity (`producers.CHAR_TOKENIZER_FILE`) when it did not, so that a
+  distillation run can check a teacher's tokenizer against its student's."""
   from credit import models
   models.save_pretrained(models.merge_lora(model, inplace=True), mcfg.replace(remat=False), out_dir)
+  if (not init_from and isinstance(tokenizer, tasks_lib.CharTokenizer)
+      and jax.process_index() == 0):
+    with open(os.path.join(out_dir, producers.CHAR_TOKENIZER_FILE), "w") as f:
+      json.dump({"chars": tokenizer.chars}, f)
   if init_from and jax.process_index() == 0:
     for name in TOKENIZER_FILES:
       src = os.path.join(init_from, name)

@@ -22,6 +22,9 @@ metrics, the sampler's raw log-probs — the rollout root records on the `StepCo
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
@@ -112,7 +115,7 @@ class Producer:
   phase: the timing bucket it is reported under (`time_<phase>`; summary.md's step-time
   table lists each): sampling, reward, scoring (the policy's own pass), reference,
   divergence, likelihood (answer / follow-up teacher forcing), rescoring (other contexts),
-  baseline, prm, critic — so every extra pass a method needs shows its cost per step.
+  teacher (a frozen or self-teacher's pass), baseline, prm, critic — so every extra pass a method needs shows its cost per step.
   when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
   needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
   policy in `ctx.ref_params` (and checkpoints it). init: the producer learns
@@ -703,11 +706,13 @@ def response_layout(s: Setup, width: int) -> Callable:
     return (jnp.concatenate([prompt_tokens, tokens[:, P:]], axis=1),
             jnp.concatenate([prompt_mask, response_mask[:, P:]], axis=1))
 
-  def lay(prompts: list[str], batch: Mapping[str, Any]):
+  def lay(prompts: list[str], batch: Mapping[str, Any], attn: Any = None):
+    """`attn`: the rollout's attention mask (`StepContext.attn_mask`), so observation
+    tokens of multi-turn rows stay visible; default: the response tokens only."""
     toks, mask = tasks_lib.encode_prompts(tok, prompts, width)
     toks, mask = np.repeat(toks, G, axis=0), np.repeat(mask, G, axis=0)
     return join(*parallel.shard_batch((toks, mask), s.mesh), batch["tokens"],
-                batch["response_mask"])
+                batch["response_mask"] if attn is None else attn)
 
   return lay
 
@@ -730,7 +735,13 @@ def _response_rescorer(s: Setup, width: int) -> Callable:
   return run
 
 
-ALT_CONTEXTS = {"logprob_alt_pos": "alt_context_pos", "logprob_alt_neg": "alt_context_neg"}
+ALT_CONTEXTS = {"logprob_alt_pos": "alt_context_pos", "logprob_alt_neg": "alt_context_neg",
+                "logprob_alt": "alt_context"}
+
+
+def _alt_sample(prefix: str, mistake_len: int = 1) -> str:
+  """An alt_context template with its fields filled by placeholder digits."""
+  return prefix.replace("{answer}", "0").replace("{mistake}", "0" * mistake_len)
 
 
 def _alt_contexts_encodable(c: ml_collections.ConfigDict) -> bool:
@@ -744,34 +755,65 @@ def _alt_contexts_encodable(c: ml_collections.ConfigDict) -> bool:
     return True
   try:
     for p in prefixes:
-      tasks_lib.CharTokenizer().encode(p)
+      tasks_lib.CharTokenizer().encode(_alt_sample(p))
   except ValueError:
     return False
   return True
 
 
+def _group_mistakes(texts: list[str], reward: np.ndarray, G: int, threshold: float,
+                    max_chars: int) -> list[str]:
+  """Per group: the first response with reward < threshold, cut to `max_chars` ("" when the
+  group has none)."""
+  out = []
+  for n in range(len(texts) // G):
+    wrong = [texts[n * G + j] for j in range(G) if reward[n * G + j] < threshold]
+    out.append(wrong[0].strip()[:max_chars] if wrong else "")
+  return out
+
+
 def _build_alt_context_pass(s: Setup, wanted: frozenset) -> Produce:
-  tok = s.data.tokenizer
+  """logprob_alt_pos / logprob_alt_neg: the response re-scored after c.alt_context_pos /
+  c.alt_context_neg ⊕ prompt. A template may hold {answer} (the example's gold answer: a
+  privileged self-teacher context, SIPO) and {mistake} (the first response of the group
+  with reward below 1, cut to max_new_tokens characters; "" when the group has none)."""
+  tok, G, c = s.data.tokenizer, s.group_size, s.c
   prefixes = {}
   for field in sorted(wanted):
     key = ALT_CONTEXTS[field]
-    prefix = s.c[key]
+    prefix = c[key]
     if not isinstance(prefix, str):
       raise SetupError(f"{key}={prefix!r} must be a string (a prefix of the prompt)")
     try:
-      tok.encode(prefix)
+      tok.encode(_alt_sample(prefix))
     except ValueError as e:
       raise SetupError(f"{key}={prefix!r} cannot be encoded by the run's tokenizer ({e})"
                        ) from None
     prefixes[field] = prefix
-  # The width of the modified prompts is fixed for the run: the longest over the train split.
-  width = _prompt_width(tok, (p + tasks_lib.as_example(e)["prompt"] for p in prefixes.values()
-                              for e in s.data.train), "a prompt with its alt_context prefix")
+  mistake_len = c.max_new_tokens
+
+  def fill(prefix: str, example: Mapping[str, Any], mistake: str) -> str:
+    return (prefix.replace("{answer}", str(example.get("answer", "")))
+            .replace("{mistake}", mistake) + example["prompt"])
+
+  # The width of the modified prompts is fixed for the run: the longest over the train split
+  # (a mistake counted at its longest).
+  width = _prompt_width(tok, (fill(p, tasks_lib.as_example(e), "0" * mistake_len)
+                              for p in prefixes.values() for e in s.data.train),
+                        "a prompt with its alt_context prefix")
   rescore = _response_rescorer(s, width)
+  uses_mistake = any("{mistake}" in p for p in prefixes.values())
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    prompts = _prompt_texts(ctx)
-    return {f: rescore(state.params, [p + q for q in prompts], batch)
+    examples = _examples_rows(ctx.examples)
+    mistakes = [""] * len(examples)
+    if uses_mistake:
+      texts = ctx.host.get("texts") or tasks_lib.decode_responses(
+          tok, ctx.host["tokens"], ctx.host["response_mask"])
+      reward = parallel.to_host(batch["reward"])
+      mistakes = _group_mistakes(texts, reward, G, 1.0, mistake_len)
+    return {f: rescore(state.params, [fill(p, e, m) for e, m in zip(examples, mistakes)],
+                       batch)
             for f, p in prefixes.items()}
 
   return produce
@@ -809,6 +851,292 @@ def _build_interventions_pass(s: Setup, wanted: frozenset) -> Produce:
                        f"interventions; the run's M is {M}")
     return {"logprob_interventions": jnp.stack(
         [rescore(state.params, [r[m] for r in rows], batch) for m in range(M)], axis=-1)}
+
+  return produce
+
+
+# --------------------------------------------------------------------------
+# Teachers: a frozen model from a local checkpoint, or the policy under a privileged context.
+# --------------------------------------------------------------------------
+
+TEACHER_FIELDS = ("logprob_teacher", "teacher_topk_logprob", "teacher_topk_ids")
+CHAR_TOKENIZER_FILE = "char_tokenizer.json"  # written by exports of from-scratch runs
+
+
+def _json(path: str, what: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise SetupError(f"{what}: cannot read {path} ({e})") from None
+
+
+def tokenizer_identity(directory: str) -> tuple[str, Any] | None:
+  """What identifies a checkpoint's tokenizer: ("char", chars) for exports of from-scratch
+  runs (`char_tokenizer.json`), ("hf", (vocab, added tokens)) for a Hugging Face
+  `tokenizer.json`, None when the directory has neither."""
+  char = os.path.join(directory, CHAR_TOKENIZER_FILE)
+  if os.path.exists(char):
+    return "char", _json(char, directory).get("chars")
+  hf = os.path.join(directory, "tokenizer.json")
+  if os.path.exists(hf):
+    j = _json(hf, directory)
+    added = sorted((t.get("id"), t.get("content")) for t in j.get("added_tokens", []))
+    return "hf", (json.dumps(j.get("model", {}).get("vocab"), sort_keys=True), added)
+  return None
+
+
+def _check_teacher(c: ml_collections.ConfigDict) -> None:
+  """A frozen teacher (`c.teacher.init_from`) must share the student's tokenizer and
+  vocabulary size: checked from the files, before any file is written."""
+  path = c.teacher.init_from
+  what = f"teacher.init_from={path!r}"
+  if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
+    raise SetupError(f"{what} is not a checkpoint directory (no config.json)")
+  if not any(f.endswith(".safetensors") for f in os.listdir(path)):
+    raise SetupError(f"{what} has no *.safetensors weights")
+  student_dir = c.init_from or c.get("warm_start_from", "")
+  if c.init_from:
+    student = tokenizer_identity(c.init_from)
+    student_vocab = _json(os.path.join(c.init_from, "config.json"), "init_from").get(
+        "vocab_size")
+  else:
+    student = ("char", tasks_lib.CharTokenizer().chars)
+    student_vocab = tasks_lib.CharTokenizer().vocab_size
+  teacher = tokenizer_identity(path)
+  if teacher is None:
+    raise SetupError(f"{what} has neither tokenizer.json nor {CHAR_TOKENIZER_FILE}: its "
+                     "tokenizer cannot be checked against the student's (export it with this "
+                     "library, or copy the tokenizer files next to its weights)")
+  if teacher != student:
+    kinds = {"char": "the character tokenizer of from-scratch runs",
+             "hf": "a Hugging Face tokenizer.json"}
+    detail = (f"the teacher has {kinds[teacher[0]]}, the student "
+              f"({student_dir or 'from scratch'}) {kinds[student[0]]}"
+              if teacher[0] != student[0] else "their vocabularies differ")
+    raise SetupError(f"{what}: the teacher's tokenizer is not the student's ({detail}); "
+                     "distillation compares the two models' probabilities of the same token "
+                     "ids, so they must share one tokenizer")
+  teacher_vocab = _json(os.path.join(path, "config.json"), what).get("vocab_size")
+  if teacher_vocab != student_vocab:
+    raise SetupError(f"{what}: its vocab_size {teacher_vocab} is not the student's "
+                     f"{student_vocab} (same tokenizer, different embedding tables)")
+
+
+def _teacher_scorer(graphdef, rest, chunk: int | None, top_k: int, width: int, P: int,
+                    names: tuple[str, ...]) -> Callable:
+  """jitted fn(params, seq, attn, response_mask) -> the wanted teacher fields, aligned to
+  the rollout: `seq` is a prompt of `width` columns then the rollout's columns [P, T)."""
+
+  @jax.jit
+  def run(params, seq, attn, response_mask):
+    model = train.merge_model(graphdef, params, rest)
+    hidden, unembed, mask = scoring.model_hidden(model, seq, attn)
+    ts = scoring.teacher_scores_hidden(hidden, unembed, seq, mask, top_k=top_k,
+                                       chunk_size=chunk)
+
+    def rollout_columns(x, fill):
+      head = jnp.full(x.shape[:1] + (P,) + x.shape[2:], fill, x.dtype)
+      return jnp.concatenate([head, x[:, width:]], axis=1)
+
+    out = {"logprob_teacher": jnp.where(response_mask, rollout_columns(ts.logprob, 0.0), 0.0)}
+    if top_k:
+      m = response_mask[..., None]
+      out["teacher_topk_logprob"] = jnp.where(m, rollout_columns(ts.topk_logprob, 0.0), 0.0)
+      out["teacher_topk_ids"] = jnp.where(m, rollout_columns(ts.topk_ids, -1), -1)
+    return {n: out[n] for n in names}
+
+  return run
+
+
+def _teacher_top_k(s: Setup, wanted: frozenset) -> int:
+  if not wanted & {"teacher_topk_logprob", "teacher_topk_ids"}:
+    return 0
+  if s.c.teacher.top_k < 1:
+    raise SetupError(f"teacher.top_k={s.c.teacher.top_k}: the method needs the teacher's top-k "
+                     "distribution (teacher_topk_*), so top_k must be >= 1")
+  return int(s.c.teacher.top_k)
+
+
+def _build_teacher_pass(s: Setup, wanted: frozenset) -> Produce:
+  """The frozen teacher (`c.teacher.init_from`, its own dtype, sharded on the run's mesh)
+  scores the student's tokens: log-prob of each sampled token and, when wanted, its top-k
+  distribution with a tail bucket (chunked: no [B,T,V] array)."""
+  from credit import models  # pylint: disable=g-import-not-at-top
+  tc = s.c.teacher
+  teacher, _ = models.from_pretrained(tc.init_from, mesh=s.mesh, param_dtype=tc.param_dtype,
+                                      dtype=tc.compute_dtype)
+  graphdef, params, rest = train.split_model(teacher)
+  P = s.data.max_prompt_len
+  run = _teacher_scorer(graphdef, rest, s.chunk_size, _teacher_top_k(s, wanted), P, P,
+                        tuple(sorted(wanted)))
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    return run(params, batch["tokens"], ctx.attn_mask, batch["response_mask"])
+
+  return produce
+
+
+def _task_context(task, example: Mapping[str, Any], kind: str) -> str:
+  """The privileged text of `kind` for one example: the gold answer for "answer", else the
+  task's `privileged_context(example, kind)`."""
+  if kind == "answer":
+    return str(example["answer"])
+  fn = getattr(task, "privileged_context", None)
+  if fn is None:
+    raise SetupError(f"teacher.context={kind!r}: task {getattr(task, 'name', task)!r} provides "
+                     "no privileged contexts (only 'answer' works for every task)")
+  return fn(example, kind)
+
+
+def _self_teacher_on(c: ml_collections.ConfigDict) -> bool:
+  return bool(c.teacher.context) and not c.teacher.init_from
+
+
+def _check_self_teacher(c: ml_collections.ConfigDict) -> None:
+  if "{text}" not in c.teacher.prefix:
+    raise SetupError(f"teacher.prefix={c.teacher.prefix!r} must contain {{text}}, where the "
+                     "privileged context goes")
+  if c.teacher.lag < 0:
+    raise SetupError(f"teacher.lag={c.teacher.lag} must be >= 0")
+  if c.teacher.context != "answer":
+    if c.task in ("jsonl", "tfds"):
+      raise SetupError(f"teacher.context={c.teacher.context!r}: user data has only the "
+                       "'answer' context")
+    try:
+      task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+      _task_context(task, task.generate(np.random.default_rng(0), 1)[0], c.teacher.context)
+    except (KeyError, TypeError):
+      return  # build_data reports the bad task
+    except ValueError as e:
+      raise SetupError(f"teacher.context={c.teacher.context!r}: {e}") from None
+
+
+def _init_self_teacher(s: Setup, policy_params) -> Any:
+  """With `teacher.lag` = n > 0, the self-teacher's copy of the policy (refreshed every n
+  steps, checkpointed with the run); None with lag 0 (the current policy scores)."""
+  if not s.c.teacher.lag:
+    return None
+  return learners.LearnerState(params=jax.tree.map(jnp.copy, policy_params), opt_state=None,
+                               step=jnp.zeros((), jnp.int32))
+
+
+def _build_self_teacher_pass(s: Setup, wanted: frozenset):
+  """The policy as its own teacher: the student's tokens re-scored after
+  `c.teacher.prefix` (with the privileged text of `c.teacher.context`) ⊕ prompt, by the
+  current parameters or (`c.teacher.lag` = n) a copy refreshed every n steps."""
+  c, tok, task = s.c, s.data.tokenizer, s.data.task
+  kind, lag, name = c.teacher.context, int(c.teacher.lag), "self_teacher_pass"
+
+  def prompt_of(example) -> str:
+    example = tasks_lib.as_example(example)
+    return c.teacher.prefix.format(context=kind, text=_task_context(task, example, kind)
+                                   ) + example["prompt"]
+
+  width = _prompt_width(tok, (prompt_of(e) for e in s.data.train),
+                        f"a prompt with its teacher context {c.teacher.prefix!r}")
+  lay = response_layout(s, width)
+  run = _teacher_scorer(s.graphdef, s.rest, s.chunk_size, _teacher_top_k(s, wanted), width,
+                        s.data.max_prompt_len, tuple(sorted(wanted)))
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    params = state.params
+    if lag:
+      held = ctx.learners[name]
+      if int(state.step) % lag == 0:  # refresh the lagged copy
+        # Copies: the update donates the train state's buffers.
+        held = held.replace(params=jax.tree.map(jnp.copy, state.params),
+                            step=jnp.copy(state.step))
+        ctx.learners[name] = held
+      params = held.params
+    prompts = [prompt_of({k: ctx.examples[k][i] for k in ctx.examples})
+               for i in range(len(ctx.examples["prompt"]))]
+    seq, attn = lay(prompts, batch, ctx.attn_mask)
+    return run(params, seq, attn, batch["response_mask"])
+
+  return produce, None
+
+
+# --------------------------------------------------------------------------
+# Response structure: steps, queries, parsed answers.
+# --------------------------------------------------------------------------
+
+
+def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
+  """step_id [B,T]: the turn of each policy token in multi-turn rollouts; in single-turn
+  ones, the response cut into steps after every token whose text holds one of
+  `c.step_delimiters` (the delimiter token closes its step; −1 outside the response)."""
+  tok = s.data.tokenizer
+  delims = s.c.step_delimiters
+  ends = np.zeros(tok.vocab_size + 1, bool)  # token id -> closes a step (by its own text)
+  if delims:
+    for i in range(tok.vocab_size):
+      try:
+        text = tok.decode([i])
+      except (ValueError, KeyError, IndexError):
+        continue
+      ends[i] = any(d in text for d in delims)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    resp = ctx.host["response_mask"]
+    if "turn_id" in ctx.host:  # multi-turn: a step is the agent's turn
+      step = np.where(resp, ctx.host["turn_id"], -1)
+    else:
+      closes = ends[np.clip(ctx.host["tokens"], 0, tok.vocab_size)] & resp
+      before = np.cumsum(closes, axis=1) - closes
+      step = np.where(resp, before, -1)
+    return {"step_id": parallel.shard_batch(step.astype(np.int32), s.mesh)}
+
+  return produce
+
+
+def _build_query_mask(s: Setup, wanted: frozenset) -> Produce:
+  """query_mask [B,T]: in multi-turn rollouts, the policy tokens of the argument of each
+  turn's tool call (`credit.envs.query_chars`; answers are not queries); in single-turn
+  ones, the whole response (a single-turn analogue: every token is the "query")."""
+  from credit.envs import ToolFormat, query_chars  # pylint: disable=g-import-not-at-top
+  tok = s.data.tokenizer
+  fmt = getattr(s.data.task, "fmt", None) or ToolFormat()
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    resp = ctx.host["response_mask"]
+    if "turn_id" not in ctx.host:
+      return {"query_mask": parallel.shard_batch(resp.copy(), s.mesh)}
+    tokens, turn = ctx.host["tokens"], ctx.host["turn_id"]
+    out = np.zeros(resp.shape, bool)
+    for b in range(resp.shape[0]):
+      for k in np.unique(turn[b][resp[b] & (turn[b] >= 0)]):
+        cols = np.nonzero(resp[b] & (turn[b] == k))[0]
+        ids = tokens[b, cols]
+        out[b, cols] = tasks_lib.token_flags(tok, ids, query_chars(tok.decode(ids), fmt))
+    return {"query_mask": parallel.shard_batch(out, s.mesh)}
+
+  return produce
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def last_number(text: str) -> float:
+  """The last number written in `text` (NaN when there is none): the default parse of a
+  response's final answer for `answer_value`."""
+  found = _NUMBER.findall(text)
+  return float(found[-1]) if found else float("nan")
+
+
+def _build_answer_value(s: Setup, wanted: frozenset) -> Produce:
+  """answer_value [B]: the task's `answer_value(text)` of each response's final answer, or
+  the last number in it (`last_number`); for multi-turn episodes, of the last action."""
+  tok, task = s.data.tokenizer, s.data.task
+  parse = getattr(task, "answer_value", None) or last_number
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    if "trajectories" in ctx.extras:
+      texts = [t.actions[-1] if t.actions else "" for t in ctx.extras["trajectories"]]
+    else:
+      texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], ctx.host["response_mask"])
+    values = np.asarray([parse(t) for t in texts], np.float32)
+    return {"answer_value": parallel.shard_batch(values, s.mesh)}
 
   return produce
 
@@ -859,6 +1187,29 @@ PRODUCERS: tuple[Producer, ...] = (
              "full-vocabulary divergences of the behaviour policy from the frozen reference at "
              "each position (squared Hellinger, KL both ways), from one pass of each model and "
              "the chunked `credit.divergences` (no [B,T,V] array)", keeps_reference=True),
+    Producer("teacher_pass", TEACHER_FIELDS, ("tokens", "response_mask"), _build_teacher_pass,
+             "teacher", "a frozen teacher (c.teacher.init_from: a local checkpoint with the "
+             "student's tokenizer, its own dtype) scores the student's tokens: log-prob of each "
+             "and its top-k distribution with a tail bucket (c.teacher.top_k; chunked)",
+             when=lambda c: bool(c.teacher.init_from), check=_check_teacher,
+             off_doc="set teacher.init_from (a frozen teacher) or teacher.context (the policy "
+                     "as its own teacher)"),
+    Producer("self_teacher_pass", TEACHER_FIELDS, ("tokens", "response_mask"),
+             _build_self_teacher_pass, "teacher",
+             "the policy as its own teacher: the student's tokens re-scored with a privileged "
+             "context (c.teacher.context: answer | a task's hint...) before the prompt, by the "
+             "current or a lagged copy of the parameters (c.teacher.lag)",
+             when=_self_teacher_on, check=_check_self_teacher, init=_init_self_teacher,
+             off_doc="set teacher.context (answer | hint | ...) without teacher.init_from"),
+    Producer("step_segments", ("step_id",), ("tokens", "response_mask"), _build_step_segments,
+             "reward", "reasoning steps: the turns of multi-turn rollouts, else the response cut "
+             "after each token holding one of c.step_delimiters"),
+    Producer("query_spans", ("query_mask",), ("tokens", "response_mask"), _build_query_mask,
+             "reward", "the tokens of each turn's tool-call argument (multi-turn; the whole "
+             "response in single-turn rollouts)"),
+    Producer("answer_parse", ("answer_value",), ("tokens", "response_mask"),
+             _build_answer_value, "reward", "the numeric value of each response's final "
+             "answer (the task's answer_value, else the last number; NaN when none)"),
     Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
              "reward of the greedy response per prompt (ReMax)"),
     Producer("task_flags", ("flag_mask",), ("tokens", "response_mask"), _build_task_flags,
@@ -875,12 +1226,15 @@ PRODUCERS: tuple[Producer, ...] = (
              "c.followups_neg; + eos) after prompt ⊕ response (its stop token dropped) ⊕ "
              "c.followup_separator, and averages each one's token log-probs (FLR)",
              check=_check_followups, keeps_reference=True),
-    Producer("alt_context_pass", ("logprob_alt_pos", "logprob_alt_neg"),
-             ("tokens", "response_mask"), _build_alt_context_pass, "rescoring",
+    Producer("alt_context_pass", ("logprob_alt_pos", "logprob_alt_neg", "logprob_alt"),
+             ("tokens", "response_mask", "reward"), _build_alt_context_pass, "rescoring",
              "the policy re-scores the response tokens after the prompt prefixed with "
-             "c.alt_context_pos / c.alt_context_neg (contrastive contexts: CSCR, T-REG)",
+             "c.alt_context_pos / c.alt_context_neg (contrastive contexts: CSCR, T-REG; with "
+             "{answer} and a group {mistake} filled in, SIPO's self-teacher contexts), or "
+             "c.alt_context (another context: OPID / SEED's hindsight skill)",
              when=_alt_contexts_encodable,
-             off_doc="alt_context_pos / alt_context_neg must be strings the run's tokenizer "
+             off_doc="alt_context_pos / alt_context_neg / alt_context must be strings the run's "
+                     "tokenizer "
                      "can encode; the character tokenizer has only "
                      f"{tasks_lib.CharTokenizer().chars!r}"),
     Producer("interventions_pass", ("logprob_interventions",), ("tokens", "response_mask"),

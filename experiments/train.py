@@ -18,11 +18,12 @@ from flax import nnx, struct
 import credit
 from credit import ops
 from credit.losses import entropy_bonus, kl_loss, observation_ce_loss
-from credit.scoring import model_hidden, score_hidden, score_tokens, sum_pi_squared_hidden
+from credit.scoring import (candidate_scores_hidden, model_hidden, score_hidden, score_tokens,
+                            sum_pi_squared_hidden)
 
 # Fields the RL update computes itself, from its own (differentiated) model pass; a loss
 # that names them gets them from there, not from the batch.
-UPDATE_FIELDS = frozenset({"logprob", "entropy"})
+UPDATE_FIELDS = frozenset({"logprob", "entropy", "logprob_topk"})
 # Arguments of the policy loss's aggregation that the KL and entropy terms share.
 AGGREGATION_ARGS = ("loss_agg_mode", "num_tokens_global", "num_seqs_global", "norm_constant")
 
@@ -34,6 +35,7 @@ class TrainState(struct.PyTreeNode):
   opt_state: Any            # optax state
   key: jax.Array            # raw PRNG key data, uint32[2]
   estimator_state: Any = None  # e.g. DCPO running statistics
+  amft: Any = None          # AMFT's controller state (`make_amft_update`), when enabled
 
 
 def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int,
@@ -89,6 +91,19 @@ def merge_model(graphdef, params, rest) -> nnx.Module:
 # --------------------------------------------------------------------------
 
 
+def sft_nll(graphdef, rest, chunk_size: int | None) -> Callable:
+  """nll(params, batch) -> mean negative log-likelihood of the demonstration tokens
+  (batch: tokens, attn_mask, response_mask; `make_sft_step`'s loss)."""
+
+  def nll(params, batch):
+    model = merge_model(graphdef, params, rest)
+    logprob, _ = score_tokens(model, batch["tokens"], batch["attn_mask"],
+                              chunk_size=chunk_size, return_entropy=False)
+    return -ops.masked_mean(logprob, batch["response_mask"])
+
+  return nll
+
+
 def make_sft_step(graphdef, rest, tx: optax.GradientTransformation,
                   chunk_size: int | None) -> Callable:
   """Returns sft_step(params, opt_state, batch) -> (params, opt_state, metrics).
@@ -97,11 +112,7 @@ def make_sft_step(graphdef, rest, tx: optax.GradientTransformation,
   (valid tokens), response_mask [B,T] (demonstration tokens: the NLL targets).
   """
 
-  def loss_fn(params, batch):
-    model = merge_model(graphdef, params, rest)
-    logprob, _ = score_tokens(model, batch["tokens"], batch["attn_mask"],
-                              chunk_size=chunk_size, return_entropy=False)
-    return -ops.masked_mean(logprob, batch["response_mask"])
+  loss_fn = sft_nll(graphdef, rest, chunk_size)
 
   def sft_step(params, opt_state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
@@ -166,12 +177,21 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
   """
   agg = aggregation_kwargs(loss_spec, loss_kwargs)
   need_entropy = bool(entropy_coef) or "entropy" in loss_fields
+  need_topk = "logprob_topk" in loss_fields
 
   def loss_fn(params, mb):
     model = merge_model(graphdef, params, rest)
-    logprob, entropy = score_tokens(model, mb["tokens"], mb["attn_mask"],
-                                    chunk_size=chunk_size, return_entropy=need_entropy)
-    own = {"logprob": logprob, "entropy": jax.lax.stop_gradient(entropy)}
+    if need_topk:  # the sampled token and the teacher's top-k ids in one chunked pass
+      hidden, unembed, mask = model_hidden(model, mb["tokens"], mb["attn_mask"])
+      (logprob, entropy), logprob_topk = candidate_scores_hidden(
+          hidden, unembed, mb["tokens"], mask, mb["teacher_topk_ids"], chunk_size=chunk_size,
+          return_entropy=need_entropy)
+    else:
+      logprob, entropy = score_tokens(model, mb["tokens"], mb["attn_mask"],
+                                      chunk_size=chunk_size, return_entropy=need_entropy)
+      logprob_topk = None
+    own = {"logprob": logprob, "entropy": jax.lax.stop_gradient(entropy),
+           "logprob_topk": logprob_topk}
     out = loss_spec.fn(**{f: own[f] if f in UPDATE_FIELDS else mb[f] for f in loss_fields},
                        **loss_kwargs)
     loss, metrics = out.loss, dict(out.metrics, pg_loss=out.loss)
@@ -217,6 +237,51 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
     params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key)
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+  return update
+
+
+class AmftState(struct.PyTreeNode):
+  """AMFT's controller: the logit φ of μ = σ(φ), and the entropy target (NaN until the first
+  RL step measures the policy's mean token entropy after the warm-up, as the authors' code)."""
+  phi: jax.Array             # [] float32
+  target_entropy: jax.Array  # [] float32
+
+
+def make_amft_update(graphdef, rest, tx: optax.GradientTransformation, *,
+                     rl_loss_fn: Callable, chunk_size: int | None, lr: float,
+                     meta_lr: float, entropy_coef: float, val_at: str) -> Callable:
+  """Returns update(state, batch, sft_batch, val_batch) -> (state, metrics): one AMFT step.
+
+  `credit.losses.amft_step` on the whole rollout batch: the RL loss (`rl_loss_fn`, the
+  configured estimator's advantages in the configured policy loss), the SFT loss on a batch
+  of task demonstrations and a validation loss (the same NLL on correct demonstrations of
+  held-apart train examples), at the look-ahead θ' = θ − η∇L(θ, μ) with η = `lr`; the
+  controller's φ descends ∂L_val(θ')/∂φ plus `entropy_coef`·(H − H_target), H the policy's
+  mean token entropy on the rollout batch (no gradient); the optimiser then applies
+  (1 − μ)∇L_RL + μ∇L_SFT with the updated μ. One optimiser step per RL step (AMFT's
+  single-stage update; ppo_epochs = num_minibatches = 1).
+  """
+  from credit.losses.amft import amft_step  # pylint: disable=g-import-not-at-top
+  nll = sft_nll(graphdef, rest, chunk_size)
+
+  def update(state: TrainState, batch, sft_batch, val_batch):
+    model = merge_model(graphdef, state.params, rest)
+    _, ent = score_tokens(model, batch["tokens"], batch["attn_mask"], chunk_size=chunk_size)
+    h = jax.lax.stop_gradient(ops.masked_mean(ent, batch["response_mask"]))
+    ctl = state.amft
+    target = jnp.where(jnp.isnan(ctl.target_entropy), h, ctl.target_entropy)
+    out = amft_step(lambda p: rl_loss_fn(p, batch)[0], lambda p: nll(p, sft_batch),
+                    lambda p: nll(p, val_batch), state.params, ctl.phi, lr=lr,
+                    meta_lr=meta_lr, entropy=h, target_entropy=target,
+                    entropy_coef=entropy_coef, val_at=val_at)
+    updates, opt_state = tx.update(out.grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {f"amft_{k}": v for k, v in out.metrics.items()}
+    metrics.update(amft_mu=out.mu, loss=out.loss, grad_norm=optax.tree.norm(out.grads),
+                   entropy=h)
+    return state.replace(params=params, opt_state=opt_state, step=state.step + 1,
+                         amft=AmftState(out.phi, target)), metrics
 
   return update
 

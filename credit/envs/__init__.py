@@ -14,11 +14,11 @@ from credit.envs.base import (Environment, Episode, EpisodeDoneError, EnvBatch, 
 from credit.envs.calculator import Calculator, CalculatorEnv
 from credit.envs.lookup import Lookup, LookupEnv
 from credit.envs.multidoc import MultiDoc, MultiDocEnv
-from credit.envs.tools import Action, ToolFormat, parse_action
+from credit.envs.tools import Action, ToolFormat, parse_action, query_chars
 
 __all__ = [
     "Action", "Calculator", "CalculatorEnv", "EnvBatch", "Environment", "Episode",
     "EpisodeDoneError", "Limits", "Lookup", "LookupEnv", "MultiDoc", "MultiDocEnv",
     "MultiTurnTask", "StepResult", "TextEnv", "ToolFormat", "Turn", "parse_action",
-    "run_episode", "task_limits",
+    "query_chars", "run_episode", "task_limits",
 ]

@@ -152,3 +152,33 @@ def parse_action(text: str, fmt: ToolFormat = ToolFormat(),
       return Action(MALFORMED, name, args,
                     f"{name} takes {arity} arg{'s' if arity != 1 else ''}, got {len(args)}")
   return Action(CALL, name, args)
+
+
+_QUERY_RE = re.compile(r"([a-z][a-z0-9]*)\s*\(")
+
+
+def query_chars(text: str, fmt: ToolFormat = ToolFormat()) -> list[bool]:
+  """[len(text) + 1] per-character flags of the query a turn issued: the characters between
+  the parentheses of its first call to a tool other than the answer tool (none for an
+  answer, or for text without a call; the last entry, the end of the text, is never
+  flagged). The positions SD-Search distils on; an unclosed call flags to the end.
+
+  >>> "".join("^" if f else "." for f in query_chars("lookup(ann boss)"))
+  '.......^^^^^^^^..'
+  >>> any(query_chars("answer(bob)"))
+  False
+  """
+  flags = [False] * (len(text) + 1)
+  m = _QUERY_RE.search(text)
+  if m is None or m.group(1) == fmt.answer_tool:
+    return flags
+  start, depth = m.end(), 1
+  end = len(text)
+  for i in range(start, len(text)):
+    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    if depth == 0:
+      end = i
+      break
+  for i in range(start, end):
+    flags[i] = True
+  return flags

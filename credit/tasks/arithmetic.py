@@ -140,6 +140,19 @@ class Arithmetic:
     first = f"0+{a}{op}{b}=" if op == "-" or a == b else f"{b}{op}{a}="
     return [first, f"{a}{op}{b}+0="]
 
+  def privileged_context(self, example: Mapping[str, Any], kind: str) -> str:
+    """Text a self-teacher sees before the prompt (`--config.teacher.context=<kind>`).
+
+    "hint": a partial answer — its length and last digit ("3 digits, ends in 7" for 357;
+    a sign counts as a digit), which tells a teacher where the carry went without giving
+    the middle digits. Raises ValueError for another kind ("answer" is handled by the
+    runner for every task).
+    """
+    if kind != "hint":
+      raise ValueError(f"arithmetic has privileged contexts ['hint'], not {kind!r}")
+    answer = text_field(example, "answer")
+    return f"{len(answer)} digits, ends in {answer[-1]}"
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     answer = text_field(example, "answer")

@@ -91,6 +91,8 @@ def base_config() -> ml_collections.ConfigDict:
                                   # are scored.
   c.gold_scorer = "policy"        # who scores the gold answer: policy (the behaviour policy, IGPO)
                                   # | reference (the frozen initial policy, TRACE).
+  c.step_delimiters = (",", ";", "\n")  # step-level methods (step_id) on single-turn responses:
+                                  # a token holding one of these closes a step (multi-turn: turns).
   c.temperature = 1.0             # sampling temperature.
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.
@@ -109,6 +111,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.obs_ce_mode = "seq-mean"      # its reduction: seq-mean (ECHO) | token-mean.
   c.alt_context_pos = "correct: "  # cscr / treg: prefix of the prompt for logprob_alt_pos (run's tokenizer).
   c.alt_context_neg = "wrong: "   # cscr / treg: the same for logprob_alt_neg ("" = the plain prompt).
+                                  # Either may hold {answer} (the gold answer) and {mistake} (the
+                                  # group's first wrong response): SIPO's self-teacher contexts.
+  c.alt_context = "answer {answer}: "  # opid / seed: the context of logprob_alt (their hindsight
+                                  # "skill"; here the gold answer, same fields as above).
   c.followups_pos = ("correct",)  # flr: follow-up texts scored after prompt + response (run's
                                   # tokenizer); estimator_kwargs.num_positive must equal their number.
   c.followups_neg = ("wrong",)    # flr: the negative follow-ups (scored after the positive ones).
@@ -116,6 +122,33 @@ def base_config() -> ml_collections.ConfigDict:
                                   # (context, not scored; "" = none).
   c.followup_scorer = "reference"  # flr: who scores the follow-ups: reference (the frozen initial
                                   # policy; FLR's fixed LM) | policy (the current policy).
+  c.teacher = ml_collections.ConfigDict(dict(  # distillation (credit.advantages.distill).
+      init_from="",               # a frozen teacher: local HF checkpoint with the student's
+                                  # tokenizer (e.g. hf_policy/ of sft_teacher_<task>); refused at
+                                  # start-up when the tokenizers differ.
+      param_dtype="float32",      # the frozen teacher's parameter storage and activations.
+      compute_dtype="float32",
+      context="",                 # the policy as its own teacher ("" = off; ignored with
+                                  # init_from): answer (the gold answer) | hint | ... (a task's
+                                  # `privileged_context`), put before the prompt as `prefix`.
+      prefix="{context} {text}: ",  # the privileged context before the prompt ({context} = the
+                                  # kind, {text} = its text; the run's tokenizer must encode it).
+      lag=0,                      # self-teacher parameters: 0 = the current policy; n > 0 = a
+                                  # copy refreshed every n steps (checkpointed).
+      top_k=16,                   # k of the teacher's top-k distribution (teacher_topk_*, + a
+                                  # tail bucket) when a loss needs it (topk_distill, sd_search).
+  ))
+  c.amft = ml_collections.ConfigDict(dict(  # AMFT: a meta-learned SFT/RL balance (credit.losses.amft).
+      enabled=False,              # one update per RL step on (1 − μ)∇L_RL + μ∇L_SFT, μ = σ(φ)
+                                  # learnt by a look-ahead meta-gradient (needs ppo_epochs =
+                                  # num_minibatches = 1; single-turn tasks).
+      init_mu=0.5,                # μ at the start.
+      meta_lr=1e-2,               # η_φ of the controller.
+      entropy_coef=0.1,           # c_H: entropy below its post-warm-up level raises μ.
+      val_at="lookahead",         # where ∇L_val is taken: lookahead (θ') | current (the code).
+      sft_batch_size=32,          # demonstrations per step for L_SFT (the task's demonstrator).
+      val_examples=64,            # the last n train examples with correct answers: L_val.
+  ))
   # --- optimisation ---
   c.steps = 100                   # RL steps.
   c.learning_rate = 1e-3          # AdamW peak lr for RL.

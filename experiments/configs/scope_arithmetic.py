@@ -1,0 +1,23 @@
+"""SCOPE on the default arithmetic setting: teacher distillation on failed samples, weighted
+MLE on correct ones, both weighted by perplexities normalised inside each prompt group.
+
+Command (after `sft_teacher_arithmetic.py`, as for `opd_arithmetic.py`):
+  python -m experiments.run --config experiments/configs/scope_arithmetic.py \\
+      --workdir runs/scope --config.teacher.init_from=runs/teacher/hf_policy
+Variants: `:tiny` (2 steps; tests give it the teacher of `sft_teacher_arithmetic:tiny`).
+
+The setting is `grpo_arithmetic.py`'s. SCOPE (`credit.advantages.distill.scope`) routes each
+sample by the verifier: a failed one gets the teacher log-ratio (ℓ_teacher − ℓ_student) as
+its token advantage, weighted by how confident the teacher is on it; a correct one gets a
+constant advantage (the on-policy gradient of maximum likelihood), weighted by how unsure
+the student was. Other teacher estimators run here by name
+(`--config.estimator=diffgate|hypereyes|sod|sspo|pcsd|verpo|...`).
+"""
+from experiments.configs import common, opd_arithmetic
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = opd_arithmetic.get_config("tiny" if a.tiny else None)
+  c.estimator = "scope"
+  return c
