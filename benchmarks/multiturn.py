@@ -20,8 +20,8 @@ policy tokens for single-turn. Compile runs are excluded; best and median of `--
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import os
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -34,6 +34,9 @@ from credit.models import Decoder
 from credit.models.config import tiny_config
 from credit.sampling import Sampler
 from credit.tasks import CharTokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import timed  # noqa: E402
 
 TOK = CharTokenizer()
 
@@ -56,16 +59,6 @@ class FixedEnv:
 
   def outcome(self):
     return 0.0
-
-
-def timed(fn, repeats):
-  fn()  # compile
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times), statistics.median(times)
 
 
 def main():

@@ -12,6 +12,9 @@ its token advantage, weighted by how confident the teacher is on it; a correct o
 constant advantage (the on-policy gradient of maximum likelihood), weighted by how unsure
 the student was. Other teacher estimators run here by name
 (`--config.estimator=diffgate|hypereyes|sod|sspo|pcsd|verpo|...`).
+
+Measured (as `opd_arithmetic.py`, 150 steps, seeds 0 / 1 / 2): 0.895 / 0.812 / 0.980 (mean 0.896;
+step 25 mean 0.822), against GRPO's 0.941 / 0.859 / 0.973 (0.924).
 """
 from experiments.configs import common, opd_arithmetic
 
