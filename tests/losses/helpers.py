@@ -60,8 +60,30 @@ def _np_cov(lp, adv, m):
   return (adv - a_mean) * (lp - l_mean)
 
 
-def np_token_loss(name, lp, old, adv, m, **hp):
-  """Per-token loss [B,T] (float64) of every registered loss, written as plain loops."""
+def _np_bucket_divergence(s, t, kind):
+  """Divergence of two bucket distributions given as log-probs (1-D float64)."""
+  p, q = np.exp(s), np.exp(t)
+  if kind == "reverse_kl":
+    return sum(p[j] * (s[j] - t[j]) for j in range(len(p)))
+  mid = 0.5 * (p + q)
+  return sum(0.5 * p[j] * math.log(p[j] / mid[j]) + 0.5 * q[j] * math.log(q[j] / mid[j])
+             for j in range(len(p)))
+
+
+def np_token_loss(name, lp, old, adv, m, extra=None, **hp):
+  """Per-token loss [B,T] (float64) of every registered loss, written as plain loops.
+
+  `extra`: the fields beyond the policy four (`with_needs`), for the distillation losses.
+  """
+  if name in ("topk_distill", "sd_search"):  # PPO clip + λ = 1 · a bucket divergence
+    out = np_token_loss("ppo_clip", lp, old, adv, m)
+    s = np.asarray(extra["logprob_topk"], np.float64)
+    t = np.asarray(extra["teacher_topk_logprob"], np.float64)
+    where = m if name == "topk_distill" else m & extra["query_mask"]
+    kind = "reverse_kl" if name == "topk_distill" else "js"
+    for i, j in zip(*np.nonzero(where)):
+      out[i, j] += _np_bucket_divergence(s[i, j], t[i, j], kind)
+    return out
   lp, old, adv = (np.where(m, a, 0.0).astype(np.float64) for a in (lp, old, adv))
   Bn, Tn = lp.shape
   d = np.clip(lp - old, -20, 20)
@@ -190,7 +212,30 @@ def one_row(lp, old, adv, mask=None):
               response_mask=np.ones(lp.shape, bool) if mask is None else np.asarray(mask))
 
 
-DIFF = ("logprob", "logprob_old", "advantages")
+K_TOPK = 4  # teacher top-k buckets (3 ids + the tail) of the distillation losses' inputs
+DISTILL = ("topk_distill", "sd_search")
+
+
+def with_needs(name, batch):
+  """`batch` plus the contract fields loss `name` reads beyond the policy four.
+
+  Made deterministically from the batch's shape: normalised student and teacher bucket
+  distributions [B,T,K_TOPK] and query tokens at every other position.
+  """
+  needs, out = get_policy_loss(name).needs, dict(batch)
+  Bn, Tn = np.shape(batch["logprob"])
+  rng = np.random.default_rng(1000 * Bn + Tn)
+  for f in ("logprob_topk", "teacher_topk_logprob"):
+    z = 1.5 * rng.normal(size=(Bn, Tn, K_TOPK))
+    z -= np.log(np.exp(z).sum(-1, keepdims=True))
+    if f in needs and f not in out:
+      out[f] = z.astype(np.float32)
+  if "query_mask" in needs and "query_mask" not in out:
+    out["query_mask"] = np.broadcast_to(np.arange(Tn) % 2 == 0, (Bn, Tn)).copy()
+  return out
+
+
+DIFF = ("logprob", "logprob_old", "advantages", "logprob_topk", "teacher_topk_logprob")
 
 
 @functools.lru_cache(maxsize=None)
@@ -217,7 +262,8 @@ def program(name, **static):
 
 
 def run(name, batch, hp=None, **static):
-  (loss, metrics), grads = program(name, **static)(batch, hp)
+  """Loss, metrics and gradients of loss `name` on `batch` (+ the fields `with_needs` adds)."""
+  (loss, metrics), grads = program(name, **static)(with_needs(name, batch), hp)
   return loss, metrics, grads
 
 

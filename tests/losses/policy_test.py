@@ -16,8 +16,9 @@ from absl.testing import parameterized
 from hypothesis import assume, given
 
 from credit import losses
-from tests.losses.helpers import (B, EXPECTED, NAMES, ROW_LOCAL, T, batches, default_mode,
-                                  fn_of, make_batch, np_aggregate, np_token_loss, one_row, run)
+from tests.losses.helpers import (B, DISTILL, EXPECTED, NAMES, ROW_LOCAL, T, batches,
+                                  default_mode, fn_of, make_batch, np_aggregate, np_token_loss,
+                                  one_row, run, with_needs)
 
 # --------------------------------------------------------------------------
 # Spec worked examples (outcome_and_clipping.md).
@@ -125,7 +126,7 @@ class PolicyLossTest(parameterized.TestCase):
   @given(b=batches)
   def test_matches_numpy_reference(self, name, b):
     want_l = np_token_loss(name, b["logprob"], b["logprob_old"], b["advantages"],
-                           b["response_mask"])
+                           b["response_mask"], extra=with_needs(name, b))
     assume(want_l is not None)
     want = np_aggregate(want_l, b["response_mask"], default_mode(name))
     loss, metrics, g = run(name, b)
@@ -156,7 +157,8 @@ class PolicyLossTest(parameterized.TestCase):
       assert all(np.all(np.isfinite(v)) for v in g.values()), name
       assert all(np.isfinite(v) for v in metrics.values()), metrics
     loss, _, g = run(name, cases[1])
-    if name not in ("dro", "kl_cov"):  # their δ² / |δ| penalties do not vanish with A = 0
+    # δ² / |δ| penalties and distillation divergences do not vanish with A = 0.
+    if name not in ("dro", "kl_cov") + DISTILL:
       assert loss == 0.0 and np.all(g["logprob"] == 0.0)
     loss, metrics, g = run(name, cases[-1])
     assert loss == 0.0 and np.all(g["logprob"] == 0.0)
@@ -169,10 +171,13 @@ class PolicyLossTest(parameterized.TestCase):
     np.testing.assert_array_equal(g["logprob_old"], 0.0)
     np.testing.assert_array_equal(g["advantages"], 0.0)
     assert np.any(g["logprob"] != 0)
+    if name in DISTILL:  # the student's buckets carry gradient; the teacher is a target
+      assert np.any(g["logprob_topk"] != 0)
+      np.testing.assert_array_equal(g["teacher_topk_logprob"], 0.0)
     smp = {**b, "logprob_sampler": b["logprob_old"] + 0.05}
     _, _, g = run(name, smp)
-    for k in ("logprob_old", "advantages", "logprob_sampler"):
-      np.testing.assert_array_equal(g[k], 0.0, err_msg=k)
+    for k in ("logprob_old", "advantages", "logprob_sampler", "teacher_topk_logprob"):
+      np.testing.assert_array_equal(g.get(k, 0.0), 0.0, err_msg=k)
 
 
 # --------------------------------------------------------------------------
@@ -208,7 +213,7 @@ def _micro_program(name, mode):
 
 @pytest.mark.parametrize("name,mode", _MICRO_CASES)
 def test_microbatches_sum_to_full_batch(name, mode):
-  full, g_full, micro, g_micro = _micro_program(name, mode)(make_batch(9))
+  full, g_full, micro, g_micro = _micro_program(name, mode)(with_needs(name, make_batch(9)))
   np.testing.assert_allclose(micro, full, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g_micro, g_full, rtol=1e-5, atol=1e-6)
   assert np.any(g_full != 0)

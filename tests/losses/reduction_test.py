@@ -10,7 +10,8 @@ import pytest
 from credit import losses
 from credit.losses import TokenLoss, reduce_policy_loss
 from credit.registry import CONFIDENCE_TAGS, UnknownNameError, get_policy_loss
-from tests.losses.helpers import B, EXPECTED, NAMES, T, fn_of, make_batch, np_aggregate
+from tests.losses.helpers import (B, EXPECTED, NAMES, T, fn_of, make_batch, np_aggregate,
+                                  with_needs)
 
 REDUCTION_ARGS = ("logprob_sampler", "is_level", "is_mode", "is_threshold",
                   "is_threshold_lower", "loss_agg_mode", "num_tokens_global",
@@ -29,8 +30,11 @@ def test_registry_has_every_loss_with_contract_needs():
     spec = get_policy_loss(n)
     base = {"logprob", "logprob_old", "advantages", "response_mask"}
     # A2TGPO's per-turn clip range reads the turn fields as well.
-    extra = ({"gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id", "group_id"}
-             if n == "a2tgpo" else set())
+    # The distillation losses read the student's and teacher's top-k buckets (and queries).
+    extra = {"a2tgpo": {"gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id",
+                        "group_id"},
+             "topk_distill": {"logprob_topk", "teacher_topk_logprob"},
+             "sd_search": {"logprob_topk", "teacher_topk_logprob", "query_mask"}}.get(n, set())
     assert spec.needs == base | extra, n
     assert "arXiv" in spec.paper
     assert {"loss_agg_mode", "is_level", "is_mode"} <= set(spec.static_argnames)
@@ -61,7 +65,7 @@ def test_signature_is_per_token_arguments_plus_the_reduction(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_full_loss_is_token_loss_then_reduction(name):
-  b = make_batch(3)
+  b = with_needs(name, make_batch(3))
   smp = b["logprob_old"] + np.float32(0.1) * np.sin(np.arange(B * T, dtype=np.float32)
                                                     ).reshape(B, T)
   w = np.linspace(0.0, 2.0, B).astype(np.float32)
@@ -80,11 +84,11 @@ def test_full_loss_is_token_loss_then_reduction(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_token_loss_is_float32_and_zero_outside_the_mask(name):
-  b = make_batch(4)
+  b = with_needs(name, make_batch(4))
   m = b["response_mask"]
-  junk = {k: np.where(m, v, np.nan).astype(np.float32) for k, v in b.items()
-          if k != "response_mask"}
-  out = get_policy_loss(name).token_fn(**junk, response_mask=m)
+  junk = {k: np.where(m.reshape(m.shape + (1,) * (v.ndim - 2)), v, np.nan).astype(np.float32)
+          for k, v in b.items() if v.dtype != bool}
+  out = get_policy_loss(name).token_fn(**{**b, **junk})
   assert isinstance(out, TokenLoss) and out.loss.dtype == jnp.float32
   assert out.loss.shape == (B, T)
   np.testing.assert_array_equal(np.asarray(out.loss)[~m], 0.0)

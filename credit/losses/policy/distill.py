@@ -116,7 +116,9 @@ def sd_search_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Ar
   response issued (`query_mask`: the arguments of its tool calls on the multi-turn lookup
   task). JSD is the symmetric one (β = 0.5): M = ½(p+q), JSD = ½KL(p‖M) + ½KL(q‖M), over
   k+1 buckets. Spec: distill_and_structure.md A11 (worked example: p = [0.7, 0.2, 0.1],
-  q = [0.2, 0.5, 0.3] → 0.132918).
+  q = [0.2, 0.5, 0.3] → 0.132918). The spec writes the term as λ · mean over query tokens;
+  here it is a per-token loss reduced like the PPO term (token-mean over response tokens by
+  default), so the spec's λ equals this `coef` divided by the batch's `query_frac`.
 
   Confidence: inferred (from the abstract: the token-level JSD at query positions added to
   GRPO is stated; λ = 1 and k are ours; no public code was found).
