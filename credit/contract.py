@@ -136,6 +136,18 @@ CONTRACT: dict[str, Field] = {
     "answer_value": Field("B", "f", "numeric value of the response's final answer as the task "
                           "parses it, NaN when it has none (SOLID's solver objective; "
                           "majority voting without gold answers)"),
+    # --- steps and trees (step-level and sibling-comparison credit) ---
+    "step_key": Field("BK", "i", "content key of each step (a host-side hash of the state "
+                      "before it and its text): equal keys in one prompt group are the same "
+                      "step (SALT's trajectory graph); valid where step_mask"),
+    "step_value": Field("BK", "f", "value of the state at the end of each step: the reward "
+                        "of a completion from that step boundary (TP-GRPO) or the step node's "
+                        "MCTS Q (PROPA); valid where step_mask"),
+    "start_value": Field("B", "f", "the same before the first step (a completion from the "
+                         "prompt alone; TP-GRPO's V_0)"),
+    "anchor_id": Field("BT", "i", "anchor (a cluster of near-identical sub-diffs / step "
+                       "edits across a group) each token belongs to, -1 for none (DiDPO)"),
+    "format_ok": Field("B", "b", "the response follows the task's output format"),
 }
 
 _REQUIRED = ("tokens", "response_mask")

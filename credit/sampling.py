@@ -414,32 +414,54 @@ def _call_model(model, tokens_BT, positions_BT, mask_BT, cache):
   return model(tokens_BT, positions_BT, mask_BT=mask_BT, cache=cache)
 
 
+def repeat_rows(tree: Any, repeats: int) -> Any:
+  """Repeats every row of a `SamplingState` part or `KVCache` `repeats` times (row n -> rows
+  n·repeats .. n·repeats + repeats − 1). The cache's batch axis is 1 for keys/values
+  ([L,B,...]) and 0 for its slot mask; scalars stay."""
+  if repeats == 1:
+    return tree
+  if hasattr(tree, "k") and hasattr(tree, "valid"):  # a KVCache
+    return tree.replace(k=jnp.repeat(tree.k, repeats, axis=1),
+                        v=jnp.repeat(tree.v, repeats, axis=1),
+                        valid=jnp.repeat(tree.valid, repeats, axis=0))
+  return jnp.repeat(tree, repeats, axis=0)
+
+
 def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Array,
             max_new_tokens: int, max_new_B: ArrayLike, params: SamplingParams, pad_id: int = 0,
-            cache_dtype=None) -> SamplingState:
+            cache_dtype=None, share: int = 1) -> SamplingState:
   """Runs the prompts through the model once, fills the cache and draws the first new token.
+
+  With `share = k > 1` each of the N prefixes is run through the model once and its cache
+  (and last logits) repeated for k rows before the first draw: N·k rows whose draws are
+  independent (per-row keys), at the prefill cost of N rows (branch sampling's shared
+  prefixes; G samples of one prompt).
 
   Args:
     model: a `credit.models.Decoder` (anything with its `__call__`/`init_cache`/`unembedding`).
-    prompt_tokens, prompt_mask: [B,P] prefixes, padded anywhere (left-aligned here).
+    prompt_tokens, prompt_mask: [N,P] prefixes, padded anywhere (left-aligned here).
     key: PRNG key of the whole call; row b uses `fold_in(key, b)`.
     max_new_tokens: static cap on new tokens; L = P + max_new_tokens.
-    max_new_B: [B] int32 per-row caps (<= max_new_tokens).
+    max_new_B: [N·share] int32 per-row caps (<= max_new_tokens).
     params: `SamplingParams`.
     pad_id: id written into padding.
     cache_dtype: KV cache dtype (default: the model's compute dtype).
+    share: static number of rows per prefix.
 
   Returns:
-    `SamplingState` after one draw (step = 1).
+    `SamplingState` of N·share rows after one draw (step = 1).
   """
   tokens_BP, mask_BP = left_align(prompt_tokens, prompt_mask)
-  B, P = tokens_BP.shape
+  N, P = tokens_BP.shape
   L = P + max_new_tokens
   positions_BP = jnp.maximum(jnp.cumsum(mask_BP.astype(jnp.int32), axis=-1) - 1, 0)
-  cache = model.init_cache(B, L, dtype=cache_dtype)
+  cache = model.init_cache(N, L, dtype=cache_dtype)
   hidden_BPD, cache = model(tokens_BP, positions_BP, mask_BT=mask_BP, cache=cache,
                             return_hidden=True)
   logits_BV = model.logits(hidden_BPD[:, -1:])[:, 0]  # unembed only the last position
+  tokens_BP, mask_BP, logits_BV, cache = (repeat_rows(x, share) for x in
+                                          (tokens_BP, mask_BP, logits_BV, cache))
+  B = N * share
   state = SamplingState(
       step=jnp.zeros((), jnp.int32),
       tokens_BL=jnp.concatenate([tokens_BP, jnp.full((B, max_new_tokens), pad_id, jnp.int32)], 1),
@@ -623,24 +645,28 @@ def _vocab_size(model) -> int:
 
 def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
              max_new_B: Array | None, params: SamplingParams, max_new_tokens: int,
-             num_samples: int = 1, pad_id: int = 0, cache_dtype=None) -> SampleOutput:
+             num_samples: int = 1, pad_id: int = 0, cache_dtype=None,
+             share_prefix: bool = False) -> SampleOutput:
   """Pure core of `sample` (no validation): repeat prompts, prefill, decode, convert.
 
-  Static: `max_new_tokens`, `num_samples`, `pad_id`, `cache_dtype`, and the static fields of
-  `params`. Everything else may be traced.
+  Static: `max_new_tokens`, `num_samples`, `pad_id`, `cache_dtype`, `share_prefix` and the
+  static fields of `params`. Everything else may be traced. `share_prefix`: prefill each
+  prompt once and repeat its cache for its G rows (same draws up to float rounding of a
+  different batch size; prefill cost / G).
   """
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   N = prompt_tokens.shape[0]
   G = num_samples
   if max_new_B is None:
     max_new_B = jnp.full((N,), max_new_tokens, jnp.int32)
-  tokens_BP = jnp.repeat(jnp.asarray(prompt_tokens, jnp.int32), G, axis=0)
-  mask_BP = jnp.repeat(jnp.asarray(prompt_mask, bool), G, axis=0)
+  reps = 1 if share_prefix else G
+  tokens_BP = jnp.repeat(jnp.asarray(prompt_tokens, jnp.int32), reps, axis=0)
+  mask_BP = jnp.repeat(jnp.asarray(prompt_mask, bool), reps, axis=0)
   max_new_B = jnp.repeat(jnp.asarray(max_new_B, jnp.int32), G, axis=0)
   group_id_B = jnp.repeat(jnp.arange(N, dtype=jnp.int32), G)
   state = prefill(model, prompt_tokens=tokens_BP, prompt_mask=mask_BP, key=key,
                   max_new_tokens=max_new_tokens, max_new_B=max_new_B, params=params,
-                  pad_id=pad_id, cache_dtype=cache_dtype)
+                  pad_id=pad_id, cache_dtype=cache_dtype, share=G // reps)
   state = decode(model, state, params, max_new_tokens=max_new_tokens)
   return to_output(state, group_id_B)
 
@@ -650,7 +676,8 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
            top_k: int = 0, top_p: ArrayLike = 1.0, min_p: ArrayLike = 0.0,
            stop_tokens: Sequence[int] | ArrayLike = (), min_new_tokens: ArrayLike = 0,
            max_new_tokens_per_row: ArrayLike | None = None, pad_id: int = 0,
-           max_length: int | None = None, cache_dtype=None) -> SampleOutput:
+           max_length: int | None = None, cache_dtype=None,
+           share_prefix: bool = False) -> SampleOutput:
   """Samples `num_samples` continuations of each prefix (pure; jit it with `nnx.jit` or use `Sampler`).
 
   Concrete inputs are validated eagerly (under a trace only the static ones are). Python numbers
@@ -671,6 +698,8 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
     pad_id: id used for padding in the output.
     max_length: optional limit on P + max_new_tokens (e.g. the model's context).
     cache_dtype: KV cache dtype (default: model compute dtype).
+    share_prefix: prefill each prefix once and repeat its KV cache for its G rows (branch
+      sampling; `generate`).
 
   Returns:
     `SampleOutput` with B = N·G rows.
@@ -693,15 +722,16 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
   return generate(model, prompt_tokens=jnp.asarray(prompt_tokens), prompt_mask=jnp.asarray(prompt_mask),
                   key=key, max_new_B=max_new_tokens_per_row, params=params,
                   max_new_tokens=max_new_tokens, num_samples=num_samples, pad_id=pad_id,
-                  cache_dtype=cache_dtype)
+                  cache_dtype=cache_dtype, share_prefix=share_prefix)
 
 
 def _generate_split(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params, *,
-                    max_new_tokens, num_samples, pad_id, cache_dtype):
+                    max_new_tokens, num_samples, pad_id, cache_dtype, share_prefix=False):
   model = nnx.merge(graphdef, model_state)
   return generate(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, key=key,
                   max_new_B=max_new_B, params=params, max_new_tokens=max_new_tokens,
-                  num_samples=num_samples, pad_id=pad_id, cache_dtype=cache_dtype)
+                  num_samples=num_samples, pad_id=pad_id, cache_dtype=cache_dtype,
+                  share_prefix=share_prefix)
 
 
 class Sampler:
@@ -739,13 +769,15 @@ class Sampler:
     self.cache_dtype = cache_dtype
     self._jitted = jax.jit(
         functools.partial(_generate_split, self.graphdef),
-        static_argnames=("max_new_tokens", "num_samples", "pad_id", "cache_dtype"))
+        static_argnames=("max_new_tokens", "num_samples", "pad_id", "cache_dtype",
+                         "share_prefix"))
 
   def __call__(self, model_state, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = None,
                key: Array, max_new_tokens: int, num_samples: int = 1,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                stop_tokens: Sequence[int] | None = None, min_new_tokens: int = 0,
-               max_new_tokens_per_row: ArrayLike | None = None) -> SampleOutput:
+               max_new_tokens_per_row: ArrayLike | None = None,
+               share_prefix: bool = False) -> SampleOutput:
     """Validates eagerly, then runs the jitted sampler. Arguments as in `sample`.
 
     `model_state` is `nnx.state(model)` (or the model itself, whose state is then taken).
@@ -771,5 +803,6 @@ class Sampler:
     return self._jitted(model_state, jnp.asarray(prompt_tokens, jnp.int32),
                         jnp.asarray(prompt_mask, bool), key, max_new_tokens_per_row, params,
                         max_new_tokens=max_new_tokens, num_samples=num_samples,
-                        pad_id=self.pad_id, cache_dtype=self.cache_dtype)
+                        pad_id=self.pad_id, cache_dtype=self.cache_dtype,
+                        share_prefix=share_prefix)
 

@@ -119,8 +119,10 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
   if "vocab_size" in est.params and "vocab_size" not in hyper:
     hyper["vocab_size"] = model_vocab_size(c)  # e.g. DGPO's entropy gate H / log|V|
   try:
+    # Tree batches are not contiguous [N,G] blocks: estimators take the segment path.
     est_fields, est_static = est.split_arguments(
-        hyper, num_groups=c.prompts_per_step, group_size=c.group_size)
+        hyper, num_groups=c.prompts_per_step,
+        group_size=None if producers.tree_on(c) else c.group_size)
   except ValueError as e:
     raise SetupError(str(e)) from None
   loss_kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(c.loss_kwargs).items()}
@@ -525,10 +527,11 @@ def _checked_setup(c: ml_collections.ConfigDict):
   method = check_method(c)
   data = build_data(c)
   mesh = parallel.make_mesh(c.mesh)
-  B = c.prompts_per_step * c.group_size
+  B = producers.tree_rows(c)
   div = parallel.batch_divisor(mesh)
   if B % (c.num_minibatches * div):
-    raise SetupError(f"prompts_per_step*group_size={B} must be divisible by num_minibatches "
+    what = "the tree batch" if producers.tree_on(c) else "prompts_per_step*group_size"
+    raise SetupError(f"{what}={B} rows must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")

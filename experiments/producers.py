@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from credit import CONTRACT, parallel, scoring
+from credit import CONTRACT, parallel, scoring, trees
 from credit import divergences as divergences_lib
 from credit import tasks as tasks_lib
 from credit.tasks.char_tokenizer import prompt_ids
@@ -165,6 +165,94 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
         "obs_mask": np.zeros_like(resp), "turn_id": np.where(resp, 0, -1).astype(np.int32),
     }, s.mesh)
     return dict(fields, logprob_sampler=out.logprob_sampler)
+
+  return produce
+
+
+def tree_on(c: ml_collections.ConfigDict) -> bool:
+  """Branch sampling is on (`c.tree.branches > 0`; single-turn tasks)."""
+  return c.tree.branches > 0 and not is_multi_turn(c)
+
+
+def tree_rows(c: ml_collections.ConfigDict) -> int:
+  """Rows of one step's batch: N·G, plus the branches when branch sampling is on."""
+  if not tree_on(c):
+    return c.prompts_per_step * c.group_size
+  t = c.tree
+  return trees.tree_rows(c.prompts_per_step, c.group_size, t.branches, t.points, t.depth,
+                         t.depth_decay)
+
+
+def _check_tree(c: ml_collections.ConfigDict) -> None:
+  t = c.tree
+  if t.criterion not in trees.BRANCH_CRITERIA or t.criterion == "given":
+    raise SetupError(f"tree.criterion={t.criterion!r}; the runner can branch by "
+                     f"{[k for k in trees.BRANCH_CRITERIA if k != 'given']}")
+  try:
+    trees.budgets(t.points, t.depth, t.depth_decay)
+  except ValueError as e:
+    raise SetupError(f"tree: {e}") from None
+  if not (0.0 <= t.gamma_path <= 1.0 and 0.0 <= t.gamma_node < 1.0):
+    raise SetupError(f"tree.gamma_path={t.gamma_path} must be in [0,1] and "
+                     f"tree.gamma_node={t.gamma_node} in [0,1)")
+
+
+def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
+  """G root samples per prompt, grown into a tree by branch sampling (`credit.trees`)."""
+  c, G, t = s.c, s.group_size, s.c.tree
+  entropy = s.scorer(entropy=True) if t.criterion == "entropy" else None
+  split = step_splitter(s) if t.criterion == "step" else None
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    model_state = s.model_state(state.params)
+    t0 = time.perf_counter()
+    out = s.sampler(model_state, prompt_tokens=ctx.prompt_tokens, prompt_mask=ctx.prompt_mask,
+                    key=jax.random.fold_in(ctx.key, 0), max_new_tokens=c.max_new_tokens,
+                    num_samples=G, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    h = parallel.to_host(out._asdict())
+    B0 = h["tokens"].shape[0]
+    roots = trees.TreeRollout(
+        tokens=h["tokens"], response_mask=h["response_mask"], path_mask=h["response_mask"],
+        prompt_mask=h["prompt_mask"], logprob_sampler=h["logprob_sampler"],
+        logprob_raw=h["logprob_raw"], group_id=h["group_id"],
+        parent_id=np.full(B0, -1, np.int32), prefix_len=np.zeros(B0, np.int32),
+        depth=np.zeros(B0, np.int32))
+
+    def score_fn(tree):
+      if split is not None:
+        return trees.step_starts(split(tree.tokens, tree.path_mask)).astype(np.float32)
+      sharded = parallel.shard_batch((tree.tokens, tree.prompt_mask | tree.path_mask), s.mesh)
+      return np.asarray(parallel.to_host(entropy(state.params, *sharded)[1]))
+
+    def sample_fn(prefix, mask, budget, key):
+      return s.sampler(model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
+                       max_new_tokens=c.max_new_tokens, num_samples=t.branches,
+                       temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                       max_new_tokens_per_row=budget, share_prefix=True)
+
+    tree, stats = trees.grow_tree(
+        roots, sample_fn, num_groups=s.num_groups, branches=t.branches, points=t.points,
+        depth=t.depth, decay=t.depth_decay, criterion=t.criterion,
+        score_fn=None if t.criterion == "surprisal" else score_fn,
+        max_new_tokens=c.max_new_tokens, gamma_path=t.gamma_path, gamma_node=t.gamma_node,
+        key=jax.random.fold_in(ctx.key, 1))
+    wall = time.perf_counter() - t0
+    own = tree.response_mask
+    ctx.metrics.update(rollout_tokens_per_s=float(own.sum()) / max(wall, 1e-9),
+                       tree_points=float(sum(stats["points_found"])),
+                       tree_branch_tokens=float(sum(stats["new_tokens"])),
+                       tree_root_tokens=float(own[:B0].sum()))
+    # Host views read whole paths (verifiers, step splitting); the loss reads own tokens.
+    ctx.host.update(tokens=tree.tokens, response_mask=tree.path_mask,
+                    prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own)
+    ctx.attn_mask = parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh)
+    ctx.extras["logprob_raw"] = parallel.shard_batch(tree.logprob_raw, s.mesh)
+    index = np.asarray(ctx.examples["index"], np.int32)
+    return parallel.shard_batch({
+        "tokens": tree.tokens, "response_mask": own, "group_id": tree.group_id,
+        "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
+        "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
+        "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler}, s.mesh)
 
   return produce
 
@@ -319,18 +407,17 @@ def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
-def _verify(s: Setup, examples: Mapping[str, Any], tokens, response_mask, repeat: int):
-  """(texts, rewards [len*repeat]) of decoded responses against the prompts' examples."""
+def _verify(s: Setup, examples: Mapping[str, Any], tokens, response_mask, example_of_row):
+  """(texts, rewards [B]) of decoded responses; row b answers example `example_of_row[b]`."""
   texts = tasks_lib.decode_responses(s.data.tokenizer, tokens, response_mask)
-  n = len(next(iter(examples.values())))
-  rows = [{k: examples[k][i] for k in examples} for i in range(n) for _ in range(repeat)]
+  rows = [{k: examples[k][i] for k in examples} for i in np.asarray(example_of_row)]
   return texts, tasks_lib.verify_batch(s.data.task, rows, texts)
 
 
 def _build_reward(s: Setup, wanted: frozenset) -> Produce:
   def produce(state, batch, ctx: StepContext) -> dict:
     texts, reward = _verify(s, ctx.examples, ctx.host["tokens"], ctx.host["response_mask"],
-                            s.group_size)
+                            ctx.host["group_id"])
     ctx.host["texts"] = texts
     return {"reward": parallel.shard_batch(reward, s.mesh)}
 
@@ -401,7 +488,8 @@ def _build_greedy_baseline(s: Setup, wanted: frozenset) -> Produce:
                     prompt_mask=ctx.prompt_mask, key=ctx.key,
                     max_new_tokens=s.c.max_new_tokens, temperature=0.0)
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask})
-    _, reward = _verify(s, ctx.examples, host["tokens"], host["response_mask"], 1)
+    _, reward = _verify(s, ctx.examples, host["tokens"], host["response_mask"],
+                        np.arange(s.num_groups))
     return {"reward_baseline": s.repeat_groups(reward)}
 
   return produce
@@ -417,15 +505,15 @@ def _task_flags_spans(c: ml_collections.ConfigDict) -> bool:
 
 
 def _build_task_flags(s: Setup, wanted: frozenset) -> Produce:
-  tok, task, G = s.data.tokenizer, s.data.task, s.group_size
+  tok, task = s.data.tokenizer, s.data.task
 
   def produce(state, batch, ctx: StepContext) -> dict:
     tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
     examples = [tasks_lib.as_example({k: ctx.examples[k][i] for k in ctx.examples})
                 for i in range(len(ctx.examples["prompt"]))]
     flags = np.zeros(resp.shape, bool)
-    for b in range(len(examples) * G):
-      example = examples[b // G]
+    for b, g in enumerate(ctx.host["group_id"]):
+      example = examples[g]
       ids = tokens[b][resp[b]]
       flags[b, resp[b]] = tasks_lib.token_flags(
           tok, ids, task.flag_chars(example, tok.decode(ids)))
@@ -1062,10 +1150,9 @@ def _build_self_teacher_pass(s: Setup, wanted: frozenset):
 # --------------------------------------------------------------------------
 
 
-def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
-  """step_id [B,T]: the turn of each policy token in multi-turn rollouts; in single-turn
-  ones, the response cut into steps after every token whose text holds one of
-  `c.step_delimiters` (the delimiter token closes its step; −1 outside the response)."""
+def step_splitter(s: Setup) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+  """`split(tokens, response_mask) -> step_id`: the response cut into steps after every token
+  whose text holds one of `c.step_delimiters` (the delimiter closes its step; −1 outside)."""
   tok = s.data.tokenizer
   delims = s.c.step_delimiters
   ends = np.zeros(tok.vocab_size + 1, bool)  # token id -> closes a step (by its own text)
@@ -1077,15 +1164,26 @@ def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
         continue
       ends[i] = any(d in text for d in delims)
 
+  def split(tokens: np.ndarray, resp: np.ndarray) -> np.ndarray:
+    closes = ends[np.clip(tokens, 0, tok.vocab_size)] & resp
+    before = np.cumsum(closes, axis=1) - closes
+    return np.where(resp, before, -1).astype(np.int32)
+
+  return split
+
+
+def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
+  """step_id [B,T]: the turn of each policy token in multi-turn rollouts; in single-turn
+  ones `step_splitter`'s steps of the response (of a tree row: of its whole path)."""
+  split = step_splitter(s)
+
   def produce(state, batch, ctx: StepContext) -> dict:
     resp = ctx.host["response_mask"]
     if "turn_id" in ctx.host:  # multi-turn: a step is the agent's turn
-      step = np.where(resp, ctx.host["turn_id"], -1)
+      step = np.where(resp, ctx.host["turn_id"], -1).astype(np.int32)
     else:
-      closes = ends[np.clip(ctx.host["tokens"], 0, tok.vocab_size)] & resp
-      before = np.cumsum(closes, axis=1) - closes
-      step = np.where(resp, before, -1)
-    return {"step_id": parallel.shard_batch(step.astype(np.int32), s.mesh)}
+      step = split(ctx.host["tokens"], resp)
+    return {"step_id": parallel.shard_batch(step, s.mesh)}
 
   return produce
 
@@ -1153,10 +1251,19 @@ PRODUCERS: tuple[Producer, ...] = (
              "by turn (policy tokens in response_mask, environment tokens in obs_mask; "
              "reward = the episode's outcome; per-turn reward, progress and role)",
              when=is_multi_turn, off_doc="needs a multi-turn task (credit.envs), e.g. lookup"),
+    Producer("tree_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
+                              "turn_id", "logprob_sampler", "parent_id", "prefix_len"), (),
+             _build_tree_rollout, "sampling",
+             "G samples per prompt grown into trees: at c.tree.points branch points per "
+             "prompt (by entropy, surprisal or step starts; CBPO's path/node decays), "
+             "c.tree.branches continuations from each shared prefix (its KV cache computed "
+             "once), c.tree.depth rounds; each tree token is a loss token in one row only",
+             when=tree_on, check=_check_tree,
+             off_doc="set tree.branches > 0 (single-turn tasks)"),
     Producer("rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                          "turn_id", "logprob_sampler"), (), _build_rollout, "sampling",
              "G samples per prompt from the KV-cache sampler (single turn)",
-             when=lambda c: not is_multi_turn(c)),
+             when=lambda c: not is_multi_turn(c) and not tree_on(c)),
     Producer("verifier", ("reward",), ("tokens", "response_mask"), _build_reward, "reward",
              "the task's verifier on the decoded responses"),
     Producer("gold_pass", ("gold_logprob_turns", "gold_logprob_prompt"),
@@ -1268,6 +1375,13 @@ for _p in PRODUCERS:
 assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must be unique"
 
 
+# The producers that read rows through `group_id` (or not by prompt at all), so they run on
+# tree batches, whose branch rows follow the roots.
+TREE_PRODUCERS = frozenset({"tree_rollout", "verifier", "sampler_logprob_old", "policy_pass",
+                            "reference_pass", "divergence_pass", "step_segments", "task_flags",
+                            "answer_parse"})
+
+
 def providers(c: ml_collections.ConfigDict,
               table: Iterable[Producer] = PRODUCERS) -> dict[str, Producer]:
   """{field: the producer that makes it under config `c`} (first enabled row wins)."""
@@ -1344,6 +1458,12 @@ def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
                          "producer makes under this config")
       todo.append(r)
   chosen = [p for p in table if p.name in wanted]
+  if tree_on(c):
+    bad = [p.name for p in chosen if p.name not in TREE_PRODUCERS]
+    if bad:
+      raise SetupError(f"producers {bad} assume G contiguous samples per prompt and cannot run "
+                       f"on tree rollouts (tree.branches > 0); with trees the loop makes "
+                       f"{sorted(TREE_PRODUCERS)}")
   for p in chosen:
     if p.check is not None:
       p.check(c)

@@ -72,6 +72,11 @@ _SPECIAL: dict[str, Callable[[np.random.Generator, dict, dict], Any]] = {
     "answer_value": lambda r, d, f: r.choice([3.0, 7.0, 7.0000001, np.nan], d["B"]
                                              ).astype(np.float32),
     "query_mask": lambda r, d, f: f["response_mask"] & (r.random(_shape("query_mask", d)) > 0.5),
+    "anchor_id": lambda r, d, f: np.where(f["response_mask"], r.integers(-1, 2, _shape(
+        "anchor_id", d)), -1).astype(np.int32),
+    "step_value": lambda r, d, f: r.choice([0.0, 0.5, 1.0], _shape("step_value", d)
+                                           ).astype(np.float32),
+    "start_value": lambda r, d, f: r.choice([0.0, 0.5, 1.0], d["B"]).astype(np.float32),
     "parent_id": lambda r, d, f: np.full(d["B"], -1, np.int32),
     "prefix_len": lambda r, d, f: np.zeros(d["B"], np.int32),
     "policy_version": lambda r, d, f: np.zeros(d["B"], np.int32),

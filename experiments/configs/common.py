@@ -93,6 +93,13 @@ def base_config() -> ml_collections.ConfigDict:
                                   # | reference (the frozen initial policy, TRACE).
   c.step_delimiters = (",", ";", "\n")  # step-level methods (step_id) on single-turn responses:
                                   # a token holding one of these closes a step (multi-turn: turns).
+  # Branch sampling (credit.trees; tree estimators such as cbpo, slate): G roots per prompt,
+  # then `points` branch points per prompt group, `branches` continuations from each shared
+  # prefix, for `depth` rounds (budget × depth_decay per round). 0 branches = off.
+  c.tree = ml_collections.ConfigDict(dict(
+      branches=0, points=2, depth=1, depth_decay=0.5,
+      criterion="entropy",        # entropy | surprisal | step (starts of c.step_delimiters steps)
+      gamma_path=0.5, gamma_node=0.5))  # CBPO's path-level and node-level decays.
   c.temperature = 1.0             # sampling temperature.
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.

@@ -1,0 +1,283 @@
+"""Branch sampling: trees of rollouts grown from shared prefixes, laid out as padded arrays.
+
+A tree batch is an ordinary rollout batch (DESIGN.md contract) with two more fields:
+
+  parent_id [B] int32   the row a branch continues (−1: a root, an independent sample)
+  prefix_len [B] int32  the column where the branch departs from its parent (0 for roots)
+
+Every row holds a complete sequence: prompt, then the tokens of its root-to-row path. A branch
+row c copies ``tokens[parent_id[c], :prefix_len[c]]`` and samples the rest itself, so each row
+is a valid input to any scorer. `response_mask` is True only on the tokens a row sampled
+itself: every token of the tree is a loss token in exactly one row, and a shared prefix is never
+credited twice. `path_mask` is the whole response of the row's path (what a verifier reads).
+The exact-prefix group ("node") of a branch point (a, p) is {a} ∪ {c : parent_id[c] = a,
+prefix_len[c] = p}; siblings are contiguous rows. Estimators take parent_id / prefix_len and
+stay pure functions over the padded arrays (`credit.advantages.tree`).
+
+Growing a tree (`grow_tree`, one round per depth d = 1..D):
+  1. candidates: the tokens each row of depth d−1 sampled itself, except its first (branching
+     there gives a sibling of the row, not a branch of it);
+  2. scores: token entropy (CBPO's choice), the sampled token's surprisal, step boundaries
+     (`step_starts`), or any caller-given [B,T] score (e.g. 1 at the first wrong step);
+  3. selection per prompt group, greedy under a budget of M_d = max(1, ⌊M·decay^{d−1}⌋)
+     points: take the best candidate, then damp its row by γ_path (a path that already
+     branched is less attractive, CBPO's path-level decay) and the positions near it by
+     (1 − γ_node^{|t − t_sel|}) (node-level decay: no two points in one place);
+  4. sampling: k continuations of each chosen prefix with the jitted sampler, the prefix run
+     through the model once and its KV cache repeated for its k rows (`share_prefix`); each
+     continuation's budget keeps its path within the root's response length.
+
+A point that finds no candidate (a group whose rows are all one token long) samples k fresh
+roots of its prompt instead, so the batch keeps its static size ``N·G + N·k·Σ_d M_d``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from credit._checks import check_choice
+
+Array = jax.Array
+
+__all__ = ["TreeRollout", "BRANCH_CRITERIA", "budgets", "tree_rows", "branch_candidates",
+           "step_starts", "choose_branch_points", "grow_tree", "path_segments",
+           "rebuild_paths", "tree_depth"]
+
+BRANCH_CRITERIA = ("entropy", "surprisal", "step", "given")
+
+
+class TreeRollout(NamedTuple):
+  """A tree of rollouts as host (numpy) arrays, B rows of width T.
+
+  tokens [B,T] int32; response_mask [B,T] bool (tokens the row sampled itself); path_mask
+  [B,T] bool (the response of the row's whole path); prompt_mask [B,T] bool;
+  logprob_sampler, logprob_raw [B,T] f32 (the row's own tokens, 0 elsewhere); group_id,
+  parent_id, prefix_len, depth [B] int32.
+  """
+  tokens: np.ndarray
+  response_mask: np.ndarray
+  path_mask: np.ndarray
+  prompt_mask: np.ndarray
+  logprob_sampler: np.ndarray
+  logprob_raw: np.ndarray
+  group_id: np.ndarray
+  parent_id: np.ndarray
+  prefix_len: np.ndarray
+  depth: np.ndarray
+
+
+def budgets(points: int, depth: int, decay: float) -> tuple[int, ...]:
+  """Branch points per prompt group at depths 1..D: max(1, ⌊points·decay^{d−1}⌋)."""
+  if points < 1 or depth < 1:
+    raise ValueError(f"points={points} and depth={depth} must be >= 1")
+  if not 0.0 < decay <= 1.0:
+    raise ValueError(f"depth decay must be in (0, 1], got {decay}")
+  return tuple(max(1, int(points * decay ** d)) for d in range(depth))
+
+
+def tree_rows(num_groups: int, group_size: int, branches: int, points: int, depth: int = 1,
+              decay: float = 0.5) -> int:
+  """Rows of a tree batch: N·G roots plus N·k·Σ_d M_d branches."""
+  return num_groups * (group_size + branches * sum(budgets(points, depth, decay)))
+
+
+def branch_candidates(response_mask: np.ndarray) -> np.ndarray:
+  """[B,T] bool: a row's own tokens after its first one (where a branch of it may depart)."""
+  own = np.asarray(response_mask, bool)
+  first = own & ~np.concatenate([np.zeros_like(own[:, :1]), own[:, :-1]], axis=1)
+  return own & ~first
+
+
+def step_starts(step_id: np.ndarray) -> np.ndarray:
+  """[B,T] bool: the first token of every step after the first (step boundaries)."""
+  s = np.asarray(step_id)
+  prev = np.concatenate([np.full_like(s[:, :1], -1), s[:, :-1]], axis=1)
+  return (s >= 0) & (prev >= 0) & (s != prev)
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups", "num_points"))
+def choose_branch_points(score_BT: Array, candidate_BT: Array, group_id_B: Array, *,
+                         num_groups: int, num_points: int, gamma_path: float = 0.5,
+                         gamma_node: float = 0.5) -> tuple[Array, Array, Array]:
+  """Greedy per-group selection of branch points under a budget (CBPO's decays).
+
+  Repeats `num_points` times, in every prompt group at once: take the candidate with the
+  largest score (ties: the lowest flat index), then multiply its row's scores by
+  γ_path · (1 − γ_node^{|t − t_sel|}) (0 at the chosen position itself).
+
+  Args:
+    score_BT: [B,T] float, larger = better (entropy, surprisal, ...); negative scores are
+      treated as 0 (still selectable).
+    candidate_BT: [B,T] bool, where a branch may depart.
+    group_id_B: [B] int prompt group of each row, in [0, num_groups).
+    num_groups, num_points: static N and budget M per group.
+    gamma_path, gamma_node: the decays.
+
+  Returns:
+    (row [N,M] int32, position [N,M] int32, ok [N,M] bool: a candidate was found).
+  """
+  B, T = score_BT.shape
+  score = jnp.maximum(jnp.asarray(score_BT, jnp.float32), 0.0)
+  cand = jnp.asarray(candidate_BT, bool)
+  in_group_NB = jnp.asarray(group_id_B)[None, :] == jnp.arange(num_groups)[:, None]
+  t_T = jnp.arange(T)
+
+  def pick(carry, _):
+    score, cand = carry
+    eligible_NBT = in_group_NB[:, :, None] & cand[None]
+    # −1 marks non-candidates, so a zero-score candidate still beats them.
+    flat_N = jnp.where(eligible_NBT, score[None], -1.0).reshape(num_groups, B * T)
+    best_N = jnp.argmax(flat_N, axis=1)
+    ok_N = jnp.any(eligible_NBT.reshape(num_groups, -1), axis=1)
+    row_N, pos_N = (best_N // T).astype(jnp.int32), (best_N % T).astype(jnp.int32)
+    # Each row belongs to one group: scatter the groups' picks onto their rows.
+    sel_B = jnp.full((B,), -1, jnp.int32).at[jnp.where(ok_N, row_N, B)].set(pos_N, mode="drop")
+    hit_B = sel_B >= 0
+    damp_BT = gamma_path * (1.0 - jnp.power(gamma_node, jnp.abs(t_T[None] - sel_B[:, None])))
+    score = jnp.where(hit_B[:, None], score * damp_BT, score)
+    cand = cand & ~(hit_B[:, None] & (t_T[None] == sel_B[:, None]))
+    return (score, cand), (row_N, pos_N, ok_N)
+
+  _, (rows, pos, ok) = jax.lax.scan(pick, (score, cand), None, length=num_points)
+  return rows.T, pos.T, ok.T
+
+
+def _concat(a: TreeRollout, b: TreeRollout) -> TreeRollout:
+  return TreeRollout(*(np.concatenate([x, y], axis=0) for x, y in zip(a, b)))
+
+
+def tree_depth(parent_id: np.ndarray) -> np.ndarray:
+  """[B] depth of every row (roots 0), from `parent_id` (parents precede their branches)."""
+  parent_id = np.asarray(parent_id)
+  depth = np.zeros(parent_id.shape, np.int32)
+  for b, a in enumerate(parent_id):
+    if a >= 0:
+      if a >= b:
+        raise ValueError(f"row {b}: parent {a} must be an earlier row")
+      depth[b] = depth[a] + 1
+  return depth
+
+
+def grow_tree(roots: TreeRollout, sample_fn: Callable, *, num_groups: int, branches: int,
+              points: int, depth: int = 1, decay: float = 0.5, criterion: str = "entropy",
+              score_fn: Callable | None = None, prompt_len: np.ndarray | None = None,
+              max_new_tokens: int, gamma_path: float = 0.5, gamma_node: float = 0.5,
+              key: Array) -> tuple[TreeRollout, dict]:
+  """Grows `roots` into a tree of depth `depth` (module docstring).
+
+  Args:
+    roots: the root rollouts (parent_id −1, prefix_len 0, depth 0).
+    sample_fn: ``sample_fn(prefix_tokens [R,T], prefix_mask [R,T], max_new_per_row [R], key)
+      -> SampleOutput`` with R·k rows (row r·k + j continues prefix r; `share_prefix`), of
+      width >= the tree's T (columns past T must be padding).
+    num_groups: N prompt groups (group ids in [0, N)).
+    branches: k continuations per branch point. points: M, branch points per group at
+      depth 1. depth: D rounds. decay: budget decay per depth.
+    criterion: "entropy" | "surprisal" | "step" | "given" (scores from `score_fn`).
+    score_fn: ``score_fn(tree) -> [B,T]`` scores of the current tree's rows: entropies for
+      "entropy", step-start indicators (or weights) for "step", any score for "given" (for
+      "step" and "given" only positions with a positive score are candidates); not used for
+      "surprisal" (−logprob_sampler of each own token).
+    prompt_len: [B_roots] valid prompt tokens per root (default: prompt_mask sums).
+    max_new_tokens: the roots' response budget; a branch's path never exceeds it.
+    gamma_path, gamma_node: selection decays (`choose_branch_points`).
+    key: PRNG key.
+
+  Returns:
+    (tree, stats): stats has, per depth, `points_found` and `new_tokens`.
+  """
+  check_choice("grow_tree", "criterion", criterion, BRANCH_CRITERIA)
+  if criterion != "surprisal" and score_fn is None:
+    raise ValueError(f"criterion {criterion!r} needs a score_fn")
+  if branches < 1:
+    raise ValueError(f"branches={branches} must be >= 1")
+  tree = roots
+  T = tree.tokens.shape[1]
+  root_prompt_len = (np.asarray(roots.prompt_mask).sum(1) if prompt_len is None
+                     else np.asarray(prompt_len))
+  # Prompt length of every row's root: rows inherit it from their parent.
+  plen = root_prompt_len.astype(np.int32)
+  stats = {"points_found": [], "new_tokens": []}
+  for d, m in enumerate(budgets(points, depth, decay)):
+    if criterion == "surprisal":
+      score = np.where(tree.response_mask, -tree.logprob_sampler, 0.0)
+    else:
+      score = np.asarray(score_fn(tree), np.float32)
+    cand = branch_candidates(tree.response_mask) & (tree.depth == d)[:, None]
+    if criterion in ("step", "given"):  # only where the score marks a point
+      cand &= score > 0
+    rows, pos, ok = (np.asarray(x) for x in choose_branch_points(
+        score, cand, tree.group_id, num_groups=num_groups, num_points=m,
+        gamma_path=gamma_path, gamma_node=gamma_node))
+    rows, pos, ok = rows.reshape(-1), pos.reshape(-1), ok.reshape(-1)
+    group = np.repeat(np.arange(num_groups, dtype=np.int32), m)
+    # A point without a candidate samples fresh roots: any row of its group, from its prompt.
+    first_row = np.array([np.flatnonzero(tree.group_id == g)[0] for g in group])
+    rows = np.where(ok, rows, first_row)
+    pos = np.where(ok, pos, plen[rows])
+    t = np.arange(T)
+    prefix_tok = np.where(t[None] < pos[:, None], tree.tokens[rows], 0).astype(np.int32)
+    prefix_mask = t[None] < pos[:, None]
+    budget = np.maximum(plen[rows] + max_new_tokens - pos, 0).astype(np.int32)
+    out = sample_fn(prefix_tok, prefix_mask, budget, jax.random.fold_in(key, d))
+    R = len(rows) * branches
+    width = np.asarray(out.tokens).shape[1]
+    if width < T:
+      raise ValueError(f"sample_fn returned width {width} < the tree's T = {T}")
+    tok = np.asarray(out.tokens)
+    if np.any(np.asarray(out.lengths) > T):
+      raise ValueError("a branch ran past the tree's width T; the budgets must keep every "
+                       "path within the roots' response length")
+    own = np.asarray(out.response_mask)[:, :T]
+    rep = lambda x: np.repeat(x, branches, axis=0)
+    parent = np.where(rep(ok), rep(rows), -1).astype(np.int32)
+    ok_r = rep(ok)
+    path = np.where(ok_r[:, None], (rep(tree.path_mask[rows]) & (t[None] < rep(pos)[:, None]))
+                    | own, own)
+    child = TreeRollout(
+        tokens=tok[:, :T].astype(np.int32), response_mask=own, path_mask=path,
+        prompt_mask=np.asarray(out.prompt_mask)[:, :T] & ~path,
+        logprob_sampler=np.asarray(out.logprob_sampler)[:, :T].astype(np.float32),
+        logprob_raw=np.asarray(out.logprob_raw)[:, :T].astype(np.float32),
+        group_id=rep(group).astype(np.int32), parent_id=parent,
+        prefix_len=np.where(ok_r, rep(pos), 0).astype(np.int32),
+        depth=np.where(ok_r, d + 1, 0).astype(np.int32))
+    assert child.tokens.shape[0] == R
+    tree = _concat(tree, child)
+    plen = np.concatenate([plen, rep(plen[rows])])
+    stats["points_found"].append(int(ok.sum()))
+    stats["new_tokens"].append(int(own.sum()))
+  return tree, stats
+
+
+def path_segments(tree: TreeRollout) -> list[list[tuple[int, int, int]]]:
+  """For every row, its path as (row, start, end) segments of own tokens, root first: the
+  root's columns [0, end) (prompt and its own response), then each branch's own columns."""
+  out = []
+  for b in range(len(tree.parent_id)):
+    chain = [b]
+    while tree.parent_id[chain[-1]] >= 0:
+      chain.append(int(tree.parent_id[chain[-1]]))
+    chain.reverse()
+    segs = []
+    for i, r in enumerate(chain):
+      start = 0 if i == 0 else int(tree.prefix_len[r])
+      end = int(tree.prefix_len[chain[i + 1]]) if i + 1 < len(chain) else int(
+          np.flatnonzero(tree.prompt_mask[r] | tree.path_mask[r]).max() + 1)
+      segs.append((r, start, end))
+    out.append(segs)
+  return out
+
+
+def rebuild_paths(tree: TreeRollout) -> np.ndarray:
+  """[B,T] tokens of every root-to-row path assembled from the segments each row owns (own
+  tokens only, plus the root's prompt); equals `tree.tokens` on prompt | path for a valid tree."""
+  out = np.zeros_like(tree.tokens)
+  for b, segs in enumerate(path_segments(tree)):
+    for r, start, end in segs:
+      out[b, start:end] = tree.tokens[r, start:end]
+  return out
