@@ -29,6 +29,9 @@ Growing a tree (`grow_tree`, one round per depth d = 1..D):
 
 A point that finds no candidate (a group whose rows are all one token long) samples k fresh
 roots of its prompt instead, so the batch keeps its static size ``N·G + N·k·Σ_d M_d``.
+
+`step_rollout` lays out SLATE's step-level sampling the same way: per prompt, k candidate next
+steps from the chosen path at every step, each a row owning only its step's tokens.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ Array = jax.Array
 
 __all__ = ["TreeRollout", "BRANCH_CRITERIA", "budgets", "tree_rows", "branch_candidates",
            "step_starts", "choose_branch_points", "grow_tree", "path_segments",
-           "rebuild_paths", "tree_depth"]
+           "rebuild_paths", "tree_depth", "node_normalize", "step_rollout"]
 
 BRANCH_CRITERIA = ("entropy", "surprisal", "step", "given")
 
@@ -281,3 +284,104 @@ def rebuild_paths(tree: TreeRollout) -> np.ndarray:
     for r, start, end in segs:
       out[b, start:end] = tree.tokens[r, start:end]
   return out
+
+
+def _pick(rng: np.random.Generator, adv: np.ndarray, eta: float) -> int:
+  """SLATE's continuation choice among one node's candidates: softmax(A/η), argmax if η ≤ 0."""
+  if eta <= 0:
+    return int(np.argmax(adv))
+  z = adv / eta
+  p = np.exp(z - z.max())
+  return int(rng.choice(len(adv), p=p / p.sum()))
+
+
+def node_normalize(reward_NK: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+  """(r − mean)/(std_{ddof=1} + eps) over each node's k candidates (rows of [N,k]); a node of
+  one candidate gets 0 (the SLATE code divides by a NaN std there)."""
+  r = np.asarray(reward_NK, np.float64)
+  if r.shape[1] < 2:
+    return np.zeros_like(r)
+  return (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + eps)
+
+
+def step_rollout(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sample_fn: Callable,
+                 judge_fn: Callable, *, candidates: int, max_steps: int, max_new_tokens: int,
+                 eta: float = 0.7, key: Array) -> tuple[TreeRollout, np.ndarray, dict]:
+  """SLATE's truncated step-level sampling, laid out as a tree batch.
+
+  For each of N prompts and each step t = 0..S−1: sample k candidate next steps from the
+  current prefix (one prefill, `share_prefix`; the sampler stops at a step delimiter), have
+  `judge_fn` score each, normalise the k scores (`node_normalize`) and continue from one
+  candidate drawn by softmax(A/η) (argmax for η ≤ 0) until a candidate ends the response.
+  Every candidate is a row: its own tokens are the candidate step (the loss tokens); its
+  parent is the candidate chosen at the previous step (−1 at t = 0), `prefix_len` where it
+  departs; the k candidates of a step share their parent and prefix (an exact-prefix node).
+  A prompt that finished early keeps sampling nothing: its later rows are empty (no
+  tokens, score 0), so the batch has the static N·k·S rows.
+
+  Args:
+    prompt_tokens, prompt_mask: [N,P] prompts (padded anywhere).
+    sample_fn: ``sample_fn(prefix [N,W], mask [N,W], budget [N], key) -> SampleOutput`` of N·k
+      rows (row n·k + j: candidate j of prefix n), stopping at step delimiters and eos.
+    judge_fn: ``judge_fn(n, steps_before, step, t) -> (score, final)`` for candidate token ids
+      `step` of prompt n after the chosen steps `steps_before` (lists of id arrays); final:
+      the candidate ends the response (an answer step or eos).
+    candidates: k. max_steps: S. max_new_tokens: the response budget of a whole path.
+    eta: the choice temperature. key: PRNG key.
+
+  Returns:
+    (tree, score [N·k·S], stats): stats has `path_steps` [N], `path_tokens` [N,W'] and
+    `path_mask` [N,W'] of each prompt's chosen path.
+  """
+  prompt_tokens = np.asarray(prompt_tokens, np.int32)
+  prompt_mask = np.asarray(prompt_mask, bool)
+  N, P = prompt_tokens.shape
+  k, W = candidates, P + max_new_tokens
+  t_W = np.arange(W)
+  plen = prompt_mask.sum(1)
+  cur = np.zeros((N, W), np.int32)  # the chosen path, right-padded: prompt then steps
+  for n in range(N):
+    cur[n, :plen[n]] = prompt_tokens[n][prompt_mask[n]]
+  cur_len, cur_path = plen.copy(), np.zeros((N, W), bool)
+  done = np.zeros(N, bool)
+  steps: list[list[np.ndarray]] = [[] for _ in range(N)]
+  parent = np.full(N, -1, np.int32)
+  rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel()[-1].item())
+  parts, scores, path_steps = [], [], np.zeros(N, np.int32)
+  for t in range(max_steps):
+    budget = np.where(done, 0, plen + max_new_tokens - cur_len).astype(np.int32)
+    out = sample_fn(cur, t_W[None] < cur_len[:, None], budget, jax.random.fold_in(key, t))
+    if np.any(np.asarray(out.lengths) > W):
+      raise ValueError("a candidate ran past the path budget")
+    tok = np.asarray(out.tokens)[:, :W].astype(np.int32)
+    own = np.asarray(out.response_mask)[:, :W]
+    score = np.zeros(N * k, np.float32)
+    final = np.ones(N * k, bool)
+    for r in range(N * k):
+      n = r // k
+      if own[r].any():
+        score[r], final[r] = judge_fn(n, steps[n], tok[r][own[r]], t)
+    rep = lambda x: np.repeat(x, k, axis=0)
+    base = t * N * k  # row index of this step's first candidate
+    parts.append(TreeRollout(
+        tokens=tok, response_mask=own, path_mask=rep(cur_path) | own,
+        prompt_mask=rep(t_W[None] < plen[:, None]),
+        logprob_sampler=np.asarray(out.logprob_sampler)[:, :W].astype(np.float32),
+        logprob_raw=np.asarray(out.logprob_raw)[:, :W].astype(np.float32),
+        group_id=rep(np.arange(N, dtype=np.int32)), parent_id=rep(parent),
+        prefix_len=np.where(t == 0, 0, rep(cur_len)).astype(np.int32),
+        depth=np.full(N * k, t, np.int32)))
+    scores.append(score)
+    adv = node_normalize(score.reshape(N, k))
+    for n in np.flatnonzero(~done):
+      j = _pick(rng, adv[n], eta)
+      r = n * k + j
+      steps[n].append(tok[r][own[r]])
+      cur[n], cur_path[n] = tok[r], cur_path[n] | own[r]
+      cur_len[n] += int(own[r].sum())
+      parent[n] = base + r
+      path_steps[n] += 1
+      done[n] = final[r] or cur_len[n] >= plen[n] + max_new_tokens
+  tree = TreeRollout(*(np.concatenate(x, axis=0) for x in zip(*parts)))
+  return tree, np.concatenate(scores), {"path_steps": path_steps, "path_tokens": cur,
+                                         "path_mask": cur_path}

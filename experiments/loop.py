@@ -122,7 +122,7 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
     # Tree batches are not contiguous [N,G] blocks: estimators take the segment path.
     est_fields, est_static = est.split_arguments(
         hyper, num_groups=c.prompts_per_step,
-        group_size=None if producers.tree_on(c) else c.group_size)
+        group_size=None if producers.tree_batch(c) else c.group_size)
   except ValueError as e:
     raise SetupError(str(e)) from None
   loss_kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(c.loss_kwargs).items()}
@@ -530,7 +530,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
   B = producers.tree_rows(c)
   div = parallel.batch_divisor(mesh)
   if B % (c.num_minibatches * div):
-    what = "the tree batch" if producers.tree_on(c) else "prompts_per_step*group_size"
+    what = "the tree batch" if producers.tree_batch(c) else "prompts_per_step*group_size"
     raise SetupError(f"{what}={B} rows must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
   if c.scoring_chunk_size < 0:

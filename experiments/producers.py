@@ -175,7 +175,10 @@ def tree_on(c: ml_collections.ConfigDict) -> bool:
 
 
 def tree_rows(c: ml_collections.ConfigDict) -> int:
-  """Rows of one step's batch: N·G, plus the branches when branch sampling is on."""
+  """Rows of one step's batch: N·G, plus the branches when branch sampling is on; N·k·S
+  candidate rows under SLATE's step-level sampling."""
+  if slate_on(c):
+    return c.prompts_per_step * c.slate.candidates * c.slate.max_steps
   if not tree_on(c):
     return c.prompts_per_step * c.group_size
   t = c.tree
@@ -253,6 +256,97 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
         "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
         "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
         "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler}, s.mesh)
+
+  return produce
+
+
+def tree_batch(c: ml_collections.ConfigDict) -> bool:
+  """The step's batch is a tree (branch sampling or SLATE), not N contiguous groups of G."""
+  return tree_on(c) or slate_on(c)
+
+
+def slate_on(c: ml_collections.ConfigDict) -> bool:
+  """SLATE's step-level sampling is on (`c.slate.candidates > 0`; single-turn tasks)."""
+  return c.slate.candidates > 0 and not is_multi_turn(c)
+
+
+def delimiter_ids(tok, delims) -> list[int]:
+  """Token ids whose text holds one of the step delimiters."""
+  out = []
+  for i in range(tok.vocab_size):
+    try:
+      text = tok.decode([i])
+    except (ValueError, KeyError, IndexError):
+      continue
+    if any(d in text for d in delims):
+      out.append(i)
+  return out
+
+
+def _check_slate(c: ml_collections.ConfigDict) -> None:
+  if tree_on(c):
+    raise SetupError("slate.candidates > 0 and tree.branches > 0: SLATE's step-level sampling "
+                     "is its own tree; use one of them")
+  if c.slate.candidates < 2 or c.slate.max_steps < 1:
+    raise SetupError(f"slate.candidates={c.slate.candidates} must be >= 2 and "
+                     f"slate.max_steps={c.slate.max_steps} >= 1")
+  if not c.step_delimiters:
+    raise SetupError("SLATE samples one step at a time: c.step_delimiters must not be empty")
+  task = tasks_lib.get_task(c.task, **dict(c.task_kwargs)) if c.task in tasks_lib.list_tasks() \
+      else None
+  if not callable(getattr(task, "judge_step", None)):
+    raise SetupError(f"task {c.task!r} has no judge_step (the step judge SLATE's rewards come "
+                     "from; built in: chain)")
+
+
+def _build_slate_rollout(s: Setup, wanted: frozenset) -> Produce:
+  """SLATE: k candidate steps per prompt and step, judged, one continued (`trees.step_rollout`)."""
+  c, sl, tok, task = s.c, s.c.slate, s.data.tokenizer, s.data.task
+  stops = tuple(sorted(set(delimiter_ids(tok, c.step_delimiters))
+                       | set(getattr(tok, "stop_ids", None) or (tok.eos_id,))))
+  eos = set(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    model_state = s.model_state(state.params)
+    rows = _examples_rows(ctx.examples)
+
+    def sample_fn(prefix, mask, budget, key):
+      return s.sampler(model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
+                       max_new_tokens=c.max_new_tokens, num_samples=sl.candidates,
+                       temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                       stop_tokens=stops, max_new_tokens_per_row=budget, share_prefix=True)
+
+    def judge_fn(n, before, step, t):
+      think, other, answer = task.judge_step(rows[n], [tok.decode(list(b)) for b in before],
+                                             tok.decode([i for i in step if i not in eos]))
+      final = answer or bool(set(step.tolist()) & eos)
+      bonus = sl.answer_bonus * (sl.max_steps - t) / sl.max_steps if answer else 0.0
+      return think + other + bonus, final
+
+    t0 = time.perf_counter()
+    tree, score, st = trees.step_rollout(
+        ctx.prompt_tokens, ctx.prompt_mask, sample_fn, judge_fn, candidates=sl.candidates,
+        max_steps=sl.max_steps, max_new_tokens=c.max_new_tokens, eta=sl.eta,
+        key=jax.random.fold_in(ctx.key, 0))
+    wall = time.perf_counter() - t0
+    own = tree.response_mask
+    _, path_reward = _verify(s, ctx.examples, st["path_tokens"], st["path_mask"],
+                             np.arange(s.num_groups))
+    ctx.metrics.update(rollout_tokens_per_s=float(own.sum()) / max(wall, 1e-9),
+                       slate_path_accuracy=float(np.mean(np.asarray(path_reward) >= 1.0)),
+                       slate_path_steps=float(st["path_steps"].mean()),
+                       slate_step_score=float(score[own.any(1)].mean()) if own.any() else 0.0)
+    ctx.host.update(tokens=tree.tokens, response_mask=tree.path_mask,
+                    prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own)
+    ctx.attn_mask = parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh)
+    ctx.extras["logprob_raw"] = parallel.shard_batch(tree.logprob_raw, s.mesh)
+    index = np.asarray(ctx.examples["index"], np.int32)
+    return parallel.shard_batch({
+        "tokens": tree.tokens, "response_mask": own, "group_id": tree.group_id,
+        "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
+        "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
+        "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler,
+        "reward": score.astype(np.float32)}, s.mesh)
 
   return produce
 
@@ -490,7 +584,69 @@ def _build_greedy_baseline(s: Setup, wanted: frozenset) -> Produce:
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask})
     _, reward = _verify(s, ctx.examples, host["tokens"], host["response_mask"],
                         np.arange(s.num_groups))
-    return {"reward_baseline": s.repeat_groups(reward)}
+    return {"reward_baseline": parallel.shard_batch(
+        np.asarray(reward, np.float32)[ctx.host["group_id"]], s.mesh)}
+
+  return produce
+
+
+def _build_step_completions(s: Setup, wanted: frozenset) -> Produce:
+  """step_value / start_value / step_mask [B,K] by completing each response after each step.
+
+  Steps are `step_splitter`'s (c.step_delimiters); steps past K−1 = c.max_steps − 1 merge into
+  the last entry. The value at the end of step j < n−1 (n the response's steps) is the
+  verifier's reward of the greedy completion of prompt ⊕ steps 0..j; at the end of the last
+  step it is the response's own reward (the response is its own completion); start_value
+  is the reward of the greedy response to the prompt alone (one per prompt). TP-GRPO's
+  V_0..V_n with the completion policy the current greedy one (the paper completes its
+  diffusion trajectories deterministically from each step; this is the LLM analogue).
+  Cost: B·(K−1) + N greedy rollouts per step (rows whose step j does not exist or is their
+  last complete from the prompt and are discarded, so the shapes are static).
+  """
+  c, tok, K = s.c, s.data.tokenizer, s.c.max_steps
+  split = step_splitter(s)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    tokens, resp, prompt = ctx.host["tokens"], ctx.host["response_mask"], ctx.host["prompt_mask"]
+    gid = ctx.host["group_id"]
+    B, T = tokens.shape
+    step = np.minimum(split(tokens, resp), K - 1)
+    n = np.where(resp.any(1), step.max(1) + 1, 0)
+    t = np.arange(T)
+    plen = prompt.sum(1)
+    # Completion j of row b continues prompt ⊕ steps 0..j (j = 0..K−2).
+    end = np.stack([np.where(step == j, t, -1).max(1) for j in range(K - 1)], 1)  # [B,K-1]
+    use = (np.arange(K - 1)[None] < n[:, None] - 1) & (end >= 0)
+    cut = np.where(use, end + 1, plen[:, None]).reshape(-1)
+    rows = np.repeat(np.arange(B), K - 1)
+    pre_mask = t[None] < cut[:, None]
+    pre_tok = np.where(pre_mask, tokens[rows], 0).astype(np.int32)
+    budget = np.maximum(plen[rows] + c.max_new_tokens - cut, 0).astype(np.int32)
+    model_state = s.model_state(state.params)
+    out = s.sampler(model_state, prompt_tokens=pre_tok, prompt_mask=pre_mask,
+                    key=ctx.key, max_new_tokens=c.max_new_tokens, temperature=0.0,
+                    max_new_tokens_per_row=budget)
+    h = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
+                          "prompt_mask": out.prompt_mask})
+    width = h["tokens"].shape[1]
+    whole = h["response_mask"] | (h["prompt_mask"] & (np.arange(width)[None]
+                                                      >= plen[rows][:, None]))
+    _, rew = _verify(s, ctx.examples, h["tokens"], whole, gid[rows])
+    value = np.zeros((B, K), np.float32)
+    value[:, :K - 1] = np.where(use, np.asarray(rew, np.float32).reshape(B, K - 1), 0.0)
+    reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
+    last = np.clip(n - 1, 0, K - 1)
+    value[np.arange(B), last] = np.where(n > 0, reward, 0.0)
+    mask = np.arange(K)[None] < np.minimum(n, K)[:, None]
+    start = s.sampler(model_state, prompt_tokens=ctx.prompt_tokens, prompt_mask=ctx.prompt_mask,
+                      key=ctx.key, max_new_tokens=c.max_new_tokens, temperature=0.0)
+    hs = parallel.to_host({"tokens": start.tokens, "response_mask": start.response_mask})
+    _, r0 = _verify(s, ctx.examples, hs["tokens"], hs["response_mask"],
+                    np.arange(s.num_groups))
+    ctx.metrics["step_completions"] = float(use.sum())
+    return parallel.shard_batch({
+        "step_value": value, "step_mask": mask,
+        "start_value": np.asarray(r0, np.float32)[gid]}, s.mesh)
 
   return produce
 
@@ -1251,6 +1407,14 @@ PRODUCERS: tuple[Producer, ...] = (
              "by turn (policy tokens in response_mask, environment tokens in obs_mask; "
              "reward = the episode's outcome; per-turn reward, progress and role)",
              when=is_multi_turn, off_doc="needs a multi-turn task (credit.envs), e.g. lookup"),
+    Producer("slate_rollout", ("tokens", "response_mask", "group_id", "prompt_id",
+                               "obs_mask", "turn_id", "logprob_sampler", "parent_id",
+                               "prefix_len", "reward"), (), _build_slate_rollout, "sampling",
+             "SLATE's step-level sampling: per prompt and step, c.slate.candidates next steps "
+             "from the chosen path (one prefill each), judged by the task's judge_step "
+             "(reward = r_think + r_answer + the early-answer bonus), one continued by "
+             "softmax(A/η); each candidate a row owning its step", when=slate_on,
+             check=_check_slate, off_doc="set slate.candidates > 0 (a task with judge_step)"),
     Producer("tree_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                               "turn_id", "logprob_sampler", "parent_id", "prefix_len"), (),
              _build_tree_rollout, "sampling",
@@ -1258,12 +1422,12 @@ PRODUCERS: tuple[Producer, ...] = (
              "prompt (by entropy, surprisal or step starts; CBPO's path/node decays), "
              "c.tree.branches continuations from each shared prefix (its KV cache computed "
              "once), c.tree.depth rounds; each tree token is a loss token in one row only",
-             when=tree_on, check=_check_tree,
+             when=lambda c: tree_on(c) and not slate_on(c), check=_check_tree,
              off_doc="set tree.branches > 0 (single-turn tasks)"),
     Producer("rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                          "turn_id", "logprob_sampler"), (), _build_rollout, "sampling",
              "G samples per prompt from the KV-cache sampler (single turn)",
-             when=lambda c: not is_multi_turn(c) and not tree_on(c)),
+             when=lambda c: not is_multi_turn(c) and not tree_on(c) and not slate_on(c)),
     Producer("verifier", ("reward",), ("tokens", "response_mask"), _build_reward, "reward",
              "the task's verifier on the decoded responses"),
     Producer("gold_pass", ("gold_logprob_turns", "gold_logprob_prompt"),
@@ -1317,6 +1481,14 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("answer_parse", ("answer_value",), ("tokens", "response_mask"),
              _build_answer_value, "reward", "the numeric value of each response's final "
              "answer (the task's answer_value, else the last number; NaN when none)"),
+    Producer("step_completions", ("step_value", "start_value", "step_mask"),
+             ("tokens", "response_mask", "reward"), _build_step_completions, "baseline",
+             "the value after each step: the verifier's reward of the greedy completion of the "
+             "response cut after that step (c.step_delimiters; c.max_steps entries), the "
+             "response's own reward after its last step, and after the prompt alone "
+             "(start_value); TP-GRPO's V_0..V_n", when=lambda c: not is_multi_turn(c),
+             off_doc="single-turn tasks (multi-turn episodes report per-turn values "
+                     "themselves)"),
     Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
              "reward of the greedy response per prompt (ReMax)"),
     Producer("task_flags", ("flag_mask",), ("tokens", "response_mask"), _build_task_flags,
@@ -1377,9 +1549,9 @@ assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must 
 
 # The producers that read rows through `group_id` (or not by prompt at all), so they run on
 # tree batches, whose branch rows follow the roots.
-TREE_PRODUCERS = frozenset({"tree_rollout", "verifier", "sampler_logprob_old", "policy_pass",
+TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier", "sampler_logprob_old", "policy_pass",
                             "reference_pass", "divergence_pass", "step_segments", "task_flags",
-                            "answer_parse"})
+                            "answer_parse", "greedy_baseline", "step_completions"})
 
 
 def providers(c: ml_collections.ConfigDict,
@@ -1458,7 +1630,7 @@ def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
                          "producer makes under this config")
       todo.append(r)
   chosen = [p for p in table if p.name in wanted]
-  if tree_on(c):
+  if tree_batch(c):
     bad = [p.name for p in chosen if p.name not in TREE_PRODUCERS]
     if bad:
       raise SetupError(f"producers {bad} assume G contiguous samples per prompt and cannot run "

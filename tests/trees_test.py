@@ -170,3 +170,75 @@ def test_budgets_and_errors():
                     criterion="entropy", max_new_tokens=MAX_NEW, key=jax.random.key(0))
   with pytest.raises(ValueError, match="earlier row"):
     trees.tree_depth(np.array([-1, 2, 0]))
+
+
+# --------------------------------------------------------------------------
+# SLATE's step-level sampling laid out as a tree.
+# --------------------------------------------------------------------------
+
+STOPS = (5, 9, 13, 17)  # "delimiters": a candidate step ends at one of them
+
+
+def _step_sample_fn(prefix, mask, budget, key, k=3):
+  return _sampler()(_state(), prompt_tokens=prefix, prompt_mask=mask, key=key,
+                    max_new_tokens=MAX_NEW, num_samples=k, temperature=1.0, stop_tokens=STOPS,
+                    max_new_tokens_per_row=budget, share_prefix=True)
+
+
+def _judge(n, before, step, t):
+  # Score: the parity of the step's first token; final: the step did not end at a stop id.
+  return float(step[0] % 2) - 0.5 * len(before), int(step[-1]) not in STOPS
+
+
+@functools.lru_cache(maxsize=None)
+def _slate(eta=0.7):
+  tokens, mask = _prompts(2)
+  return trees.step_rollout(tokens, mask, _step_sample_fn, _judge, candidates=3, max_steps=3,
+                            max_new_tokens=MAX_NEW, eta=eta, key=jax.random.key(3))
+
+
+def test_step_rollout_layout():
+  tree, score, st = _slate()
+  N, k, S = 4, 3, 3
+  assert tree.tokens.shape[0] == score.shape[0] == N * k * S
+  np.testing.assert_array_equal(tree.depth, np.repeat(np.arange(S), N * k))
+  assert np.all(tree.parent_id[:N * k] == -1) and np.all(tree.parent_id[N * k:] >= 0)
+  for r in range(N * k * S):
+    node = r // k
+    sibs = range(node * k, node * k + k)
+    assert all(tree.parent_id[s] == tree.parent_id[r] and tree.prefix_len[s] == tree.prefix_len[r]
+               for s in sibs)
+    own = tree.response_mask[r]
+    if own.any():  # a step: tokens up to its last stop id (or the end of the response)
+      steps = np.isin(tree.tokens[r][own], STOPS)
+      assert not steps[:-1].any()
+    else:
+      assert score[r] == 0.0
+    a = tree.parent_id[r]
+    if a >= 0:
+      p = tree.prefix_len[r]
+      np.testing.assert_array_equal(tree.tokens[r, :p], tree.tokens[a, :p])
+      assert not own[:p].any()
+      # The parent is the candidate its node continued: its path ends where r starts.
+      assert (tree.prompt_mask[a] | tree.path_mask[a]).sum() == p
+  # Each prompt's chosen path is the last chosen candidate's path.
+  valid = tree.prompt_mask | tree.path_mask
+  np.testing.assert_array_equal(np.where(valid, trees.rebuild_paths(tree), -1),
+                                np.where(valid, tree.tokens, -1))
+  assert np.all(st["path_steps"] >= 1) and np.all(st["path_steps"] <= S)
+
+
+def test_step_rollout_greedy_choice_follows_the_best_candidate():
+  tree, score, _ = _slate(eta=0.0)
+  N, k = 4, 3
+  for r in np.flatnonzero((tree.parent_id >= 0) & (tree.depth == 1)):
+    a = tree.parent_id[r]
+    node = a // k
+    assert score[a] == score[node * k:node * k + k].max()
+
+
+def test_node_normalize():
+  np.testing.assert_allclose(trees.node_normalize(np.array([[2.0, 1, 0, -1, 2]])),
+                             [[0.920357, 0.153393, -0.613572, -1.380536, 0.920357]], atol=1e-5)
+  np.testing.assert_array_equal(trees.node_normalize(np.array([[1.0], [3.0]])), 0.0)
+  np.testing.assert_array_equal(trees.node_normalize(np.ones((2, 3))), 0.0)

@@ -143,6 +143,34 @@ class Chain:
     flags[start + k:] = True
     return flags
 
+  def judge_step(self, example: Mapping[str, Any], steps_before: list[str], step: str
+                 ) -> tuple[float, float, bool]:
+    """A verifier in the place of SLATE's ternary LLM judge: (r_think, r_answer, is_answer).
+
+    `step` is the next step of a response whose earlier steps are `steps_before` (each
+    ending at its delimiter ","), possibly with the delimiter or trailing space. A step
+    holding the marker is the answer step: r_think judges the running sum before the
+    marker (0 when there is none: "=41" skips the reasoning, which `verify` accepts) and
+    r_answer the answer after it; another step is a reasoning step whose r_think judges its
+    running sum, r_answer = 0. Each is +1 when right, −1 when wrong (a running sum at an
+    index past the chain, or not an integer, is wrong).
+
+      12+34-5=, [] "46,"  -> (1, 0, False)      ["46,"] "41=41" -> (1, 1, True)
+      12+34-5=, [] "45,"  -> (-1, 0, False)     ["46,"] "41=40" -> (1, -1, True)
+    """
+    sums = running_sums(text_field(example, "prompt"))[1:]  # s_2..s_n, the reasoning's sums
+    i = len(steps_before)
+
+    def judge_sum(text: str) -> float:
+      return 1.0 if i < len(sums) and text == str(sums[i]) else -1.0
+
+    body = step.strip().rstrip(",;").strip()
+    reasoning, marker, answer = body.partition(MARKER)
+    if not marker:
+      return judge_sum(reasoning), 0.0, False
+    think = judge_sum(reasoning) if reasoning else 0.0
+    return think, 1.0 if answer == text_field(example, "answer") else -1.0, True
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     prompt = text_field(example, "prompt")

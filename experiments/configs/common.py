@@ -100,6 +100,12 @@ def base_config() -> ml_collections.ConfigDict:
       branches=0, points=2, depth=1, depth_decay=0.5,
       criterion="entropy",        # entropy | surprisal | step (starts of c.step_delimiters steps)
       gamma_path=0.5, gamma_node=0.5))  # CBPO's path-level and node-level decays.
+  # SLATE's step-level sampling (estimator slate): per prompt and step, `candidates` next steps
+  # (cut at c.step_delimiters) judged by the task's judge_step, one continued by softmax(A/eta),
+  # up to `max_steps` steps. 0 candidates = off.
+  c.slate = ml_collections.ConfigDict(dict(candidates=0, max_steps=4, eta=0.7, answer_bonus=0.1))
+  c.max_steps = 4                 # K of per-step arrays on single-turn responses (step_value of
+                                  # TP-GRPO; steps past K-1 merge into the last entry).
   c.temperature = 1.0             # sampling temperature.
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.
