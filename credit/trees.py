@@ -369,7 +369,7 @@ def step_rollout(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sample_fn: 
         logprob_sampler=np.asarray(out.logprob_sampler)[:, :W].astype(np.float32),
         logprob_raw=np.asarray(out.logprob_raw)[:, :W].astype(np.float32),
         group_id=rep(np.arange(N, dtype=np.int32)), parent_id=rep(parent),
-        prefix_len=np.where(t == 0, 0, rep(cur_len)).astype(np.int32),
+        prefix_len=np.where(t == 0, 0, rep(np.minimum(cur_len, W - 1))).astype(np.int32),
         depth=np.full(N * k, t, np.int32)))
     scores.append(score)
     adv = node_normalize(score.reshape(N, k))

@@ -22,6 +22,7 @@ metrics, the sampler's raw log-probs — the rollout root records on the `StepCo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -1344,6 +1345,123 @@ def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def stable_hash31(data: bytes) -> int:
+  """A 31-bit content hash, stable across processes (Python's `hash` of str is salted)."""
+  return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & 0x7FFFFFFF
+
+
+def _steps_of(s: Setup, ctx: StepContext, split) -> np.ndarray:
+  """[B,T] step of every response token: turns of multi-turn rows, else `split`'s steps."""
+  resp = ctx.host["response_mask"]
+  if "turn_id" in ctx.host:
+    return np.where(resp, ctx.host["turn_id"], -1).astype(np.int32)
+  return split(ctx.host["tokens"], resp)
+
+
+def _build_step_graph(s: Setup, wanted: frozenset) -> Produce:
+  """step_key / step_mask [B,K] and anchor_id [B,T] from the content of each step.
+
+  step_key[b,k]: a 31-bit hash of (prompt, the tokens of steps 0..k) — the state before step
+  k and its action — so two rows of a prompt share a key exactly when their paths agree up
+  to the end of that step (SALT's trajectory graph on single-turn reasoning; in multi-turn
+  rows the observations are part of the path). anchor_id: the tokens of a step whose text
+  (the step's tokens alone, wherever it occurs) recurs in another row of the prompt group
+  get that text's id, numbered in order of first occurrence per group; other tokens −1
+  (DiDPO's anchors: identical sub-steps across a group's trajectories). Steps past K−1 =
+  c.max_steps − 1 (c.max_turns for multi-turn) merge into the last entry.
+  """
+  K = s.c.max_turns if is_multi_turn(s.c) else s.c.max_steps
+  split = step_splitter(s)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    tokens, gid = ctx.host["tokens"], ctx.host["group_id"]
+    valid = ctx.host["prompt_mask"] | ctx.host["response_mask"] | ctx.host.get(
+        "obs_mask", np.zeros_like(tokens, bool))
+    step = np.minimum(_steps_of(s, ctx, split), K - 1)
+    B, T = tokens.shape
+    key = np.zeros((B, K), np.int32)
+    mask = np.zeros((B, K), bool)
+    anchor = np.full((B, T), -1, np.int32)
+    texts: dict[tuple, list] = {}
+    for b in range(B):
+      for k in range(K):
+        cols = np.flatnonzero(step[b] == k)
+        if not len(cols):
+          continue
+        mask[b, k] = True
+        upto = tokens[b, :cols[-1] + 1][valid[b, :cols[-1] + 1]]
+        key[b, k] = stable_hash31(upto.astype(np.int32).tobytes())
+        texts.setdefault((int(gid[b]), tokens[b, cols].tobytes()), []).append((b, cols))
+    ids: dict[int, int] = {}
+    for (g, _), occ in texts.items():
+      if len({b for b, _ in occ}) >= 2:
+        a = ids[g] = ids.get(g, -1) + 1
+        for b, cols in occ:
+          anchor[b, cols] = a
+    return parallel.shard_batch({"step_key": key, "step_mask": mask, "anchor_id": anchor},
+                                s.mesh)
+
+  return produce
+
+
+def _task_judges_steps(c: ml_collections.ConfigDict) -> bool:
+  """Single-turn, and the configured task is a built-in one with `judge_step`."""
+  if is_multi_turn(c) or c.task not in tasks_lib.list_tasks():
+    return False
+  return callable(getattr(tasks_lib.get_task(c.task, **dict(c.task_kwargs)), "judge_step", None))
+
+
+def _build_step_judge(s: Setup, wanted: frozenset) -> Produce:
+  """step_reward / step_mask [B,K]: the task's step judge on each step of each response
+  (`judge_step`: 1 when the step is right — no part judged wrong — else 0), a verifiable
+  process reward in the place of a PRM's step scores (ProRAG, SPARK's verdicts)."""
+  tok, task, K = s.data.tokenizer, s.data.task, s.c.max_steps
+  split = step_splitter(s)
+  eos = set(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    tokens, resp, gid = ctx.host["tokens"], ctx.host["response_mask"], ctx.host["group_id"]
+    step = np.minimum(split(tokens, resp), K - 1)
+    B = len(tokens)
+    reward = np.zeros((B, K), np.float32)
+    mask = np.zeros((B, K), bool)
+    for b in range(B):
+      row = {k: ctx.examples[k][gid[b]] for k in ctx.examples}
+      before: list[str] = []
+      for k in range(K):
+        ids = [int(i) for i in tokens[b][step[b] == k] if int(i) not in eos]
+        if not (step[b] == k).any():
+          continue
+        text = tok.decode(ids)
+        think, other, _ = task.judge_step(row, before, text)
+        reward[b, k], mask[b, k] = float(think >= 0 and other >= 0), True
+        before.append(text)
+    return parallel.shard_batch({"step_reward": reward, "step_mask": mask}, s.mesh)
+
+  return produce
+
+
+def _build_format_check(s: Setup, wanted: frozenset) -> Produce:
+  """format_ok [B]: the task's `format_ok(example, text)` where it has one, else the response
+  ended by itself (a stop token, not the length limit)."""
+  tok, task = s.data.tokenizer, s.data.task
+  check = getattr(task, "format_ok", None)
+  stops = np.asarray(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+    if check is not None:
+      texts = ctx.host.get("texts") or tasks_lib.decode_responses(tok, tokens, resp)
+      rows = [{k: ctx.examples[k][g] for k in ctx.examples} for g in ctx.host["group_id"]]
+      ok = np.asarray([bool(check(r, t)) for r, t in zip(rows, texts)])
+    else:
+      last = np.where(resp.any(1), resp.shape[1] - 1 - np.argmax(resp[:, ::-1], axis=1), 0)
+      ok = resp.any(1) & np.isin(tokens[np.arange(len(tokens)), last], stops)
+    return {"format_ok": parallel.shard_batch(ok, s.mesh)}
+
+  return produce
+
+
 def _build_query_mask(s: Setup, wanted: frozenset) -> Produce:
   """query_mask [B,T]: in multi-turn rollouts, the policy tokens of the argument of each
   turn's tool call (`credit.envs.query_chars`; answers are not queries); in single-turn
@@ -1475,6 +1593,21 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("step_segments", ("step_id",), ("tokens", "response_mask"), _build_step_segments,
              "reward", "reasoning steps: the turns of multi-turn rollouts, else the response cut "
              "after each token holding one of c.step_delimiters"),
+    Producer("step_graph", ("step_key", "step_mask", "anchor_id"), ("tokens", "response_mask"),
+             _build_step_graph, "reward",
+             "step content keys: a hash of the path up to the end of each step (SALT's "
+             "trajectory graph: equal keys = the same state and step) and anchors, the tokens "
+             "of a step whose text recurs in another row of the group (DiDPO)"),
+    Producer("step_judge", ("step_reward", "step_mask"), ("tokens", "response_mask"),
+             _build_step_judge, "reward",
+             "the task's step judge (judge_step) on each step of each response: 1 right, 0 "
+             "wrong — a verifiable process reward in a PRM's place (ProRAG, SPARK)",
+             when=_task_judges_steps,
+             off_doc="single-turn built-in tasks with judge_step (chain); multi-turn tasks give "
+                     "per-turn rewards from the environment"),
+    Producer("format_check", ("format_ok",), ("tokens", "response_mask"), _build_format_check,
+             "reward", "the task's format_ok on each response (else: it ended with a stop "
+             "token)"),
     Producer("query_spans", ("query_mask",), ("tokens", "response_mask"), _build_query_mask,
              "reward", "the tokens of each turn's tool-call argument (multi-turn; the whole "
              "response in single-turn rollouts)"),
@@ -1551,7 +1684,8 @@ assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must 
 # tree batches, whose branch rows follow the roots.
 TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier", "sampler_logprob_old", "policy_pass",
                             "reference_pass", "divergence_pass", "step_segments", "task_flags",
-                            "answer_parse", "greedy_baseline", "step_completions"})
+                            "answer_parse", "greedy_baseline", "step_completions", "step_graph",
+                            "format_check", "query_spans", "step_judge"})
 
 
 def providers(c: ml_collections.ConfigDict,

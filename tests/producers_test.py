@@ -491,8 +491,12 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
   for name in credit.list_estimators():
     spec = credit.get_estimator(name)
     family = spec.family
-    turn = family == "turn" or "step_mask" in spec.needs  # per-turn inputs: multi-turn
-    c = tiny("igpo_lookup" if turn else "grpo_arithmetic", estimator=name)
+    # Tree and step methods: branch / step-level sampling or per-step producers on chain.
+    tree = None if family != "tree" else {"slate": ("slate_chain", "slate_rollout")}.get(
+        name, ("cbpo_chain", "tree_rollout") if "parent_id" in spec.needs else
+        ("tp_grpo_chain", "rollout"))
+    turn = tree is None and (family == "turn" or "step_mask" in spec.needs)  # multi-turn
+    c = tiny(tree[0] if tree else "igpo_lookup" if turn else "grpo_arithmetic", estimator=name)
     if family == "distill":  # the policy as its own teacher (no checkpoint needed)
       c.teacher.context = "answer"
     if name in NOT_YET_RUNNABLE:
@@ -500,7 +504,8 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
         loop.check_method(c)
     else:
       plan = loop.check_method(c).plan
-      assert plan[0].producer.name == ("env_rollout" if turn else "rollout"), name
+      root = tree[1] if tree else "env_rollout" if turn else "rollout"
+      assert plan[0].producer.name == root, name
 
 
 def test_divergence_pass_matches_model_divergence(tmp_path):

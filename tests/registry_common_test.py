@@ -273,6 +273,10 @@ EQUAL_GROUP_NOT_ZERO = {
     "sod": "the additive OPD term α·w·(ℓᵀ − ℓˢ) is not zero where Â = 0",
     "pcsd": "the additive teacher-support term β·w·s is not zero where Â = 0",
     "pbsd": "the additive turn-evidence term λ·ẽ contrasts the turns of a group",
+    "prorag": "the additive PRM step term β·(s − μ')/σ' contrasts the steps of a group",
+    "propa": "the additive MCTS step term β·(Q − μ^Q)/σ^Q contrasts the steps of a group",
+    "spark": "the reward is the format-gated step-verdict aggregate, not the `reward` field",
+    "tp_grpo": "step rewards are value increments d_k = V_k − V_{k−1}, not the `reward` field",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {

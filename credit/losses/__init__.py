@@ -13,6 +13,9 @@
                    `prm_kto_loss`, `prm_vanilla_kto_loss`
   amft.py          AMFT's meta-learned SFT/RL balance: `amft_loss`, `amft_meta_gradient`,
                    `amft_update_phi`, `amft_step` (a training-loop component)
+  preference.py    step-level preference and intervention losses: `dpo_pair_loss`,
+                   `dpo_pair_logprobs` (CSO's verified critical-step pairs),
+                   `intervention_sft_mask`, `intervention_sft_loss` (InT)
 
 A registered loss is used by name: `credit.get_policy_loss("ppo_clip").fn(...)` is
 `ppo_clip_loss(...)` followed by `reduce_policy_loss(...)`.
@@ -28,6 +31,8 @@ from credit.losses.prm import (prm_ce_loss, prm_dpo_loss, prm_kto_loss, prm_sequ
                                prm_vanilla_kto_loss)
 from credit.losses.amft import (AmftStep, amft_loss, amft_meta_gradient, amft_mu, amft_step,
                                 amft_update_phi)
+from credit.losses.preference import (SFT_TARGETS, PairLogprobs, dpo_pair_logprobs,
+                                      dpo_pair_loss, intervention_sft_loss, intervention_sft_mask)
 from credit.losses import policy
 from credit.losses.policy import *  # noqa: F401,F403  (every per-token `<key>_loss`)
 
@@ -38,6 +43,7 @@ __all__ = [
     "OBS_CE_MODES", "observation_ce_loss",
     "prm_ce_loss", "prm_dpo_loss", "prm_kto_loss", "prm_sequence_logratio",
     "prm_vanilla_kto_loss", "AmftStep", "amft_loss", "amft_meta_gradient", "amft_mu",
-    "amft_step", "amft_update_phi",
+    "amft_step", "amft_update_phi", "SFT_TARGETS", "PairLogprobs", "dpo_pair_logprobs",
+    "dpo_pair_loss", "intervention_sft_loss", "intervention_sft_mask",
     *policy.__all__,
 ]

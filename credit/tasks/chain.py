@@ -143,6 +143,13 @@ class Chain:
     flags[start + k:] = True
     return flags
 
+  def format_ok(self, example: Mapping[str, Any], response: str) -> bool:
+    """The response has the output format: running sums (integers, comma-separated), the
+    marker, then an integer answer, whatever the values (SPARK's format constraint)."""
+    reasoning, marker, answer = response.strip().partition(MARKER)
+    return bool(marker) and _REASONING.fullmatch(reasoning) is not None and re.fullmatch(
+        r"-?\d+", answer) is not None
+
   def judge_step(self, example: Mapping[str, Any], steps_before: list[str], step: str
                  ) -> tuple[float, float, bool]:
     """A verifier in the place of SLATE's ternary LLM judge: (r_think, r_answer, is_answer).

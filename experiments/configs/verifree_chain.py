@@ -41,15 +41,13 @@ from experiments.configs import common
 SFT_STEPS = 1500
 
 
-def get_config(arg=None):
-  a = common.parse_arg(arg, tiny=False)
-  c = common.base_config()
+def chain_setting(c):
+  """The chained-arithmetic RL setting the chain recipes share (this one, cbpo_chain,
+  slate_chain, tp_grpo_chain): task, warm-up, 100 RL steps, evaluation."""
   c.task = "chain"
   c.task_kwargs.max_digits = 1         # 1-digit operands: "8+6-5=" -> "14,9=9"
   c.task_kwargs.demo_carry_error = 0.7  # the imperfect demonstrator of the warm-up
   c.max_new_tokens = 9                  # the longest response ("18,27=27") + eos
-  c.estimator = "verifree"              # R = π(a* | x, z), RLOO baseline (its default); the
-                                        # family by name: rlpr, jepo, logprob_reward
   c.policy_loss = "ppo_clip"
   c.sft_steps = SFT_STEPS
   c.steps = 100
@@ -59,6 +57,14 @@ def get_config(arg=None):
   c.eval_every = 25
   c.eval_samples = 0
   c.checkpoint_every = 50
+  return c
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = chain_setting(common.base_config())
+  c.estimator = "verifree"              # R = π(a* | x, z), RLOO baseline (its default); the
+                                        # family by name: rlpr, jepo, logprob_reward
   if a.tiny:
     common.apply_tiny(c)
   return c

@@ -1,0 +1,36 @@
+"""SLATE on chained arithmetic: truncated step-level sampling with judged steps.
+
+Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+  python -m experiments.run --config experiments/configs/slate_chain.py --workdir runs/slate \\
+      --config.warm_start_from=runs/chain_warmup/hf_policy --config.sft_steps=0
+Variants: `:tiny` (2 steps, seconds; used by tests).
+
+The setting is `verifree_chain.py`'s. At each step of a response the sampler draws k = 4
+candidate next steps from the same prefix (one prefill; a candidate ends at its step
+delimiter ","), the task's `judge_step` scores each in the place of SLATE's decomposed
+ternary LLM judge (r_think: the candidate's running sum right +1 / wrong −1; on the answer
+step also r_answer, +1 / −1, and the early-answer bonus 0.1·(B_max − t)/B_max), the k
+scores are normalised, and the path continues from one candidate drawn by softmax(A/0.7)
+(algoprog/SLATE `configs/slate.yaml`). Every candidate is a row owning only its step, so the
+loss sees each step once; `slate` normalises the candidates of each node. Up to
+`slate.max_steps` = 3 steps: 4·3 = 12 rows per prompt (16 prompts per step).
+
+Measured: see the README's trees table (numbers written there and in the issue notes).
+"""
+from experiments.configs import common
+from experiments.configs.verifree_chain import chain_setting
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = chain_setting(common.base_config())
+  c.step_delimiters = (",",)
+  c.estimator = "slate"
+  c.prompts_per_step = 16
+  c.slate.candidates = 4
+  c.slate.max_steps = 3
+  c.slate.eta = 0.7
+  c.slate.answer_bonus = 0.1
+  if a.tiny:
+    common.apply_tiny(c)
+  return c

@@ -1,0 +1,32 @@
+"""TP-GRPO on chained arithmetic: step values from greedy completions after each step,
+incremental step rewards and turning points.
+
+Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+  python -m experiments.run --config experiments/configs/tp_grpo_chain.py --workdir runs/tp \\
+      --config.warm_start_from=runs/chain_warmup/hf_policy --config.sft_steps=0
+Variants: `:tiny` (2 steps, seconds; used by tests).
+
+The setting is `verifree_chain.py`'s. Steps are the running sums ("14," | "9=9", cut after
+each `c.step_delimiters` token). The `step_completions` producer completes every response
+greedily after each of its steps and verifies the completion: V_k, the value after k steps
+(the response's own reward after its last step; V_0 the greedy response to the prompt). TP-GRPO
+(YunzeTong/TurningPoint-GRPO, the run script's setting) rewards each step with its increment
+V_k − V_{k−1}, or, at a turning point (a step that turns the local trend toward the final
+outcome), with the aggregated long-term reward R − V_{k−1}; step rewards are normalised per
+(prompt, step index) and broadcast to the step's tokens. Costs B·(K−1) + N greedy rollouts
+per step (`time_baseline`).
+
+Measured: see the README's trees table (numbers written there and in the issue notes).
+"""
+from experiments.configs import common
+from experiments.configs.verifree_chain import chain_setting
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = chain_setting(common.base_config())
+  c.max_steps = 3                       # "14," | "9=9": 2 steps (3 with 4 operands)
+  c.estimator = "tp_grpo"
+  if a.tiny:
+    common.apply_tiny(c)
+  return c
