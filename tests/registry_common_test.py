@@ -274,7 +274,7 @@ EQUAL_GROUP_NOT_ZERO = {
     "pcsd": "the additive teacher-support term β·w·s is not zero where Â = 0",
     "pbsd": "the additive turn-evidence term λ·ẽ contrasts the turns of a group",
     "prorag": "the additive PRM step term β·(s − μ')/σ' contrasts the steps of a group",
-    "propa": "the additive MCTS step term β·(Q − μ^Q)/σ^Q contrasts the steps of a group",
+    "propa": "step_value_form: the additive MCTS step term β·(Q − μ^Q)/σ^Q contrasts steps",
     "spark": "the reward is the format-gated step-verdict aggregate, not the `reward` field",
     "tp_grpo": "step rewards are value increments d_k = V_k − V_{k−1}, not the `reward` field",
 }

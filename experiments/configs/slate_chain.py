@@ -12,7 +12,10 @@ ternary LLM judge (r_think: the candidate's running sum right +1 / wrong −1; o
 step also r_answer, +1 / −1, and the early-answer bonus 0.1·(B_max − t)/B_max), the k
 scores are normalised, and the path continues from one candidate drawn by softmax(A/0.7)
 (algoprog/SLATE `configs/slate.yaml`). Every candidate is a row owning only its step, so the
-loss sees each step once; `slate` normalises the candidates of each node. Up to
+loss sees each step once; `slate` normalises the candidates of each node. The loss is the
+code's step objective: the candidate's ratio exp(mean token log-ratio) clipped at 0.2 (`gspo`
+with ε = 0.2, one ratio per row = per step, averaged over rows), plus the low-variance KL
+(k3) to the reference with β = 0.001. Up to
 `slate.max_steps` = 3 steps: 4·3 = 12 rows per prompt (16 prompts per step).
 
 Measured: see the README's trees table (numbers written there and in the issue notes).
@@ -26,6 +29,13 @@ def get_config(arg=None):
   c = chain_setting(common.base_config())
   c.step_delimiters = (",",)
   c.estimator = "slate"
+  # SLATE's step objective (code): the ratio of a candidate step is exp(mean token log-ratio)
+  # clipped at 0.2, averaged over candidates (rows): GSPO's sequence ratio on each step row.
+  c.policy_loss = "gspo"
+  c.loss_kwargs.clip_low = 0.2
+  c.loss_kwargs.clip_high = 0.2
+  c.kl_coef = 0.001                     # the code's low-variance KL (k3) to the reference
+  c.kl_kind = "k3"
   c.prompts_per_step = 16
   c.slate.candidates = 4
   c.slate.max_steps = 3

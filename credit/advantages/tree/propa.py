@@ -1,4 +1,5 @@
-"""PROPA: MCTS step values as a dense process term on top of GRPO (ProRAG's form)."""
+"""PROPA: per-node GRPO on log-boosted MCTS values (the authors' code), or the spec's dense
+step-value term on top of GRPO (ProRAG's form)."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -11,8 +12,11 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
+from credit.advantages.tree.cbpo import (first_of_node, segment_starts, sibling_matrix,
+                                         tree_rows, validate_tree)
 from credit.advantages.tree.prorag import (_step_tokens, check_steps, pooled_zscore,
                                            prorag_outcome)
+from credit.advantages.tree.treerl import tree_leaf_values
 from credit.contract import ContractError, validate_fields
 from credit.ops._cast import as_f32
 from credit.registry import register_estimator
@@ -24,6 +28,7 @@ __all__ = ["propa_advantages", "log_boost", "validate_propa_inputs"]
 _PAPER = ("PROPA: Toward Process-level Optimization in Visual Reasoning via Reinforcement "
           "Learning (arXiv id not given in the seeds); code github.com/YanbeiJiang/PROPA")
 VALUE_TRANSFORMS = ("identity", "log_boost")
+_STEP_FIELDS = ("step_value", "step_mask", "step_id")
 
 
 def log_boost(q: ArrayLike, a: ArrayLike = 10.0) -> Array:
@@ -33,65 +38,59 @@ def log_boost(q: ArrayLike, a: ArrayLike = 10.0) -> Array:
   return jnp.log1p(a * q) / jnp.log1p(a)
 
 
-@register_estimator(
-    "propa", needs=("reward", "step_value", "step_mask", "step_id", "group_id",
-                    "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "value_transform"))
-def propa_advantages(*, reward: ArrayLike, step_value: ArrayLike, step_mask: ArrayLike,
-                     step_id: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
-                     num_groups: int, group_size: int | None = None, beta: ArrayLike = 0.3,
-                     eps: ArrayLike = 1e-4, var_eps: ArrayLike = 1e-8,
-                     value_transform: Literal["identity", "log_boost"] = "identity") -> Array:
-  """PROPA as specified: GRPO + β · step-weighted group z-score of the MCTS step values.
+def _node_grpo(reward, group_id, response_mask, parent_id, prefix_len, num_groups, eps,
+               min_span, boost_a) -> Array:
+  """The code's form on the tree layout (see `propa_advantages`)."""
+  tree = tree_rows("propa_advantages", reward, group_id, response_mask, parent_id, prefix_len,
+                   num_groups)
+  B, T = tree.mask.shape
+  valid, child = tree.valid, tree.child
+  total, count = tree_leaf_values(tree)
+  value_BT = total / jnp.maximum(count, 1.0)          # mean leaf reward below (a, t)
+  rows = jnp.arange(B)
+  p = jnp.clip(tree.prefix, 0, T - 1)
+  par = jnp.clip(tree.parent, 0, B - 1)
+  x = log_boost(value_BT[rows, p], boost_a)           # row c as a child of its node
+  x_cont = log_boost(value_BT[par, p], boost_a)       # the parent's continuation in c's node
+  # Members of c's node: its valid siblings (roots: the valid roots of its prompt group) and,
+  # for a branch node, the parent row's own continuation.
+  same = ((tree.parent[:, None] == tree.parent[None, :])
+          & (tree.prefix[:, None] == tree.prefix[None, :])
+          & (tree.group_id[:, None] == tree.group_id[None, :]))
+  memb = same & valid[None, :]
+  cont = child & valid[par]
+  mf, cf = memb.astype(jnp.float32), cont.astype(jnp.float32)
+  n = jnp.sum(mf, axis=1) + cf
+  mean = (mf @ x + cf * x_cont) / jnp.maximum(n, 1.0)
+  dev = x[None, :] - mean[:, None]
+  ss = jnp.sum(mf * dev * dev, axis=1) + cf * (x_cont - mean) ** 2
+  std = ops.safe_sqrt(ss / jnp.maximum(n - 1.0, 1.0))  # unbiased (torch .std())
+  hi = jnp.maximum(jnp.max(jnp.where(memb, x[None, :], -jnp.inf), axis=1),
+                   jnp.where(cont, x_cont, -jnp.inf))
+  lo = jnp.minimum(jnp.min(jnp.where(memb, x[None, :], jnp.inf), axis=1),
+                   jnp.where(cont, x_cont, jnp.inf))
+  all0 = (jnp.sum(mf * (x[None, :] != 0.0), axis=1) + cf * (x_cont != 0.0)) == 0
+  all1 = (jnp.sum(mf * (x[None, :] != 1.0), axis=1) + cf * (x_cont != 1.0)) == 0
+  skip = (n < 2) | all0 | all1 | (hi - lo < jnp.asarray(min_span, jnp.float32))
+  denom = std + jnp.asarray(eps, jnp.float32)
+  own = jnp.where(skip | ~valid, 0.0, (x - mean) / denom)
+  as_parent = jnp.where(skip | ~cont, 0.0, (x_cont - mean) / denom)
+  # Row a's tokens from a branch point p on are its continuation step in the node (a, p).
+  first = first_of_node(sibling_matrix(tree), valid)
+  _, start = segment_starts(tree, first, T)
+  a_idx = jnp.where(first & child, tree.parent, B)
+  table = jnp.zeros((B, T), jnp.float32).at[a_idx, p].set(as_parent, mode="drop")
+  seg = jnp.take_along_axis(table, jnp.clip(start, 0, T - 1), axis=1)
+  out = jnp.where(start >= 0, seg, own[:, None])
+  return jnp.where(tree.mask & valid[:, None], out, 0.0)
 
-  Confidence: inferred (`shared/methods/distill_and_structure.md` B9: ProRAG's form with
-  MCTS values in place of PRM scores; step-weighted statistics and β = 0.3 are the spec's
-  choices).
 
-  Paper: "PROPA: Toward Process-level Optimization in Visual Reasoning via Reinforcement
-  Learning" (arXiv id not given in the seeds). With Q_{b,k} = `step_value` (the MCTS Q of
-  the step's node, valid where `step_mask`):
-
-  .. math::
-    A_o[b] = (r_b − μ_g)/(σ_g + ε)                        (σ unbiased, ε = 1e-4, ProRAG)
-    μ^Q_g = mean over the valid steps (b∈g, k) of Q,  σ^Q_g = sqrt(var_pop + 1e-8)
-    A[b,t] = (A_o[b] + β (Q_{b,k(t)} − μ^Q_g)/σ^Q_g) · M[b,t]
-
-  Each valid step counts once in μ^Q, σ^Q (σ^Q = 1 for a group with ≤ 1 valid step),
-  whatever its length; this is the difference from `prorag_advantages`, which weighs by
-  tokens. Groups with fewer than 2 valid rows give 0; tokens outside a valid step get A_o.
-
-  What the authors' code does instead (YanbeiJiang/PROPA, read for this module:
-  `*/RL_PRM_*/create_GRPO_train_*.py`, `swift/plugin/orm.py` `custom_grpo`): its GRPO is
-  per MCTS node — the group is the node's children (sibling next steps from one prefix),
-  each child's reward is log_boost(value/visits) with a = 10 (unvisited children 0), and
-  nodes whose labels are all 0, all 1 or span < 0.1 are skipped. That is a sibling-group
-  estimator over exact-prefix groups, not an additive term on outcome GRPO; we keep the
-  spec's form and offer the code's label transform (`value_transform="log_boost"`).
-  Interleaved SFT is a training schedule (loop side).
-
-  Args:
-    reward: [B] float outcome rewards.
-    step_value: [B,K] float MCTS Q of each step (read where `step_mask`; unvisited nodes
-      should be off in `step_mask`).
-    step_mask, step_id, group_id, response_mask, num_groups, group_size: as
-      `prorag_advantages`.
-    beta: β. eps: ε on the outcome std. var_eps: added to the step variance.
-    value_transform: static, "identity" or "log_boost" (Q clipped to [0,1], then
-      log(1+10Q)/log 11, PROPA's labels).
-
-  Returns:
-    [B,T] float32 advantages, zero outside `response_mask`.
-
-  >>> import numpy as np
-  >>> a = propa_advantages(reward=np.array([1., 0.]), step_value=np.array([[.9, .2],
-  ...     [.5, 0.]]), step_mask=np.array([[1, 1], [1, 0]], bool), step_id=np.array(
-  ...     [[0, 0, 1], [0, 0, -1]], np.int32), group_id=np.zeros(2, np.int32),
-  ...     response_mask=np.array([[1, 1, 1], [1, 1, 0]], bool), num_groups=1)
-  >>> np.round(np.asarray(a, np.float64), 5).tolist()
-  [[1.09062, 1.09062, 0.35826], [-0.74188, -0.74188, 0.0]]
-  """
-  check_choice("propa_advantages", "value_transform", value_transform, VALUE_TRANSFORMS)
+def _step_value_form(reward, step_value, step_mask, step_id, group_id, response_mask,
+                     num_groups, group_size, beta, eps, var_eps, value_transform) -> Array:
+  """The spec's form (see `propa_advantages`)."""
+  if step_value is None or step_mask is None or step_id is None:
+    raise ValueError("propa_advantages: step_value_form=True needs step_value, step_mask and "
+                     "step_id")
   reward_B, gid_B, _, valid_B = ops.group_rows(
       "propa_advantages", reward, group_id, num_groups, group_size,
       response_mask=response_mask)
@@ -108,10 +107,129 @@ def propa_advantages(*, reward: ArrayLike, step_value: ArrayLike, step_mask: Arr
   return jnp.where(mask_BT & big_B[:, None], adv, 0.0)
 
 
-def validate_propa_inputs(*, num_groups: int | None = None, **fields: Any) -> None:
+@register_estimator(
+    "propa", needs=("reward", "group_id", "response_mask", "parent_id", "prefix_len"),
+    paper=_PAPER, optional_needs={f: "step_value_form" for f in _STEP_FIELDS},
+    static_argnames=("num_groups", "group_size", "value_transform", "step_value_form"))
+def propa_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
+                     parent_id: ArrayLike | None = None, prefix_len: ArrayLike | None = None,
+                     step_value: ArrayLike | None = None, step_mask: ArrayLike | None = None,
+                     step_id: ArrayLike | None = None, num_groups: int,
+                     group_size: int | None = None, min_span: ArrayLike = 0.1,
+                     boost_a: ArrayLike = 10.0, eps: ArrayLike = 1e-4,
+                     step_value_form: bool = False, beta: ArrayLike = 0.3,
+                     var_eps: ArrayLike = 1e-8,
+                     value_transform: Literal["identity", "log_boost"] = "identity") -> Array:
+  """PROPA: GRPO within each MCTS node on log-boosted node values (the authors' code).
+
+  Confidence: code-verified (default form: YanbeiJiang/PROPA
+  `{Math-Vision,Trance}/RL_PRM_*/create_GRPO_train_*.py` `process_json_file`/`log_boost`,
+  `swift/plugin/orm.py` `custom_grpo`, `swift/trainers/rlhf_trainer/grpo_trainer.py`
+  `_prepare_batch_inputs`). The `step_value_form=True` option is inferred
+  (`shared/methods/distill_and_structure.md` B9, ProRAG's form with MCTS values).
+
+  Paper: "PROPA: Toward Process-level Optimization in Visual Reasoning via Reinforcement
+  Learning" (arXiv id not given in the seeds).
+
+  **What the code does.** After MCTS, `create_GRPO_train_*.py` makes one GRPO prompt per
+  tree node that has children (terminal "final answer" nodes excluded): the prompt is the
+  question plus the node's steps, the group is the node's children (the sibling next steps),
+  and each child's label is `log_boost(value/visits)` (0 for an unvisited child) with
+  log_boost(x) = 0 for x ≤ 0, 1 for x ≥ 1, else log(1 + 10x)/log 11. A node is dropped when
+  its labels are all 0, all 1, or max − min < 0.1 (on the boosted labels). The trainer
+  replays the children as the group's completions (`_engine_infer_mock`), `custom_grpo`
+  returns the labels as rewards, and `_prepare_batch_inputs` normalises per group:
+  A = (r − mean)/(std + 1e-4) with torch's unbiased std.
+
+  **On the tree layout.** An MCTS node is a shared prefix; its children are the exact-prefix
+  group of `credit.trees`: the roots of a prompt group (node = the prompt), or for a branch
+  point (a, p) the rows c with parent_id = a, prefix_len = p plus row a's own continuation
+  from p. A child's value/visits is the mean reward of the complete rows through it: for c,
+  c and its descendants; for a's continuation, a and the rows branching from a after p
+  (`tree_leaf_values`). With x = log_boost(V) over the node's valid members N:
+
+  .. math::
+    A_c = (x_c − mean_N x) / (std_N x + ε)     (std unbiased, ε = 1e-4)
+    A_c = 0  if |N| < 2, all x = 0, all x = 1, or max_N x − min_N x < min_span (0.1)
+
+  Token credit: a row's tokens before its first branch point get its advantage as a child
+  of its own node; its tokens in [p_i, p_{i+1}) get its continuation's advantage in the
+  node (a, p_i) (as `cbpo_advantages`), so every tree token carries the step that samples
+  it. On a flat batch (all roots) this is GRPO on log_boost(reward) per prompt group, with
+  groups whose boosted rewards span < 0.1 set to 0.
+
+  Differences from the code (layout): the code's step is one reasoning step, later steps
+  below a single-child node are skipped (singleton group); here the whole segment between
+  two branch points takes the node's advantage (the layout has no step boundaries inside a
+  segment). Values come from the rows' rewards, not MCTS back-up sums (equal when each
+  rollout is backed up once with its reward). Invalid rows (empty response, group id out
+  of range) are no members. The interleaved SFT phase (`create_SFT_train_*_after_grpo.py`)
+  is a training schedule (loop side).
+
+  **Option `step_value_form=True`** (the spec's inferred form; needs `step_value`,
+  `step_mask`, `step_id`; `parent_id`/`prefix_len` are then ignored): with
+  Q_{b,k} = `step_value` valid where `step_mask`,
+
+  .. math::
+    A_o[b] = (r_b − μ_g)/(σ_g + ε)                        (σ unbiased, ε = 1e-4, ProRAG)
+    μ^Q_g = mean over the valid steps (b∈g, k) of Q,  σ^Q_g = sqrt(var_pop + var_eps)
+    A[b,t] = (A_o[b] + β (Q_{b,k(t)} − μ^Q_g)/σ^Q_g) · M[b,t]
+
+  Each valid step counts once in μ^Q, σ^Q (σ^Q = 1 for a group with ≤ 1 valid step); groups
+  with fewer than 2 valid rows give 0; tokens outside a valid step get A_o.
+  `value_transform="log_boost"` applies the code's label transform to Q.
+
+  Cost (default form): [B,B] node comparisons and ancestry, O(B² + B·T).
+
+  Args:
+    reward: [B] float outcome reward of each row's complete path.
+    group_id: [B] int prompt group in [0, num_groups) (branches inherit their root's).
+    response_mask: [B,T] bool, the tokens each row sampled itself.
+    parent_id: [B] int, the row a branch continues (−1: a root; < the row index).
+    prefix_len: [B] int, the column where a branch departs (0 for roots).
+    step_value, step_mask, step_id: the option's inputs ([B,K] MCTS Q of each step, [B,K]
+      bool, [B,T] int step index, −1 outside).
+    num_groups: static number of prompt groups. group_size: static, option only.
+    min_span: the skip threshold on max − min of a node's boosted values (code: 0.1).
+    boost_a: a of log_boost (code: 10).
+    eps: ε added to the std (both forms; code: 1e-4).
+    step_value_form: static; True for the spec's form.
+    beta, var_eps, value_transform: the option's β, step-variance ε and static Q transform.
+
+  Returns:
+    [B,T] float32 advantages (no gradient in the default form), zero outside
+    `response_mask`.
+
+  >>> import numpy as np
+  >>> mask = np.zeros((4, 6), bool); mask[:2, 1:] = True; mask[2:, 3:] = True
+  >>> a = propa_advantages(reward=np.array([1., 0, 0, 1]), group_id=np.zeros(4, np.int32),
+  ...     response_mask=mask, parent_id=np.array([-1, -1, 0, 0], np.int32),
+  ...     prefix_len=np.array([0, 0, 3, 3], np.int32), num_groups=1)
+  >>> np.round(np.asarray(a, np.float64), 4).tolist()
+  [[0.0, 0.707, 0.707, 0.5773, 0.5773, 0.5773], [0.0, -0.707, -0.707, -0.707, -0.707, -0.707],
+   [0.0, 0.0, 0.0, -1.1545, -1.1545, -1.1545], [0.0, 0.0, 0.0, 0.5773, 0.5773, 0.5773]]
+  """
+  check_choice("propa_advantages", "value_transform", value_transform, VALUE_TRANSFORMS)
+  if step_value_form:
+    return _step_value_form(reward, step_value, step_mask, step_id, group_id, response_mask,
+                            num_groups, group_size, beta, eps, var_eps, value_transform)
+  if parent_id is None or prefix_len is None:
+    raise ValueError("propa_advantages: the default (node GRPO) form needs parent_id and "
+                     "prefix_len (flat batch: parent_id = -1, prefix_len = 0)")
+  return jax.lax.stop_gradient(_node_grpo(reward, group_id, response_mask, parent_id,
+                                          prefix_len, num_groups, eps, min_span, boost_a))
+
+
+def validate_propa_inputs(*, num_groups: int | None = None, step_value_form: bool = False,
+                          **fields: Any) -> None:
   """Eager checks before tracing: contract shapes/dtypes, finite rewards, a non-empty
-  `response_mask`, `step_id` < K, and finite `step_value` where `step_mask`."""
+  `response_mask`; the tree layout (default form) or `step_id` < K and finite `step_value`
+  where `step_mask` (`step_value_form=True`)."""
   validate_fields(fields, num_groups=num_groups, where="propa")
+  if not step_value_form:
+    validate_tree(fields["parent_id"], fields["prefix_len"], fields.get("group_id"),
+                  num_tokens=np.shape(fields["response_mask"])[-1], where="propa")
+    return
   check_steps("propa", fields)
   q = np.asarray(fields["step_value"])[np.asarray(fields["step_mask"]).astype(bool)]
   if not np.all(np.isfinite(q)):
