@@ -187,11 +187,18 @@ def tree_rows(c: ml_collections.ConfigDict) -> int:
                          t.depth_decay)
 
 
+# Branch criteria of the runner: the library's, with "given" filled by the task's first error.
+RUNNER_CRITERIA = ("entropy", "surprisal", "step", "first_error")
+
+
 def _check_tree(c: ml_collections.ConfigDict) -> None:
   t = c.tree
-  if t.criterion not in trees.BRANCH_CRITERIA or t.criterion == "given":
+  if t.criterion not in RUNNER_CRITERIA:
     raise SetupError(f"tree.criterion={t.criterion!r}; the runner can branch by "
-                     f"{[k for k in trees.BRANCH_CRITERIA if k != 'given']}")
+                     f"{list(RUNNER_CRITERIA)}")
+  if t.criterion == "first_error" and not _task_flags_spans(c):
+    raise SetupError("tree.criterion='first_error' needs a built-in task with flag_chars (the "
+                     "first wrong character of a response), e.g. arithmetic, chain, countdown")
   try:
     trees.budgets(t.points, t.depth, t.depth_decay)
   except ValueError as e:
@@ -201,11 +208,26 @@ def _check_tree(c: ml_collections.ConfigDict) -> None:
                      f"tree.gamma_node={t.gamma_node} in [0,1)")
 
 
+def first_error_scores(tok, task, examples: Mapping[str, Any], tree) -> np.ndarray:
+  """[B,T] 1 at the first wrong token of each wrong row's path (the task's `flag_chars`: the
+  first character a judge marks wrong), 0 elsewhere; row b answers example `group_id[b]`."""
+  out = np.zeros(tree.tokens.shape, np.float32)
+  for b, g in enumerate(tree.group_id):
+    cols = np.flatnonzero(tree.path_mask[b])
+    ids = tree.tokens[b, cols]
+    example = tasks_lib.as_example({k: examples[k][g] for k in examples})
+    flags = tasks_lib.token_flags(tok, ids, task.flag_chars(example, tok.decode(ids)))
+    if flags.any():
+      out[b, cols[np.argmax(flags)]] = 1.0
+  return out
+
+
 def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
   """G root samples per prompt, grown into a tree by branch sampling (`credit.trees`)."""
   c, G, t = s.c, s.group_size, s.c.tree
   entropy = s.scorer(entropy=True) if t.criterion == "entropy" else None
   split = step_splitter(s) if t.criterion == "step" else None
+  tok, task = s.data.tokenizer, s.data.task
 
   def produce(state, batch, ctx: StepContext) -> dict:
     model_state = s.model_state(state.params)
@@ -223,6 +245,8 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
         depth=np.zeros(B0, np.int32))
 
     def score_fn(tree):
+      if t.criterion == "first_error":
+        return first_error_scores(tok, task, ctx.examples, tree)
       if split is not None:
         return trees.step_starts(split(tree.tokens, tree.path_mask)).astype(np.float32)
       sharded = parallel.shard_batch((tree.tokens, tree.prompt_mask | tree.path_mask), s.mesh)
@@ -236,7 +260,8 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
 
     tree, stats = trees.grow_tree(
         roots, sample_fn, num_groups=s.num_groups, branches=t.branches, points=t.points,
-        depth=t.depth, decay=t.depth_decay, criterion=t.criterion,
+        depth=t.depth, decay=t.depth_decay,
+        criterion="given" if t.criterion == "first_error" else t.criterion,
         score_fn=None if t.criterion == "surprisal" else score_fn,
         max_new_tokens=c.max_new_tokens, gamma_path=t.gamma_path, gamma_node=t.gamma_node,
         key=jax.random.fold_in(ctx.key, 1))
@@ -1537,7 +1562,8 @@ PRODUCERS: tuple[Producer, ...] = (
                               "turn_id", "logprob_sampler", "parent_id", "prefix_len"), (),
              _build_tree_rollout, "sampling",
              "G samples per prompt grown into trees: at c.tree.points branch points per "
-             "prompt (by entropy, surprisal or step starts; CBPO's path/node decays), "
+             "prompt (by entropy, surprisal, step starts or the first wrong token; CBPO's "
+             "path/node decays), "
              "c.tree.branches continuations from each shared prefix (its KV cache computed "
              "once), c.tree.depth rounds; each tree token is a loss token in one row only",
              when=lambda c: tree_on(c) and not slate_on(c), check=_check_tree,

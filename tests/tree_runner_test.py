@@ -73,6 +73,8 @@ def test_slate_rollout_batch(tmp_path):
     ("cbpo_chain", {"estimator": "verifree"}, "cannot run on tree rollouts"),
     ("cbpo_chain", {"tree.criterion": "random"}, "tree.criterion"),
     ("cbpo_chain", {"tree.points": 0}, "points"),
+    ("cbpo_chain", {"task": "pivotal", "task_kwargs": {}, "tree.criterion": "first_error"},
+     "flag_chars"),
     ("slate_chain", {"task": "arithmetic", "task_kwargs": {}}, "judge_step"),
     ("slate_chain", {"tree.branches": 2}, "use one of them"),
     ("grpo_arithmetic", {"estimator": "cbpo"}, "tree.branches > 0"),
@@ -123,3 +125,23 @@ def test_branching_at_the_pivot_credits_the_pivotal_segment():
   assert mags.max() == np.abs(adv[[0, 2, 3], pivot]).max()
   # The tree laid out by credit.trees' conventions is consistent.
   trees.tree_depth(parent)
+
+
+def test_first_error_scores_mark_the_first_wrong_token():
+  # 12+34-5= "46,41=41": right; "46,40=40": wrong from the 5th character; "45,..." from the 2nd.
+  task, tok = tasks_lib.get_task("chain"), CharTokenizer()
+  prompt = tok.encode("12+34-5=")
+  P, T = len(prompt), len(prompt) + 10
+  texts = ["46,41=41", "46,40=40", "45,40=40"]
+  tokens = np.zeros((3, T), np.int32)
+  path = np.zeros((3, T), bool)
+  for b, text in enumerate(texts):
+    ids = prompt + tok.encode(text) + [tok.eos_id]
+    tokens[b, :len(ids)] = ids
+    path[b, P:len(ids)] = True
+  tree = trees.TreeRollout(tokens, path, path, np.arange(T)[None] < P, np.zeros((3, T)),
+                           np.zeros((3, T)), np.zeros(3, np.int32), np.full(3, -1, np.int32),
+                           np.zeros(3, np.int32), np.zeros(3, np.int32))
+  got = producers.first_error_scores(tok, task, {"prompt": ["12+34-5="], "answer": ["41"]}, tree)
+  assert got.sum() == 2 and got[0].sum() == 0
+  assert got[1, P + 4] == 1.0 and got[2, P + 1] == 1.0

@@ -99,6 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.tree = ml_collections.ConfigDict(dict(
       branches=0, points=2, depth=1, depth_decay=0.5,
       criterion="entropy",        # entropy | surprisal | step (starts of c.step_delimiters steps)
+                                  # | first_error (the first wrong token: task flag_chars)
       gamma_path=0.5, gamma_node=0.5))  # CBPO's path-level and node-level decays.
   # SLATE's step-level sampling (estimator slate): per prompt and step, `candidates` next steps
   # (cut at c.step_delimiters) judged by the task's judge_step, one continued by softmax(A/eta),
