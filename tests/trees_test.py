@@ -16,9 +16,11 @@ MAX_NEW = 10
 def test_shared_prefix_samples_what_repeated_prefixes_sample():
   # One prefill per prompt, its cache repeated for the G rows: the same draws (same keys) as
   # G prefills of the repeated prompt, and the same log-probs up to float rounding.
+  # (The shapes of `_roots`, so the shared program is compiled once for both.)
   tokens, mask = _prompts(3)
-  kw = dict(prompt_tokens=tokens, prompt_mask=mask, key=jax.random.key(5), max_new_tokens=6,
-            num_samples=3, temperature=1.0, max_new_tokens_per_row=np.array([6, 2, 6, 4]))
+  kw = dict(prompt_tokens=tokens, prompt_mask=mask, key=jax.random.key(5),
+            max_new_tokens=MAX_NEW, num_samples=3, temperature=1.0,
+            max_new_tokens_per_row=np.array([MAX_NEW, 2, MAX_NEW, 4]))
   a = _sampler()(_state(), **kw)
   b = _sampler()(_state(), **kw, share_prefix=True)
   np.testing.assert_array_equal(a.tokens, b.tokens)
@@ -30,7 +32,7 @@ def test_shared_prefix_samples_what_repeated_prefixes_sample():
 def _roots(G=3, seed=1):
   tokens, mask = _prompts(seed)
   out = _sampler()(_state(), prompt_tokens=tokens, prompt_mask=mask, key=jax.random.key(seed),
-                   max_new_tokens=MAX_NEW, num_samples=G, temperature=1.0)
+                   max_new_tokens=MAX_NEW, num_samples=G, temperature=1.0, share_prefix=True)
   host = jax.tree.map(np.asarray, out._asdict())
   B = host["tokens"].shape[0]
   return trees.TreeRollout(

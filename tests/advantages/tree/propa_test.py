@@ -5,7 +5,6 @@ Registry-wide properties (flat batches) also run in tests/registry_common_test.p
 """
 from __future__ import annotations
 
-import doctest
 import functools
 
 import hypothesis
@@ -101,10 +100,6 @@ def test_registered():
   assert spec.needs == set(TREE_FIELDS)
   assert spec.needs_for({"step_value_form": True}) == set(TREE_FIELDS + STEP_FIELDS)
 
-
-def test_doctests():
-  res = doctest.testmod(propa, optionflags=doctest.NORMALIZE_WHITESPACE)
-  assert res.attempted > 0 and res.failed == 0
 
 
 def test_worked_example_by_hand():

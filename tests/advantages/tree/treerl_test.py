@@ -6,7 +6,6 @@ the parent's segment that ends there), and computes leaf means recursively.
 """
 from __future__ import annotations
 
-import doctest
 import functools
 
 import hypothesis
@@ -101,10 +100,6 @@ def test_registered():
   assert spec.family == "tree" and spec.confidence == "paper-equation"
   assert spec.needs == set(FIELDS)
 
-
-def test_doctests():
-  res = doctest.testmod(treerl, optionflags=doctest.NORMALIZE_WHITESPACE)
-  assert res.attempted > 0 and res.failed == 0
 
 
 def test_worked_example():
