@@ -208,6 +208,22 @@ def _check_tree(c: ml_collections.ConfigDict) -> None:
                      f"tree.gamma_node={t.gamma_node} in [0,1)")
 
 
+def _tree_batch(s: Setup, ctx: StepContext, tree, **more) -> dict:
+  """The contract fields of a tree batch (`credit.trees.TreeRollout`), sharded; the host views
+  read whole paths (verifiers, step splitting), the loss reads each row's own tokens."""
+  own = tree.response_mask
+  ctx.host.update(tokens=tree.tokens, response_mask=tree.path_mask,
+                  prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own)
+  ctx.attn_mask = parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh)
+  ctx.extras["logprob_raw"] = parallel.shard_batch(tree.logprob_raw, s.mesh)
+  index = np.asarray(ctx.examples["index"], np.int32)
+  return parallel.shard_batch({
+      "tokens": tree.tokens, "response_mask": own, "group_id": tree.group_id,
+      "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
+      "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
+      "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler, **more}, s.mesh)
+
+
 def first_error_scores(tok, task, examples: Mapping[str, Any], tree) -> np.ndarray:
   """[B,T] 1 at the first wrong token of each wrong row's path (the task's `flag_chars`: the
   first character a judge marks wrong), 0 elsewhere; row b answers example `group_id[b]`."""
@@ -271,17 +287,7 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
                        tree_points=float(sum(stats["points_found"])),
                        tree_branch_tokens=float(sum(stats["new_tokens"])),
                        tree_root_tokens=float(own[:B0].sum()))
-    # Host views read whole paths (verifiers, step splitting); the loss reads own tokens.
-    ctx.host.update(tokens=tree.tokens, response_mask=tree.path_mask,
-                    prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own)
-    ctx.attn_mask = parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh)
-    ctx.extras["logprob_raw"] = parallel.shard_batch(tree.logprob_raw, s.mesh)
-    index = np.asarray(ctx.examples["index"], np.int32)
-    return parallel.shard_batch({
-        "tokens": tree.tokens, "response_mask": own, "group_id": tree.group_id,
-        "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
-        "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
-        "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler}, s.mesh)
+    return _tree_batch(s, ctx, tree)
 
   return produce
 
@@ -362,17 +368,7 @@ def _build_slate_rollout(s: Setup, wanted: frozenset) -> Produce:
                        slate_path_accuracy=float(np.mean(np.asarray(path_reward) >= 1.0)),
                        slate_path_steps=float(st["path_steps"].mean()),
                        slate_step_score=float(score[own.any(1)].mean()) if own.any() else 0.0)
-    ctx.host.update(tokens=tree.tokens, response_mask=tree.path_mask,
-                    prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own)
-    ctx.attn_mask = parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh)
-    ctx.extras["logprob_raw"] = parallel.shard_batch(tree.logprob_raw, s.mesh)
-    index = np.asarray(ctx.examples["index"], np.int32)
-    return parallel.shard_batch({
-        "tokens": tree.tokens, "response_mask": own, "group_id": tree.group_id,
-        "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
-        "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
-        "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler,
-        "reward": score.astype(np.float32)}, s.mesh)
+    return _tree_batch(s, ctx, tree, reward=score.astype(np.float32))
 
   return produce
 
@@ -1336,15 +1332,8 @@ def step_splitter(s: Setup) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
   """`split(tokens, response_mask) -> step_id`: the response cut into steps after every token
   whose text holds one of `c.step_delimiters` (the delimiter closes its step; −1 outside)."""
   tok = s.data.tokenizer
-  delims = s.c.step_delimiters
   ends = np.zeros(tok.vocab_size + 1, bool)  # token id -> closes a step (by its own text)
-  if delims:
-    for i in range(tok.vocab_size):
-      try:
-        text = tok.decode([i])
-      except (ValueError, KeyError, IndexError):
-        continue
-      ends[i] = any(d in text for d in delims)
+  ends[delimiter_ids(tok, s.c.step_delimiters)] = True
 
   def split(tokens: np.ndarray, resp: np.ndarray) -> np.ndarray:
     closes = ends[np.clip(tokens, 0, tok.vocab_size)] & resp
@@ -1360,12 +1349,7 @@ def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
   split = step_splitter(s)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    resp = ctx.host["response_mask"]
-    if "turn_id" in ctx.host:  # multi-turn: a step is the agent's turn
-      step = np.where(resp, ctx.host["turn_id"], -1).astype(np.int32)
-    else:
-      step = split(ctx.host["tokens"], resp)
-    return {"step_id": parallel.shard_batch(step, s.mesh)}
+    return {"step_id": parallel.shard_batch(_steps_of(s, ctx, split), s.mesh)}
 
   return produce
 
