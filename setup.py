@@ -29,6 +29,7 @@ TEST = [
     "nbmake==1.5.5",
     "ipykernel",
     "pytest-xdist==3.8.*",  # make test: one worker per core, each test file on one worker
+    "pytest-timeout==2.4.*",  # make test: a hung test fails after --timeout instead of eating CI
 ]
 # PyTorch + transformers are only the reference implementation in tests and benchmarks.
 # torch is pinned exactly: a CPU wheel of 2.13.0 lies on disk; anything else pulls CUDA.

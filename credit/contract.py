@@ -23,7 +23,8 @@ class Field(NamedTuple):
 
   shape: letters, one per axis (B batch, T tokens, K turns/steps, R reward components,
     k top-k entries, M prompt interventions, A tokens of a teacher-forced reference answer,
-    F follow-up texts); fields sharing a letter must agree on its size.
+    F follow-up texts, J verifiable subproblems, U unit tests, C rubric items); fields sharing
+    a letter must agree on its size.
   dtype: "i" integer, "b" bool (or a 0/1 numeric mask), "f" floating.
   meaning: what the array holds.
   finite: values must be finite where used (under `response_mask` for [B,T..] fields,
@@ -148,6 +149,23 @@ CONTRACT: dict[str, Field] = {
     "anchor_id": Field("BT", "i", "anchor (a cluster of near-identical sub-diffs / step "
                        "edits across a group) each token belongs to, -1 for none (DiDPO)"),
     "format_ok": Field("B", "b", "the response follows the task's output format"),
+    # --- structured rewards (reward shaping before an estimator runs) ---
+    "sub_rewards": Field("BJ", "f", "verifier result for each subproblem's answer (SCRL; the "
+                         "last subproblem is the original problem)", True),
+    "sub_mask": Field("BJ", "b", "subproblems the prompt has (valid entries of sub_rewards)"),
+    "span_id": Field("BT", "i", "subproblem j whose answer span holds the token, -1 outside "
+                     "answer spans"),
+    "test_pass": Field("BU", "f", "1 when the response passes unit test u, 0 when it fails "
+                       "(a malformed, crashing or non-terminating program fails every test)"),
+    "test_mask": Field("BU", "b", "unit tests the prompt has (valid entries of test_pass)"),
+    "rubric": Field("BC", "f", "score in [0,1] for each rubric item a judge checked (C-GRPO: "
+                    "1 when a hidden entity is identified, cited and connected to the answer)"),
+    "rubric_mask": Field("BC", "b", "rubric items the prompt has (valid entries of rubric)"),
+    "tool_calls": Field("B", "i", "tool-call rounds the response used"),
+    "tool_cost": Field("B", "f", "total cost of the response's tool use (e.g. searches or "
+                       "calculator operations issued over all rounds)", True),
+    "token_rm_logit": Field("BT", "f", "logit of a token-level reward model at each response "
+                            "token (OREAL's importance weights)", True),
 }
 
 _REQUIRED = ("tokens", "response_mask")

@@ -116,6 +116,12 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
     raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: "
                      f"{list(producers.LOGPROB_OLD_SOURCES)}")
   hyper = dict(c.estimator_kwargs)
+  if "train_step" in est.params:  # a schedule over training (Atom-Searcher, RL Tango)
+    if "train_step" in hyper:
+      raise SetupError(f"estimator {est.name!r}: train_step is passed by the runner (the RL "
+                       "step, as an array); do not set it in estimator_kwargs")
+    if "total_steps" in est.params and "total_steps" not in hyper:
+      hyper["total_steps"] = c.steps
   if "vocab_size" in est.params and "vocab_size" not in hyper:
     hyper["vocab_size"] = model_vocab_size(c)  # e.g. DGPO's entropy gate H / log|V|
   try:
@@ -741,8 +747,10 @@ def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
   if c.debug_checks or not rs.checked:
     check_batch(batch, num_groups=c.prompts_per_step, where=where)
   t0 = time.perf_counter()
-  adv, est_state, targets = run.adv_fn({n: batch[n] for n in m.estimator_fields},
-                                       rs.train.estimator_state)
+  arrays = {n: batch[n] for n in m.estimator_fields}
+  if "train_step" in m.estimator.params:  # traced, so a schedule does not recompile
+    arrays["train_step"] = jnp.asarray(rs.step, jnp.float32)
+  adv, est_state, targets = run.adv_fn(arrays, rs.train.estimator_state)
   batch["advantages"] = adv
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},

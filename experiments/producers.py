@@ -1522,6 +1522,167 @@ def _build_answer_value(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def _task_has(method: str) -> Callable[[ml_collections.ConfigDict], bool]:
+  """`when` of a producer that calls a built-in single-turn task's `method`."""
+  def when(c: ml_collections.ConfigDict) -> bool:
+    if is_multi_turn(c):
+      return False
+    try:
+      task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+    except (KeyError, TypeError, ValueError):
+      return False
+    return callable(getattr(task, method, None))
+  return when
+
+
+def _response_rows(s: Setup, ctx: StepContext):
+  """(example, response token ids, response text, response positions) of every row."""
+  tok = s.data.tokenizer
+  tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+  examples = _examples_rows(ctx.examples)
+  for b, g in enumerate(ctx.host["group_id"]):
+    ids = tokens[b][resp[b]]
+    yield examples[g], ids, tok.decode(ids), np.flatnonzero(resp[b])
+
+
+def _build_subproblems(s: Setup, wanted: frozenset) -> Produce:
+  """sub_rewards / sub_mask [B,J] and span_id [B,T]: the task's `subproblems` (SCRL) — a
+  verifier result per subproblem, and the subproblem whose answer span holds each token
+  (the characters' span ids through `token_flags`, one subproblem at a time)."""
+  tok, task = s.data.tokenizer, s.data.task
+  J = task.num_subproblems
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    B, T = ctx.host["response_mask"].shape
+    sub, sub_mask = np.zeros((B, J), np.float32), np.zeros((B, J), bool)
+    span = np.full((B, T), -1, np.int32)
+    for b, (example, ids, text, pos) in enumerate(_response_rows(s, ctx)):
+      rewards, char_span = task.subproblems(example, text)
+      n = len(rewards)
+      sub[b, :n], sub_mask[b, :n] = rewards, True
+      row = np.full(len(ids), -1, np.int32)
+      for j in range(n):
+        row[tasks_lib.token_flags(tok, ids, char_span == j) & (row < 0)] = j
+      span[b, pos] = row
+    return parallel.shard_batch({"sub_rewards": sub, "sub_mask": sub_mask, "span_id": span},
+                                s.mesh)
+
+  return produce
+
+
+def _build_unit_tests(s: Setup, wanted: frozenset) -> Produce:
+  """test_pass / test_mask [B,U]: the task's `test_pass` — each response run on every unit
+  test by the task's own interpreter (limits included: a failing run fails its test)."""
+  task = s.data.task
+  U = task.num_tests
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    rows = list(_response_rows(s, ctx))
+    passed = np.asarray([task.test_pass(e, text) for e, _, text, _ in rows], np.float32)
+    return parallel.shard_batch({"test_pass": passed.reshape(len(rows), U),
+                                 "test_mask": np.ones((len(rows), U), bool)}, s.mesh)
+
+  return produce
+
+
+def _build_rubric(s: Setup, wanted: frozenset) -> Produce:
+  """rubric / rubric_mask [B,C]: the task's `rubric` items judged on each response."""
+  task = s.data.task
+  C = task.num_rubric_items
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    rows = list(_response_rows(s, ctx))
+    rubric, mask = np.zeros((len(rows), C), np.float32), np.zeros((len(rows), C), bool)
+    for b, (example, _, text, _) in enumerate(rows):
+      items = task.rubric(example, text)
+      rubric[b, :len(items)], mask[b, :len(items)] = items, True
+    return parallel.shard_batch({"rubric": rubric, "rubric_mask": mask}, s.mesh)
+
+  return produce
+
+
+def _build_tool_usage(s: Setup, wanted: frozenset) -> Produce:
+  """tool_calls / tool_cost [B] of multi-turn episodes: the turns that called a tool (a
+  well-formed call), and every turn that cost an environment round without answering (the
+  calls plus malformed actions)."""
+  from credit.envs import tools as tools_lib  # pylint: disable=g-import-not-at-top
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    calls, cost = [], []
+    for t in ctx.extras["trajectories"]:
+      kinds = [r.info["action"].kind for r in t.results if r is not None and r.info]
+      calls.append(sum(k == tools_lib.CALL for k in kinds))
+      cost.append(sum(k != tools_lib.ANSWER for k in kinds))
+    return parallel.shard_batch({"tool_calls": np.asarray(calls, np.int32),
+                                 "tool_cost": np.asarray(cost, np.float32)}, s.mesh)
+
+  return produce
+
+
+# reward_components columns (c.reward_components): name -> (task method it needs or None, doc).
+REWARD_COMPONENTS = {
+    "outcome": (None, "the verifier's reward"),
+    "format": (None, "1 when the response has the task's format (format_ok; else it ended "
+                     "with a stop token)"),
+    "rubric": ("rubric", "the fraction of the task's rubric items met"),
+    "subproblems": ("subproblems", "the fraction of the task's subproblems answered right"),
+    "tests": ("test_pass", "the fraction of the task's unit tests passed"),
+    "brevity": (None, "1 − response tokens / max_new_tokens"),
+}
+
+
+def _check_reward_components(c: ml_collections.ConfigDict) -> None:
+  names = list(c.reward_components)
+  bad = [n for n in names if n not in REWARD_COMPONENTS]
+  if bad:
+    raise SetupError(f"reward_components {bad} unknown; known: {list(REWARD_COMPONENTS)}")
+  if is_multi_turn(c):
+    raise SetupError("reward_components are single-turn (multi-turn episodes report per-turn "
+                     "rewards themselves)")
+  task = tasks_lib.get_task(c.task, **dict(c.task_kwargs)) if c.task in tasks_lib.list_tasks(
+      ) else None
+  for n in names:
+    method = REWARD_COMPONENTS[n][0]
+    if method and not callable(getattr(task, method, None)):
+      raise SetupError(f"reward_components: {n!r} needs a built-in task with `{method}` "
+                       f"(task {c.task!r} has none)")
+
+
+def _build_reward_components(s: Setup, wanted: frozenset) -> Produce:
+  """reward_components [B,R]: the columns c.reward_components names (REWARD_COMPONENTS), in
+  that order — several reward signals per response for multi-reward estimators (GDPO's
+  decoupled normalisation, SearchLLM's gates and objectives)."""
+  tok, task, names = s.data.tokenizer, s.data.task, list(s.c.reward_components)
+  stops = np.asarray(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+  fmt = getattr(task, "format_ok", None)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    rows = list(_response_rows(s, ctx))
+    resp = ctx.host["response_mask"]
+    reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
+    cols = []
+    for n in names:
+      if n == "outcome":
+        cols.append(reward)
+      elif n == "format":
+        if fmt is not None:
+          cols.append([float(fmt(e, text)) for e, _, text, _ in rows])
+        else:
+          cols.append([float(len(ids) > 0 and np.isin(ids[-1], stops)) for _, ids, _, _ in rows])
+      elif n == "rubric":
+        cols.append([float(np.mean(task.rubric(e, t) or [0.0])) for e, _, t, _ in rows])
+      elif n == "subproblems":
+        cols.append([float(np.mean(task.subproblems(e, t)[0])) for e, _, t, _ in rows])
+      elif n == "tests":
+        cols.append([float(np.mean(task.test_pass(e, t))) for e, _, t, _ in rows])
+      else:  # brevity
+        cols.append(1.0 - resp.sum(1) / s.c.max_new_tokens)
+    comps = np.stack([np.asarray(col, np.float32) for col in cols], 1)
+    return {"reward_components": parallel.shard_batch(comps, s.mesh)}
+
+  return produce
+
+
 LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 
 # The table. Order matters only between producers of the same field: the first enabled
@@ -1632,6 +1793,31 @@ PRODUCERS: tuple[Producer, ...] = (
              "(start_value); TP-GRPO's V_0..V_n", when=lambda c: not is_multi_turn(c),
              off_doc="single-turn tasks (multi-turn episodes report per-turn values "
                      "themselves)"),
+    Producer("reward_components", ("reward_components",),
+             ("tokens", "response_mask", "reward"), _build_reward_components, "reward",
+             "several reward signals per response, the columns c.reward_components names: "
+             + "; ".join(f"{k} ({v[1]})" for k, v in REWARD_COMPONENTS.items()),
+             when=lambda c: bool(c.reward_components), check=_check_reward_components,
+             off_doc="set c.reward_components, e.g. ('outcome', 'format')"),
+    Producer("subproblems", ("sub_rewards", "sub_mask", "span_id"),
+             ("tokens", "response_mask"), _build_subproblems, "reward",
+             "the task's verifiable subproblems (SCRL): a verifier result for each and the "
+             "response tokens of each one's answer span", when=_task_has("subproblems"),
+             off_doc="needs a built-in task with subproblems, e.g. chain"),
+    Producer("unit_tests", ("test_pass", "test_mask"), ("tokens", "response_mask"),
+             _build_unit_tests, "reward",
+             "the response run on each of the task's unit tests by the task's own "
+             "interpreter, with step and depth limits (VeRPO)", when=_task_has("test_pass"),
+             off_doc="needs a built-in task with unit tests, e.g. program"),
+    Producer("rubric_check", ("rubric", "rubric_mask"), ("tokens", "response_mask"),
+             _build_rubric, "reward", "the task's rubric items judged on each response "
+             "(C-GRPO)", when=_task_has("rubric"),
+             off_doc="needs a built-in task with a rubric, e.g. chain"),
+    Producer("tool_usage", ("tool_calls", "tool_cost"), ("tokens", "response_mask"),
+             _build_tool_usage, "reward",
+             "tool-call rounds and tool cost of each multi-turn episode (HyperEyes TRACE "
+             "cost)", when=is_multi_turn,
+             off_doc="needs a multi-turn task (credit.envs), e.g. calculator or lookup"),
     Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
              "reward of the greedy response per prompt (ReMax)"),
     Producer("task_flags", ("flag_mask",), ("tokens", "response_mask"), _build_task_flags,
@@ -1692,9 +1878,10 @@ assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must 
 
 # The producers that read rows through `group_id` (or not by prompt at all), so they run on
 # tree batches, whose branch rows follow the roots.
-TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier", "sampler_logprob_old", "policy_pass",
-                            "reference_pass", "divergence_pass", "step_segments", "task_flags",
-                            "answer_parse", "greedy_baseline", "step_completions", "step_graph",
+TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier",
+                            "sampler_logprob_old", "policy_pass", "reference_pass",
+                            "divergence_pass", "step_segments", "task_flags", "answer_parse",
+                            "greedy_baseline", "step_completions", "step_graph",
                             "format_check", "query_spans", "step_judge"})
 
 

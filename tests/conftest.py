@@ -19,6 +19,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 import jax  # noqa: E402
 
+# The persistent cache serves the runner subprocesses the end-to-end tests start (they read the
+# directory from the environment). The test workers themselves do not write to it: twice, a
+# worker segfaulted inside jax's cache write (compilation_cache.put_executable_and_time) with
+# another process writing the same directory, and xdist's replacement worker then hung the run.
+jax.config.update("jax_enable_compilation_cache", False)
 # Must happen before any JAX backend is initialised.
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -29,3 +34,59 @@ hypothesis.settings.register_profile(
     "credit", deadline=None, max_examples=25, derandomize=True,
     suppress_health_check=[hypothesis.HealthCheck.too_slow])
 hypothesis.settings.load_profile("credit")
+
+
+# Every compiled XLA:CPU executable holds ~3 memory mappings until it is freed, and a test
+# worker runs hundreds of files: past the kernel's vm.max_map_count (65530 here) the next
+# compilation's mmap fails and XLA segfaults (seen in CI at 97% of the suite, in the worker's
+# compile or its cache write). So a worker frees its compiled programs between test files
+# once it holds many mappings, and within a file as a fallback.
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+_MAPS_BETWEEN_FILES = 15000
+_MAPS_WITHIN_FILE = 45000
+
+
+def _num_mappings() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:  # not Linux
+    return 0
+
+
+def _free_compiled_programs(limit: int) -> None:
+  if _num_mappings() > limit:
+    jax.clear_caches()
+    gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs_between_files():
+  yield
+  _free_compiled_programs(_MAPS_BETWEEN_FILES)
+
+
+_tests_run = [0]
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs_within_file():
+  yield
+  _tests_run[0] += 1
+  if _tests_run[0] % 20 == 0:
+    _free_compiled_programs(_MAPS_WITHIN_FILE)
+
+
+# CREDIT_TEST_TIMES=<dir>: each worker appends "<seconds>\t<test id>" per test phase to a file
+# there as it goes, so the suite's cost per file survives a run that does not finish.
+_TIMES_DIR = os.environ.get("CREDIT_TEST_TIMES")
+
+
+def pytest_runtest_logreport(report):
+  if _TIMES_DIR:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(os.path.join(_TIMES_DIR, f"{worker}.tsv"), "a") as f:
+      f.write(f"{report.duration:.3f}\t{report.when}\t{report.nodeid}\n")

@@ -18,7 +18,8 @@ import credit
 N, G, T = 4, 4, 6
 B = N * G
 NUM_PROMPTS = N + 3
-DIMS = {"B": B, "T": T, "K": 3, "R": 2, "k": 4, "M": 2, "A": 3, "F": 3}
+DIMS = {"B": B, "T": T, "K": 3, "R": 2, "k": 4, "M": 2, "A": 3, "F": 3, "J": 2, "U": 3,
+        "C": 3}
 
 
 def contiguous_ids(nb: int = B) -> np.ndarray:
@@ -82,6 +83,22 @@ _SPECIAL: dict[str, Callable[[np.random.Generator, dict, dict], Any]] = {
     "policy_version": lambda r, d, f: np.zeros(d["B"], np.int32),
     "answer_mask": lambda r, d, f: (np.arange(d["A"])[None, :]
                                     < r.integers(1, d["A"] + 1, d["B"])[:, None]),
+    # Structured rewards: 0/1 verifier results; every prompt has its first subproblem / test /
+    # rubric item; answer spans: subproblem j on response positions [2j, 2j+2).
+    "sub_rewards": lambda r, d, f: r.choice([0.0, 1.0], _shape("sub_rewards", d)
+                                            ).astype(np.float32),
+    "sub_mask": lambda r, d, f: np.arange(d["J"])[None, :] < r.integers(1, d["J"] + 1, (
+        d["B"], 1)),
+    "span_id": lambda r, d, f: np.where(f["response_mask"] & (np.arange(d["T"]) < 2 * d["J"]),
+                                        np.arange(d["T"]) // 2, -1).astype(np.int32),
+    "test_pass": lambda r, d, f: r.choice([0.0, 1.0], _shape("test_pass", d)).astype(np.float32),
+    "test_mask": lambda r, d, f: np.arange(d["U"])[None, :] < r.integers(1, d["U"] + 1, (
+        d["B"], 1)),
+    "rubric": lambda r, d, f: r.choice([0.0, 0.5, 1.0], _shape("rubric", d)).astype(np.float32),
+    "rubric_mask": lambda r, d, f: np.arange(d["C"])[None, :] < r.integers(1, d["C"] + 1, (
+        d["B"], 1)),
+    "tool_calls": lambda r, d, f: r.integers(0, 4, d["B"]).astype(np.int32),
+    "tool_cost": lambda r, d, f: r.integers(0, 6, d["B"]).astype(np.float32),
 }
 
 

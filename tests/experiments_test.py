@@ -27,7 +27,11 @@ DISTILL_RECIPES = ("opd_arithmetic", "scope_arithmetic", "sft_teacher_arithmetic
 # SLATE's and TP-GRPO's one-step batches are checked in tree_runner_test.py; cbpo_chain runs a
 # tree batch end to end here (the update is the same for every tree batch).
 TREE_STEP_RECIPES = ("slate_chain", "tp_grpo_chain")
-RECIPES = [r for r in ALL_RECIPES if r not in DISTILL_RECIPES + TREE_STEP_RECIPES]
+# SCRL's one-step batch (subproblem fields and advantages) is checked in producers_test.py; the
+# chain task runs end to end here through verifree_chain and cbpo_chain.
+ONE_STEP_RECIPES = ("scrl_chain",)
+RECIPES = [r for r in ALL_RECIPES
+           if r not in DISTILL_RECIPES + TREE_STEP_RECIPES + ONE_STEP_RECIPES]
 
 
 def tiny(recipe="grpo_arithmetic", **overrides):
@@ -226,6 +230,24 @@ def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_
     assert np.isfinite(last["critic_vf_mse"]) and np.isfinite(last["critic_ref_vf_mse"])
   if kl_coef:
     assert np.isfinite(last["kl_loss"])
+
+
+def test_scheduled_estimator_and_oreal_loss_run_end_to_end(tmp_path):
+  """RL Tango's advantage (a schedule over the runner's traced train_step; total_steps from
+  c.steps) on the chain task's judged steps, with OREAL's loss (reward and the reference's
+  log-probs as loss inputs): 2 tiny steps, every batch validated."""
+  c = tiny("scrl_chain", estimator="rl_tango", policy_loss="oreal", debug_checks=True,
+           eval_every=0)
+  method = loop.check_method(c)
+  assert method.estimator_static["total_steps"] == c.steps
+  assert {"step_judge", "reference_pass"} <= {p.producer.name for p in method.plan}
+  with pytest.raises(loop.SetupError, match="train_step is passed by the runner"):
+    loop.check_method(tiny("scrl_chain", estimator="rl_tango",
+                           estimator_kwargs={"train_step": 3}))
+  wd = str(tmp_path / "tango")
+  loop.run(c, wd)
+  last = read_metrics(wd)[-1]
+  assert last["step"] == 2 and np.isfinite(last["loss"]) and np.isfinite(last["adv_abs_mean"])
 
 
 def test_bfloat16_policy_trains(tmp_path):

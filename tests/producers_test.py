@@ -476,13 +476,84 @@ def test_flag_mask_marks_wrong_rows_only(tmp_path):
   assert np.all(flags[reward == 0.0].any(axis=1))
 
 
+# --------------------------------------------------------------------------
+# Structured rewards (subproblems, rubric, unit tests, reward components).
+# --------------------------------------------------------------------------
+
+
+def test_subproblem_rubric_and_component_fields_match_the_task(tmp_path):
+  """scrl_chain's one-step batch: sub_rewards / sub_mask / span_id are the task's subproblems
+  on each decoded response (one token per character), and the rubric and reward-component
+  producers on the same batch give the task's rubric and the named columns."""
+  c = tiny("scrl_chain", sft_steps=0)
+  c.reward_components = ("outcome", "format", "rubric", "subproblems", "brevity")
+  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+  task, tok = run.data.task, run.data.tokenizer
+  resp, gid = ctx.host["response_mask"], ctx.host["group_id"]
+  sub, sub_mask, span = (np.asarray(batch[k]) for k in ("sub_rewards", "sub_mask", "span_id"))
+  rubric = producers._build_rubric(run.setup, frozenset())(rs.train, batch, ctx)
+  comps = np.asarray(producers._build_reward_components(run.setup, frozenset())(
+      rs.train, batch, ctx)["reward_components"])
+  rows = producers._examples_rows(ctx.examples)
+  texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], resp)
+  assert not np.any((span >= 0) & ~resp)
+  checked = 0
+  for b, text in enumerate(texts):
+    example = rows[gid[b]]
+    want, char_span = task.subproblems(example, text)
+    n = len(want)
+    assert sub[b, :n].tolist() == want and sub_mask[b].sum() == n and sub[b, n:].sum() == 0
+    ids = ctx.host["tokens"][b][resp[b]]
+    if np.all(ids[:-1] > tok.eos_id):  # one character per token (no pad / bos sampled)
+      assert span[b, resp[b]].tolist() == char_span[:resp[b].sum()].tolist(), text
+      checked += 1
+    items = task.rubric(example, text)
+    assert np.asarray(rubric["rubric"])[b, :len(items)].tolist() == items
+    np.testing.assert_allclose(comps[b], [
+        float(batch["reward"][b]), float(task.format_ok(example, text)), np.mean(items),
+        np.mean(want), 1.0 - resp[b].sum() / c.max_new_tokens], atol=1e-6)
+  assert checked >= len(texts) // 2, checked
+
+
+def test_unit_test_fields_and_hostile_programs(tmp_path):
+  """verpo_program's one-step batch: test_pass is the task's unit-test table on each decoded
+  response; the producer on hostile responses (non-terminating, runtime error, syntax
+  error, overflow) fails their tests and returns, while a right program passes all."""
+  run, rs, ctx, batch = _one_step_batch(tiny("verpo_program", sft_steps=0),
+                                        str(tmp_path / "w"))
+  task, tok = run.data.task, run.data.tokenizer
+  rows = producers._examples_rows(ctx.examples)
+  texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], ctx.host["response_mask"])
+  want = [task.test_pass(rows[g], t) for g, t in zip(ctx.host["group_id"], texts)]
+  np.testing.assert_array_equal(np.asarray(batch["test_pass"]), want)
+  assert np.asarray(batch["test_mask"]).all()
+  # call depth, step limit (4^7 calls at x = 7), division by zero, syntax, overflow; right
+  hostile = ["f(x)", "x?f(x-1)+f(x-1)+f(x-1)+f(x-1):x-x-1", "x/(x-x)", "x+*1",
+             "(x+1)*99999*99999", rows[0]["answer"]]
+  ids = [tok.encode(h, add_eos=True) for h in hostile]
+  width = ctx.host["tokens"].shape[1]
+  tokens = np.zeros((len(ids), width), np.int32)
+  mask = np.zeros((len(ids), width), bool)
+  for b, row in enumerate(ids):
+    tokens[b, width - len(row):], mask[b, width - len(row):] = row, True
+  fake = producers.StepContext(key=None, examples=ctx.examples, prompt_tokens=None,
+                               prompt_mask=None, host={"tokens": tokens, "response_mask": mask,
+                                                       "group_id": np.zeros(len(ids), int)})
+  got = np.asarray(producers._build_unit_tests(run.setup, frozenset())(None, {}, fake)[
+      "test_pass"])
+  assert got[-1].all() and not got[:-1].any()
+  assert got.shape == (len(hostile), task.num_tests)
+
+
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
 # lacks. Everything else must plan on the default recipe (turn-level methods: on the
 # multi-turn `igpo_lookup` recipe), and so run by name.
 NOT_YET_RUNNABLE = {
-    "gdpo": "reward_components",    # a multi-component verifier (reward-shaping issue)
     "logo": "parent_id",            # re-rollouts from a saved environment state (Memory-R2)
 }
+# Reward-shaping methods whose structured rewards come from a task: the recipe that has it.
+SHAPING_RECIPES = {"scrl": "scrl_chain", "c_grpo": "scrl_chain", "verpo_tests": "verpo_program",
+                   "trace_cost": "igpo_lookup"}
 
 
 def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
@@ -496,7 +567,11 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
         name, ("cbpo_chain", "tree_rollout") if "parent_id" in spec.needs else
         ("tp_grpo_chain", "rollout"))
     turn = tree is None and (family == "turn" or "step_mask" in spec.needs)  # multi-turn
-    c = tiny(tree[0] if tree else "igpo_lookup" if turn else "grpo_arithmetic", estimator=name)
+    recipe = SHAPING_RECIPES.get(name) or (tree[0] if tree else "igpo_lookup" if turn
+                                           else "grpo_arithmetic")
+    c = tiny(recipe, estimator=name)
+    if "reward_components" in spec.needs:  # several reward signals from the task's verifier
+      c.reward_components = ("format", "outcome", "brevity")
     if family == "distill":  # the policy as its own teacher (no checkpoint needed)
       c.teacher.context = "answer"
     if name in NOT_YET_RUNNABLE:
@@ -504,7 +579,7 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
         loop.check_method(c)
     else:
       plan = loop.check_method(c).plan
-      root = tree[1] if tree else "env_rollout" if turn else "rollout"
+      root = tree[1] if tree else "env_rollout" if turn or recipe == "igpo_lookup" else "rollout"
       assert plan[0].producer.name == root, name
 
 

@@ -277,6 +277,14 @@ EQUAL_GROUP_NOT_ZERO = {
     "propa": "step_value_form: the additive MCTS step term β·(Q − μ^Q)/σ^Q contrasts steps",
     "spark": "the reward is the format-gated step-verdict aggregate, not the `reward` field",
     "tp_grpo": "step rewards are value increments d_k = V_k − V_{k−1}, not the `reward` field",
+    # Reward shaping: the reward is built from structured signals, not the `reward` field alone.
+    "scrl": "the advantage comes from `sub_rewards`, not the `reward` field",
+    "verpo_tests": "the reward comes from `test_pass`, not the `reward` field",
+    "c_grpo": "the rubric fraction is blended into the `reward` of correct rows",
+    "atom_searcher": "λ·(mean atomic-thought score) is added to the outcome",
+    "trace_cost": "the tool-cost bonus ranks the correct rows of an equal-accuracy group",
+    "ppr_renorm": "step scores contrast the steps of equal-outcome rows",
+    "rl_tango": "verifier step judgments contrast the steps of equal-outcome rows",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {
@@ -285,6 +293,8 @@ SINGLETON_NOT_ZERO = {
     "dcpo": "the prompt's history gives a baseline for a single sample",
     "vimpo": "the actor advantage comes from the log-ratios alone (whitened over the batch)",
     "treg": "additive mode: A = Â + α r̂ with Â = 0",
+    "ppr_renorm": "a lone row's steps are z-scored against each other",
+    "rl_tango": "a lone row's steps are z-scored against each other (n ≤ 1 step: μ=0, σ=1)",
     # Turn-level methods pooling the turns of one row (or the batch), so a lone sample's
     # turns still contrast with each other; MatchTIR keeps a lone sample's raw value (code).
     **{name: "per-turn contrasts within one sample (or a batch-wide part)" for name in (

@@ -23,6 +23,8 @@ TASK_VARIANTS = [
     ("countdown", {"require_all": True}),
     ("pivotal", {}),
     ("pivotal", {"response_len": 12, "shift": 0, "filler": "xyz"}),
+    ("program", {}),
+    ("program", {"family": "mixed", "max_coef": 5, "test_inputs": (2, 5, 0, 1, 11), "shown": 2}),
 ]
 TOK = ct.CharTokenizer()
 
@@ -162,6 +164,8 @@ def test_obviously_wrong_responses_score_zero(name, kwargs):
                 reasoning + ";=" + answer, "x" + demo]
     if name == "countdown":
       wrong += [demo + "+1", f"({demo})*2", demo + "+", "(" + demo]
+    if name == "program":
+      wrong += [demo + "+1", f"({demo})*2", demo + "+", "f(x)", "x/0", demo + "/0"]
     if name == "pivotal":
       p = e["pivot_position"]
       wrong += [demo[:p]]  # too short to reach the pivot
@@ -289,6 +293,76 @@ def test_chain_imperfect_demonstrator_slips_and_carries_the_slip_on():
     ct.Chain(demo_carry_error=-0.1)
   with pytest.raises(ValueError, match="ops"):
     ct.Chain(ops="-")
+
+
+@pytest.mark.parametrize("response,rewards,span,rubric", [
+    ("46,41=41", [1, 1], "000111111", [1, 1]),
+    ("45,41=41", [0, 1], "000111111", [0, 1]),
+    (" 46,41=41\n", [1, 1], "-0001111111", [1, 1]),  # leading space: no span
+    ("=41", [0, 1], "1111", [0, 0]),  # verified, but no reasoning: no rubric item met
+    ("46,40=41", [1, 1], "000111111", [1, 0]),
+    ("46", [1, 0], "001", [0, 0]),  # no marker: the answer fails, and no rubric
+    ("46,41,3=41", [1, 1], "000111-1111", [1, 1]),  # a field past the chain: no span
+    ("", [0, 0], "1", [0, 0])])
+def test_chain_subproblems_and_rubric(response, rewards, span, rubric):
+  task, e = ct.Chain(), {"prompt": "12+34-5=", "answer": "41"}
+  got_r, got_span = task.subproblems(e, response)
+  assert got_r == rewards and task.rubric(e, response) == rubric
+  assert "".join("-" if v < 0 else str(v) for v in got_span) == span
+  assert task.num_subproblems == task.num_rubric_items == 2
+
+
+def test_chain_subproblems_on_demonstrations():
+  task, examples = _examples("chain", {"min_operands": 2, "max_operands": 4}, n=50)
+  for e in examples:
+    demo = task.demonstration(e)
+    rewards, span = task.subproblems(e, demo)
+    n = len(ct.chain.running_sums(e["prompt"]))
+    assert rewards == [1.0] * (n - 1) and task.rubric(e, demo) == [1.0] * (n - 1)
+    assert len(span) == len(demo) + 1 and span.min() == 0 and span.max() == n - 2
+
+
+# ---------------------------------------------------------------- program
+
+
+@pytest.mark.parametrize("program,x,value,status", [
+    ("2*x+1", 3, 7, "ok"), ("x*x+2*x+1", 4, 25, "ok"), (" -x - -3 ", 5, -2, "ok"),
+    ("7/2", 0, 3, "ok"), ("-7/2", 0, -4, "ok"),  # floor division
+    ("x?f(x-1)+2:1", 5, 11, "ok"), ("x-3?0:1", 3, 1, "ok"), ("(x)", 9, 9, "ok"),
+    # hostile candidates: each ends with a clear status, none raises or hangs
+    ("f(x)", 1, None, "call depth exceeded"),  # never terminates
+    ("f(x+1)", 0, None, "call depth exceeded"),
+    ("x?f(x-1)+f(x-1):1", 30, None, "step limit exceeded"),  # 2^30 calls
+    ("x/(x-x)", 2, None, "runtime error: division by zero"),
+    ("x*x*x*x*x*x*x*x*x*x*x*x", 7, None, "overflow"),
+    ("x+*2", 1, None, "syntax error: unexpected '*'"),
+    ("x%2", 1, None, "syntax error: unexpected character '%' at 1"),
+    ("", 1, None, "syntax error: empty program"),
+    ("x?1", 1, None, "syntax error: unexpected end of program"),
+    ("f x", 1, None, "syntax error: expected '(', got 'x'"),
+    ("2x", 1, None, "syntax error: unexpected 'x' after the expression"),
+    ("(" * 80 + "x" + ")" * 80, 1, None, "syntax error: nested deeper than 64"),
+    ("-" * 200 + "x", 1, None, "syntax error: nested deeper than 64"),
+    ("9" * 12, 1, None, "syntax error: number literal longer than 9 digits")])
+def test_program_interpreter(program, x, value, status):
+  assert ct.run_program(program, x) == ct.RunResult(value, status)
+
+
+def test_program_unit_tests_hold_out_inputs():
+  task = ct.Program()  # tests at x = 1, 2, 3 (shown), 0, 7 (held out)
+  e = {"prompt": "f(1)=3,f(2)=5,f(3)=7;f(x)=", "answer": "2*x+1", "outputs": [3, 5, 7, 1, 15]}
+  assert task.generate(np.random.default_rng(0), 1)[0]["prompt"].endswith(";f(x)=")
+  assert task.test_pass(e, "2*x+1") == [1.0] * 5 and task.verify(e, "2*x+1") == 1.0
+  assert task.test_pass(e, "x?2*x+1:0") == [1, 1, 1, 0, 1]  # wrong at the held-out 0
+  assert task.test_pass(e, "x-3?2*x+1:7") == [1, 1, 1, 1, 1]
+  assert task.test_pass(e, "x*x-x+3") == [1, 1, 0, 0, 0]
+  assert task.verify(e, "x?2*x+1:0") == 0.0
+  for bad in ("f(x)", "x/0", "2*x+", "x?f(x-1)+f(x-1):3", "x*99999*99999"):
+    assert task.test_pass(e, bad) == [0.0] * 5, bad
+  with pytest.raises(ValueError, match="family"):
+    ct.Program(family="cubic")
+  with pytest.raises(ValueError, match="shown"):
+    ct.Program(shown=6)
 
 
 # ---------------------------------------------------------------- countdown
@@ -423,12 +497,12 @@ SIZES = {"train_size": 64, "test_size": 16}
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   path = tmp_path_factory.mktemp("tfds")
-  for name in ("arithmetic", "countdown", "pivotal"):
+  for name in ("arithmetic", "countdown", "pivotal", "program"):
     ct.build_task_dataset(name, path, **SIZES)
   return path
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "countdown", "pivotal"])
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "pivotal", "program"])
 def test_tfds_builds_and_reads_back_without_tensorflow(data_dir, name):
   import tensorflow_datasets as tfds
   from credit.tasks.credit_tasks import credit_tasks_dataset_builder as cb

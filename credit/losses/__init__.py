@@ -16,6 +16,8 @@
   preference.py    step-level preference and intervention losses: `dpo_pair_loss`,
                    `dpo_pair_logprobs` (CSO's verified critical-step pairs),
                    `intervention_sft_mask`, `intervention_sft_loss` (InT)
+  oreal.py         OREAL's loss (registry key `oreal`: behaviour cloning on positives, a
+                   policy gradient on negatives, k3 KL) and `oreal_token_rm_loss`
 
 A registered loss is used by name: `credit.get_policy_loss("ppo_clip").fn(...)` is
 `ppo_clip_loss(...)` followed by `reduce_policy_loss(...)`.
@@ -35,6 +37,7 @@ from credit.losses.preference import (SFT_TARGETS, PairLogprobs, dpo_pair_logpro
                                       dpo_pair_loss, intervention_sft_loss, intervention_sft_mask)
 from credit.losses import policy
 from credit.losses.policy import *  # noqa: F401,F403  (every per-token `<key>_loss`)
+from credit.losses.oreal import oreal_loss, oreal_token_rm_loss
 
 __all__ = [
     "AGG_MODES", "aggregate_loss", "ImportanceCorrection", "importance_correction",
@@ -44,6 +47,6 @@ __all__ = [
     "prm_ce_loss", "prm_dpo_loss", "prm_kto_loss", "prm_sequence_logratio",
     "prm_vanilla_kto_loss", "AmftStep", "amft_loss", "amft_meta_gradient", "amft_mu",
     "amft_step", "amft_update_phi", "SFT_TARGETS", "PairLogprobs", "dpo_pair_logprobs",
-    "dpo_pair_loss", "intervention_sft_loss", "intervention_sft_mask",
-    *policy.__all__,
+    "dpo_pair_loss", "intervention_sft_loss", "intervention_sft_mask", "oreal_loss",
+    "oreal_token_rm_loss", *policy.__all__,
 ]

@@ -1,6 +1,7 @@
 """Built-in verifiable tasks (no download), a character tokenizer, data sources and loaders.
 
-Tasks: `get_task("arithmetic" | "chain" | "countdown" | "pivotal" | "copy_digit", **options)`;
+Tasks: `get_task("arithmetic" | "chain" | "countdown" | "pivotal" | "copy_digit" | "program",
+**options)`;
 each has `generate(rng, n)`, `verify(example, response) -> float`, `demonstration(example)`
 (`chain`: reasoning, then the answer after its `answer_marker`).
 User data: `load_jsonl` (plain / GSM8K / MATH formats), `load_tfds`, verified with `MathVerifier`.
@@ -20,17 +21,19 @@ from credit.tasks.data import (DATA_FORMATS, ExampleSource, MissingFieldError, b
                                task_data_source, task_tfds_name)
 from credit.tasks.math_verifier import MathVerifier
 from credit.tasks.pivotal import Pivotal
+from credit.tasks.program import Program, RunResult, run_program
 from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode_prompt_response,
                                     encode_prompts, pad_rows, token_flags)
 
 __all__ = [
-    "DATA_FORMATS", "Arithmetic", "Chain", "CharTokenizer", "CopyDigit", "Countdown", "ExampleSource", "ExpressionError",
-    "MathVerifier", "MissingFieldError", "Pivotal", "Task", "UnknownTaskError", "as_example",
-    "boxed_answer", "build_task_dataset", "collate", "decode_responses", "default_data_dir",
-    "detect_format", "encode_prompt_response", "encode_prompts", "evaluate_expression",
-    "get_task", "gsm8k_answer", "list_tasks", "load_jsonl", "load_tfds", "make_loader",
-    "pad_rows", "register_task", "solve_countdown", "task_data_source", "task_tfds_name",
-    "token_flags", "verify_batch",
+    "Arithmetic", "Chain", "CharTokenizer", "CopyDigit", "Countdown", "DATA_FORMATS",
+    "ExampleSource", "ExpressionError", "MathVerifier", "MissingFieldError", "Pivotal",
+    "Program", "RunResult", "Task", "UnknownTaskError", "as_example", "boxed_answer",
+    "build_task_dataset", "collate", "decode_responses", "default_data_dir", "detect_format",
+    "encode_prompt_response", "encode_prompts", "evaluate_expression", "get_task",
+    "gsm8k_answer", "list_tasks", "load_jsonl", "load_tfds", "make_loader", "pad_rows",
+    "register_task", "run_program", "solve_countdown", "task_data_source", "task_tfds_name",
+    "token_flags", "verify_batch"
 ]
 
 # The multi-turn tasks live with their environments (credit/envs: lookup, calculator,

@@ -178,6 +178,73 @@ class Chain:
     think = judge_sum(reasoning) if reasoning else 0.0
     return think, 1.0 if answer == text_field(example, "answer") else -1.0, True
 
+  @property
+  def num_subproblems(self) -> int:
+    """J, the most subproblems an example has (n − 1: see `subproblems`)."""
+    return self.max_operands - 1
+
+  def subproblems(self, example: Mapping[str, Any], response: str
+                  ) -> tuple[list[float], np.ndarray]:
+    """SCRL's verifiable subproblems of a chain and the response's answer span for each.
+
+    A chain of n operands is n − 1 subproblems: subproblem j < n − 2 is the running sum
+    s_{j+2} (its answer is the reasoning's j-th comma-separated field), and the last one is
+    the original problem (its answer is the text after the marker, judged by `verify`; the
+    reasoning's last field, which computes the same sum, belongs to its span too). A field
+    the response does not write is a failed subproblem (reward 0, still counted).
+
+    Returns:
+      (rewards, span): `rewards[j]` in {0, 1} for the example's n − 1 subproblems;
+      `span [len(response) + 1]` int, the subproblem whose answer span holds each character
+      (a field's digits and the comma after it; the marker, the answer and the end — the
+      stop token — belong to the last subproblem), −1 for characters of no span (leading
+      whitespace, fields past the chain).
+
+      12+34-5= "46,41=41" -> rewards [1, 1], span 0 0 0 1 1 1 1 1 | end 1
+      12+34-5= "45,41=41" -> rewards [0, 1]
+    """
+    sums = running_sums(text_field(example, "prompt"))
+    n_sub = len(sums) - 1
+    span = np.full(len(response) + 1, -1, np.int32)
+    start = len(response) - len(response.lstrip())
+    body = response[start:].rstrip()
+    reasoning, marker, _ = body.partition(MARKER)
+    fields = reasoning.split(",") if reasoning else []
+    rewards = [0.0] * n_sub
+    pos = start
+    for j, text in enumerate(fields):
+      width = len(text) + (j < len(fields) - 1)  # the field and its comma
+      if j < n_sub:
+        span[pos:pos + width] = j
+        if j < n_sub - 1:
+          rewards[j] = float(text == str(sums[j + 1]))
+      pos += width
+    if marker:
+      span[pos:] = n_sub - 1
+    elif not fields:
+      span[start:] = n_sub - 1  # no marker and no reasoning: everything answers the problem
+    span[-1] = n_sub - 1
+    rewards[-1] = self.verify(example, response)
+    return rewards, span
+
+  @property
+  def num_rubric_items(self) -> int:
+    """C, the most rubric items an example has (its n − 1 running sums)."""
+    return self.max_operands - 1
+
+  def rubric(self, example: Mapping[str, Any], response: str) -> list[float]:
+    """Rubric items for C-GRPO: item j is 1 when the reasoning states the running sum
+    s_{j+2} as its j-th field (n − 1 items per example, s_n included). A response that
+    skips its reasoning ("=41", which `verify` accepts) meets none.
+
+      12+34-5= "46,41=41" -> [1, 1]     "=41" -> [0, 0]     "46,40=41" -> [1, 0]
+    """
+    sums = running_sums(text_field(example, "prompt"))
+    reasoning, marker, _ = response.strip().partition(MARKER)
+    fields = reasoning.split(",") if marker and reasoning else []
+    return [float(j < len(fields) and fields[j] == str(sums[j + 1]))
+            for j in range(len(sums) - 1)]
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     prompt = text_field(example, "prompt")

@@ -105,6 +105,9 @@ def base_config() -> ml_collections.ConfigDict:
   # (cut at c.step_delimiters) judged by the task's judge_step, one continued by softmax(A/eta),
   # up to `max_steps` steps. 0 candidates = off.
   c.slate = ml_collections.ConfigDict(dict(candidates=0, max_steps=4, eta=0.7, answer_bonus=0.1))
+  c.reward_components = ()        # reward_components [B,R] columns (gdpo, searchllm): outcome |
+                                  # format | rubric | subproblems | tests | brevity
+                                  # (experiments/producers.py REWARD_COMPONENTS).
   c.max_steps = 4                 # K of per-step arrays on single-turn responses (step_value of
                                   # TP-GRPO; steps past K-1 merge into the last entry).
   c.temperature = 1.0             # sampling temperature.

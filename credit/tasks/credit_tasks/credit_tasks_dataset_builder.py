@@ -79,11 +79,12 @@ def make_config(task: str | Any, *, train_size: int = DEFAULT_TRAIN_SIZE,
 
 
 class Builder(tfds.core.GeneratorBasedBuilder):
-  """The built-in credit tasks (arithmetic, countdown, pivotal) as a tfds dataset."""
+  """The built-in credit tasks (arithmetic, countdown, pivotal, program) as a tfds dataset."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release."}
-  BUILDER_CONFIGS = [make_config(name) for name in ("arithmetic", "countdown", "pivotal")]
+  BUILDER_CONFIGS = [make_config(name) for name in ("arithmetic", "countdown", "pivotal",
+                                                    "program")]
 
   def _info(self) -> tfds.core.DatasetInfo:
     task = self.builder_config.make_task()

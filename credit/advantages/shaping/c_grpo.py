@@ -1,0 +1,98 @@
+"""C-GRPO (CaRR): citation-aware rubric fraction blended with the outcome, then GRPO."""
+from __future__ import annotations
+
+from typing import Literal
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from credit import ops
+from credit._checks import check_choice
+from credit.registry import register_estimator
+
+Array = jax.Array
+
+__all__ = ["c_grpo_advantages"]
+
+_PAPER = ("CaRR: citation-aware rubric rewards for deep search agents (C-GRPO), THUDM, "
+          "https://github.com/THUDM/CaRR")
+_MODES = ("positive", "blend", "negative")
+
+
+@register_estimator("c_grpo", needs=("reward", "rubric", "rubric_mask", "group_id",
+                                     "response_mask"),
+                    paper=_PAPER,
+                    static_argnames=("num_groups", "group_size", "mode",
+                                     "normalize_in_positive", "singleton"))
+def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: ArrayLike,
+                      group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
+                      group_size: int | None = None, alpha: float = 0.3,
+                      mode: Literal["positive", "blend", "negative"] = "positive",
+                      normalize_in_positive: bool = False, eps: float = 1e-6,
+                      singleton: Literal["zero", "raw"] = "zero") -> Array:
+  """C-GRPO: rubric fraction, max-normalised per group, blended into the outcome; GRPO.
+
+  Confidence: code-verified (THUDM/CaRR `slime/slime/rollout/sglang_rollout.py`, the group
+  reward blend; `deepsearch_rm_with_rubrics/launch_server.py`, the rubric score;
+  `scripts/training/training_run_4b-C-GRPO-rubric0.3.sh`, α = 0.3; as summarised, with the
+  corrections, in `shared/methods/outcome_and_clipping.md` §19).
+
+  Paper: CaRR / C-GRPO, citation-aware rubric rewards (THUDM).
+
+  .. math::
+    r_i = Σ_c rubric_{i,c} m_{i,c} / Σ_c m_{i,c}         (0 when the row has no items)
+    r̂_i = r_i / max_{j ∈ g} r_j                          (r_i when that max is 0)
+    positive:  R_i = o_i if o_i = 0, else (1 − α) o_i + α r̃_i
+    blend:     R_i = (1 − α) o_i + α r̂_i
+    negative:  R_i = o_i if o_i > 0, else α r̂_i
+    A = GRPO(R)     (unbiased σ, ε = 1e-6 on σ)
+
+  o = `reward`, the outcome in {0, 1}. In "positive" (the default), r̃ is the
+  *un-normalised* r, as in the released code; `normalize_in_positive=True` uses r̂ (the
+  paper's description). The outcome is kept only where it is exactly 0 (code). The group
+  max runs over the valid rows of the group (the code normalises each prompt's n samples;
+  it reads the whole batch as one group when the batch is not n × prompts, which we do not
+  copy: groups are `group_id`). A group with one valid row gives 0 (`singleton="zero"`; the
+  code's std of one sample is NaN).
+
+  Args:
+    reward: [B] outcome o (1 correct, 0 wrong).
+    rubric: [B,C] float judge score of each rubric item (1: the hidden entity is
+      identified, cited and connected to the answer).
+    rubric_mask: [B,C] bool items the prompt has.
+    group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
+    alpha: rubric weight α. mode: static "positive" | "blend" | "negative".
+    normalize_in_positive: static; blend r̂ rather than r in "positive" mode.
+    eps: added to σ. singleton: static "zero" | "raw".
+
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+  """
+  fn = "c_grpo_advantages"
+  check_choice(fn, "mode", mode, _MODES)
+  check_choice(fn, "singleton", singleton, ops.SINGLETONS)
+  o_B, gid_B, mask_BT, valid_B = ops.group_rows(fn, reward, group_id, num_groups,
+                                                group_size, response_mask=response_mask)
+  rub_BC = jnp.asarray(rubric, jnp.float32)
+  rm_BC = jnp.asarray(rubric_mask).astype(bool)
+  chex.assert_rank([rub_BC, rm_BC], 2)
+  chex.assert_equal_shape([rub_BC, rm_BC])
+  chex.assert_equal_shape_prefix([rub_BC, o_B], 1)
+  rmf_BC = rm_BC.astype(jnp.float32)
+  r_B = ops.safe_div(jnp.sum(jnp.where(rm_BC, rub_BC, 0.0), axis=1), jnp.sum(rmf_BC, axis=1))
+  r_B = jnp.where(valid_B, r_B, 0.0)
+  max_B = ops.group_reduce_rows(r_B, gid_B, valid_B, num_groups, group_size, "max")
+  max_B = jnp.where(valid_B, max_B, 0.0)
+  rhat_B = jnp.where(max_B != 0, ops.safe_div(r_B, max_B), r_B)
+  if mode == "positive":
+    r_pos = rhat_B if normalize_in_positive else r_B
+    R_B = jnp.where(o_B == 0, o_B, (1.0 - alpha) * o_B + alpha * r_pos)
+  elif mode == "blend":
+    R_B = (1.0 - alpha) * o_B + alpha * rhat_B
+  else:
+    R_B = jnp.where(o_B > 0, o_B, alpha * rhat_B)
+  adv_B = ops.group_normalize(R_B, gid_B, num_groups, valid=valid_B, eps=eps,
+                              singleton=singleton, group_size=group_size)
+  return ops.broadcast_to_tokens(adv_B, mask_BT)

@@ -1,0 +1,194 @@
+"""RL Tango: generator advantage mixing outcome GRPO with verifier step judgments (scheduled α),
+plus the verifier's class-balance loss weights (`class_balance_weights`)."""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from credit import ops
+from credit._checks import check_choice
+from credit.advantages.shaping.prm_transform import step_end_mask
+from credit.registry import register_estimator
+
+Array = jax.Array
+
+__all__ = ["rl_tango_alpha", "rl_tango_advantages", "ClassBalanceState",
+           "class_balance_init", "class_balance_weights"]
+
+_PAPER = ("RL Tango: Reinforcing Generator and Verifier Together for Language Reasoning, "
+          "arXiv 2505.15034")
+_SCHEDULES = ("exp", "fixed")
+_BALANCE = ("sqrt_inverse", "inverse")
+
+
+def rl_tango_alpha(train_step: ArrayLike, *, alpha0: ArrayLike = 0.5,
+                   alpha_min: ArrayLike = 1e-3, total_steps: ArrayLike = 1000.0,
+                   decay_frac: ArrayLike = 1.0) -> Array:
+  """α(step) = max(α_min, α0·exp(−k·step)),  k = ln(α0/α_min)/(decay_frac·total_steps).
+
+  Reaches α_min after decay_frac·total_steps steps. `train_step` may be traced.
+  """
+  a0 = jnp.asarray(alpha0, jnp.float32)
+  amin = jnp.asarray(alpha_min, jnp.float32)
+  k = jnp.log(a0 / amin) / (jnp.asarray(decay_frac, jnp.float32)
+                            * jnp.asarray(total_steps, jnp.float32))
+  return jnp.maximum(amin, a0 * jnp.exp(-k * jnp.asarray(train_step, jnp.float32)))
+
+
+@register_estimator("rl_tango", needs=("reward", "step_reward", "step_mask", "step_id",
+                                       "group_id", "response_mask"),
+                    paper=_PAPER,
+                    static_argnames=("num_groups", "group_size", "schedule", "singleton"))
+def rl_tango_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
+                        step_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
+                        num_groups: int, group_size: int | None = None,
+                        schedule: Literal["exp", "fixed"] = "exp",
+                        train_step: ArrayLike = 0.0, alpha0: ArrayLike = 0.5,
+                        alpha_min: ArrayLike = 1e-3, total_steps: ArrayLike = 1000.0,
+                        decay_frac: ArrayLike = 1.0, outcome_weight: ArrayLike = 1.0,
+                        process_weight: ArrayLike = 1.0, eps: float = 1e-6,
+                        singleton: Literal["zero", "raw"] = "zero") -> Array:
+  """RL Tango generator advantage: (1 − α)·outcome GRPO + α·returns of z-scored step verdicts.
+
+  Confidence: code-verified (kaiwenzha/RL-Tango `verl/trainer/ppo/rl_tango_trainer.py`,
+  `verl/trainer/ppo/core_algos.py`; spec `shared/methods/outcome_and_clipping.md` §26).
+
+  Paper: K. Zha et al., "RL Tango: Reinforcing Generator and Verifier Together for
+  Language Reasoning", arXiv 2505.15034.
+
+  .. math::
+    A_out[i,t]  = (R_i − μ_g)/(σ_g + ε)                       (constant on the response)
+    ẑ_{i,s}     = (v_{i,s} − μ'_g)/(σ'_g + ε)                 (all valid steps of group g;
+                                                               n ≤ 1 → μ' = 0, σ' = 1)
+    A_proc[i,t] = Σ_{s: end(s) ≥ t} ẑ_{i,s}                   (reverse cumsum from step ends)
+    A = (1 − α)·A_out + α·A_proc,   α = `rl_tango_alpha`(train_step)     ("exp")
+    A = w_o·A_out + w_p·A_proc                                           ("fixed")
+
+  v = `step_reward`: the verifier's step judgments (±1/S in the code), placed at the last
+  token of each step (from `step_id`). σ, σ' are unbiased (torch.std). The code averages
+  A_proc over several verifier rollouts per sample; here `step_reward` holds one
+  verifier's judgments (average the verifier rollouts' A_proc outside, or pass the mean
+  judgment, which is the same for the linear reverse cumsum only when the normalisers
+  agree). Steps without tokens are ignored.
+
+  Args:
+    reward: [B] outcome. step_reward: [B,K] verdicts v. step_mask: [B,K] bool.
+    step_id: [B,T] int step of each token (−1 outside).
+    group_id, response_mask, num_groups, group_size, singleton: as `grpo_advantages`
+      (`singleton` applies to the outcome part).
+    schedule: static, "exp" (default) | "fixed".
+    train_step: the training step (may be traced). alpha0, alpha_min, total_steps,
+      decay_frac: the exponential schedule (`rl_tango_alpha`; α0 = 0.5, α_min = 1e-3;
+      set total_steps to the run's length).
+    outcome_weight, process_weight: w_o, w_p of the "fixed" mix.
+    eps: added to σ and σ'.
+
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+  """
+  fn = "rl_tango_advantages"
+  check_choice(fn, "schedule", schedule, _SCHEDULES)
+  check_choice(fn, "singleton", singleton, ops.SINGLETONS)
+  r_B, gid_B, m_BT, valid_B = ops.group_rows(fn, reward, group_id, num_groups, group_size,
+                                             response_mask=response_mask)
+  v_BK = jnp.asarray(step_reward, jnp.float32)
+  sid = jnp.asarray(step_id)
+  chex.assert_rank([v_BK, sid], 2)
+  chex.assert_type(sid, int)
+  chex.assert_equal_shape([sid, m_BT])
+  chex.assert_equal_shape_prefix([v_BK, r_B], 1)
+  sid = sid.astype(jnp.int32)
+  K = v_BK.shape[1]
+  out_B = ops.group_normalize(r_B, gid_B, num_groups, valid=valid_B, eps=eps,
+                              singleton=singleton, group_size=group_size)
+  a_out = ops.broadcast_to_tokens(jnp.where(valid_B, out_B, 0.0), m_BT)
+
+  has_tok = ops.turn_reduce(jnp.zeros(m_BT.shape), sid, K, m_BT, reduce="count") > 0
+  ok_BK = jnp.asarray(step_mask).astype(bool) & has_tok & valid_B[:, None]
+  chex.assert_equal_shape([ok_BK, v_BK])
+  z_BK = ops.turn_normalize(v_BK, ok_BK, gid_B, num_groups, by="pooled", ddof=1, eps=eps,
+                            min_count=2, small="raw")
+  ends = step_end_mask(sid, m_BT, K)
+  x_BT = jnp.where(ends, ops.turn_broadcast(z_BK, sid, m_BT), 0.0)
+  a_proc = ops.discounted_reverse_cumsum(x_BT, m_BT & valid_B[:, None], 1.0)
+
+  if schedule == "exp":
+    alpha = rl_tango_alpha(train_step, alpha0=alpha0, alpha_min=alpha_min,
+                           total_steps=total_steps, decay_frac=decay_frac)
+    adv = (1.0 - alpha) * a_out + alpha * a_proc
+  else:
+    adv = (jnp.asarray(outcome_weight, jnp.float32) * a_out
+           + jnp.asarray(process_weight, jnp.float32) * a_proc)
+  return jnp.where(m_BT & valid_B[:, None], adv, 0.0)
+
+
+class ClassBalanceState(NamedTuple):
+  """EMA of the positive / negative example counts of the verifier's labels.
+
+  pos, neg: float32 scalars; seen: bool scalar, False until the first batch.
+  """
+  pos: Array
+  neg: Array
+  seen: Array
+
+
+def class_balance_init() -> ClassBalanceState:
+  """An empty state: the first batch initialises the EMAs."""
+  return ClassBalanceState(pos=jnp.zeros((), jnp.float32), neg=jnp.zeros((), jnp.float32),
+                           seen=jnp.zeros((), bool))
+
+
+def class_balance_weights(labels: ArrayLike, state: ClassBalanceState, *,
+                          decay: ArrayLike = 0.8,
+                          mode: Literal["sqrt_inverse", "inverse"] = "sqrt_inverse",
+                          valid: ArrayLike | None = None
+                          ) -> tuple[Array, ClassBalanceState]:
+  """RL Tango's class-imbalance weights for the verifier's per-sample loss.
+
+  Confidence: code-verified (kaiwenzha/RL-Tango `verl/trainer/ppo/rl_tango_trainer.py`;
+  spec `shared/methods/outcome_and_clipping.md` §26).
+
+  .. math::
+    n⁺ ← d·n⁺ + (1 − d)·#pos,   n⁻ ← d·n⁻ + (1 − d)·#neg     (first batch: n = #)
+    c_i = n_{y_i}^{−1/2} ("sqrt_inverse") or n_{y_i}^{−1} ("inverse")
+    w_i = c_i / mean_{valid j} c_j
+
+  The weights multiply each sample's PPO loss (`sample_weight` of the policy losses).
+  A class whose count EMA is 0 (never seen) has no sample in the batch, so its
+  coefficient is never used (guarded against division by zero).
+
+  Args:
+    labels: [B] bool, True for a positive example (the verifier's target).
+    state: `ClassBalanceState` (`class_balance_init()`).
+    decay: EMA decay d (0.8).
+    mode: static, "sqrt_inverse" (default) | "inverse".
+    valid: optional [B] bool rows that count (others get weight 0).
+
+  Returns:
+    (sample_weight [B] float32 with mean 1 over the valid rows, new state).
+
+  Example: 3 positives and 1 negative (first batch) → [0.845299]·3 + [1.464102].
+  """
+  check_choice("class_balance_weights", "mode", mode, _BALANCE)
+  y_B = jnp.asarray(labels).astype(bool)
+  chex.assert_rank(y_B, 1)
+  ok_B = jnp.ones_like(y_B) if valid is None else jnp.asarray(valid).astype(bool)
+  chex.assert_equal_shape([y_B, ok_B])
+  n_pos = jnp.sum(ok_B & y_B, dtype=jnp.float32)
+  n_neg = jnp.sum(ok_B & ~y_B, dtype=jnp.float32)
+  d = jnp.asarray(decay, jnp.float32)
+  seen = jnp.asarray(state.seen, bool)
+  pos = jnp.where(seen, d * state.pos + (1.0 - d) * n_pos, n_pos)
+  neg = jnp.where(seen, d * state.neg + (1.0 - d) * n_neg, n_neg)
+  count_B = jnp.where(y_B, pos, neg)
+  safe = jnp.maximum(count_B, 1e-12)
+  c_B = jax.lax.rsqrt(safe) if mode == "sqrt_inverse" else 1.0 / safe
+  c_B = jnp.where(ok_B, c_B, 0.0)
+  mean_c = jnp.sum(c_B) / jnp.maximum(jnp.sum(ok_B, dtype=jnp.float32), 1.0)
+  w_B = jnp.where(ok_B, c_B / jnp.where(mean_c > 0, mean_c, 1.0), 0.0)
+  new_state = ClassBalanceState(pos=pos, neg=neg, seen=seen | jnp.any(ok_B))
+  return w_B, new_state
