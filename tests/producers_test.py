@@ -545,6 +545,34 @@ def test_unit_test_fields_and_hostile_programs(tmp_path):
   assert got.shape == (len(hostile), task.num_tests)
 
 
+def test_tool_usage_counts_calls_and_rounds():
+  """tool_calls: the turns with a well-formed tool call; tool_cost: every turn that did not
+  answer (calls and malformed actions), from the episodes' step results."""
+  from credit.envs.rollout import Trajectory
+  task = tasks_lib.get_task("calculator")
+  example = task.generate(np.random.default_rng(0), 1)[0]
+
+  def play(actions):
+    env = task.make_env(example, None)
+    env.reset()
+    results = []
+    for a in actions:
+      results.append(env.step(a))
+      if results[-1].done:
+        break
+    return Trajectory("", actions, [], results, 0.0, False)
+
+  gold = list(task.demonstration_turns(example))
+  episodes = [play(gold), play(["calc(1+", "nonsense"] + gold), play([gold[-1]])]
+  setup = types.SimpleNamespace(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)))
+  ctx = producers.StepContext(key=None, examples={}, prompt_tokens=None, prompt_mask=None,
+                              extras={"trajectories": episodes})
+  out = producers._build_tool_usage(setup, frozenset())(None, {}, ctx)
+  n = len(gold) - 1  # the demonstration's calls before its answer
+  assert np.asarray(out["tool_calls"]).tolist() == [n, n, 0]
+  assert np.asarray(out["tool_cost"]).tolist() == [n, n + 2, 0]
+
+
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
 # lacks. Everything else must plan on the default recipe (turn-level methods: on the
 # multi-turn `igpo_lookup` recipe), and so run by name.
