@@ -16,6 +16,11 @@ z-scores each subproblem's 0/1 result within the group and gives every token the
 of its span (`fill="next"`: a token outside any span takes the next span's). A slip in the
 first running sum is then penalised on that field even when the answer is right, which the
 outcome reward cannot do.
+
+Measured (2-core CPU, 2026-12-05; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
+accuracy 0.879 / 0.922 / 0.898 after 100 steps (mean 0.900; GRPO 0.879 / 0.930 / 0.891, mean
+0.900): on par. The subproblems producer costs 0.08 s per step. README "Rewards with
+structure".
 """
 from experiments.configs import common
 from experiments.configs.verifree_chain import chain_setting
