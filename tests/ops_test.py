@@ -336,3 +336,13 @@ def test_every_public_name_is_re_exported():
     for name in mod.__all__:
       assert getattr(ops, name) is getattr(mod, name), name
   assert len(set(ops.__all__)) == len(ops.__all__)
+
+
+def test_turn_edges_first_and_last_token_of_each_turn():
+  from credit.ops import turn_edges
+  tid = np.array([[0, 0, 1, 1, 1, -1], [2, 2, 0, 0, 5, -1]], np.int32)
+  mask = np.array([[1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 0]], bool)
+  last = np.asarray(turn_edges(tid, mask, 3, last=True))
+  first = np.asarray(turn_edges(tid, mask, 3, last=False))
+  np.testing.assert_array_equal(last, [[0, 1, 0, 0, 1, 0], [0, 1, 0, 1, 0, 0]])
+  np.testing.assert_array_equal(first, [[1, 0, 1, 0, 0, 0], [1, 0, 1, 0, 0, 0]])

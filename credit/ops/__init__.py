@@ -30,8 +30,8 @@ from credit.ops.returns import (RECURRENCE_BLOCK, broadcast_to_tokens, cumsum_bl
                                 discounted_reverse_cumsum, last_token_mask, next_valid_value,
                                 outcome_to_token_rewards, sequence_lengths)
 from credit.ops.select import masked_order_statistics, masked_quantiles, smallest_k_mask
-from credit.ops.turns import (TURN_NORMS, turn_broadcast, turn_counts, turn_normalize,
-                               turn_reduce, turn_returns, turn_segments)
+from credit.ops.turns import (TURN_NORMS, turn_broadcast, turn_counts, turn_edges,
+                               turn_normalize, turn_reduce, turn_returns, turn_segments)
 
 __all__ = (masked.__all__ + groups.__all__ + returns.__all__ + turns.__all__
            + select.__all__)

@@ -30,7 +30,7 @@ from credit.ops.returns import discounted_reverse_cumsum
 Array = jax.Array
 
 __all__ = ["turn_reduce", "turn_broadcast", "turn_segments", "turn_normalize", "turn_returns",
-           "turn_counts"]
+           "turn_counts", "turn_edges"]
 
 TURN_NORMS = ("pooled", "index", "key")
 
@@ -159,6 +159,24 @@ def turn_normalize(x_BK: ArrayLike, valid_BK: ArrayLike, group_id: ArrayLike, nu
   small_val = {"zero": jnp.zeros_like(v), "raw": v, "centred": cen}[small]
   out = jnp.where(c < min_count, small_val, out)
   return jnp.where(ok, out.reshape(B, K), 0.0)
+
+
+def turn_edges(turn_id: ArrayLike, mask: ArrayLike, num_turns: int, *, last: bool) -> Array:
+  """[B,T] bool: the last (`last=True`) or first token under `mask` of each turn / step k in
+  [0, num_turns) (one segment max / min over (row, k); O(B·T))."""
+  tid = jnp.asarray(turn_id, jnp.int32)
+  m = jnp.asarray(mask).astype(bool)
+  chex.assert_equal_shape([tid, m])
+  B, T = tid.shape
+  ok = m & (tid >= 0) & (tid < num_turns)
+  t_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+  seg = jnp.where(ok, jnp.arange(B, dtype=jnp.int32)[:, None] * num_turns + tid,
+                  B * num_turns).reshape(-1)
+  if last:
+    edge = jax.ops.segment_max(jnp.where(ok, t_BT, -1).reshape(-1), seg, B * num_turns + 1)
+  else:
+    edge = jax.ops.segment_min(jnp.where(ok, t_BT, T).reshape(-1), seg, B * num_turns + 1)
+  return ok & (t_BT == edge[seg].reshape(B, T))
 
 
 def turn_counts(valid_BK: ArrayLike) -> Array:

@@ -14,7 +14,7 @@ from credit.registry import register_estimator
 
 Array = jax.Array
 
-__all__ = ["prm_step_transform", "step_end_mask", "prm_transform_advantages"]
+__all__ = ["prm_step_transform", "prm_transform_advantages"]
 
 _PAPER = ("On Designing Effective RL Reward at Training Time for LLM Reasoning (Gao et al.), "
           "arXiv 2410.15115")
@@ -44,20 +44,6 @@ def prm_step_transform(step_reward: ArrayLike, step_mask: ArrayLike, *,
   if transform in ("delta", "clip_delta"):
     p = p - ops.next_valid_value(p, v)
   return jnp.where(v, p, 0.0)
-
-
-def step_end_mask(step_id: ArrayLike, response_mask: ArrayLike, num_steps: int) -> Array:
-  """[B,T] bool: True at the last response token of each step k in [0, num_steps)."""
-  sid = jnp.asarray(step_id, jnp.int32)
-  m = jnp.asarray(response_mask).astype(bool)
-  chex.assert_equal_shape([sid, m])
-  B, T = sid.shape
-  ok = m & (sid >= 0) & (sid < num_steps)
-  t_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
-  seg = jnp.where(ok, jnp.arange(B, dtype=jnp.int32)[:, None] * num_steps + sid, B * num_steps)
-  last = jax.ops.segment_max(jnp.where(ok, t_BT, -1).reshape(-1), seg.reshape(-1),
-                             B * num_steps + 1)
-  return ok & (t_BT == last[seg])
 
 
 @register_estimator("prm_transform",
@@ -118,7 +104,7 @@ def prm_transform_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
   rt_BK = prm_step_transform(step_reward, step_mask, transform=transform, eta=eta)
   K = rt_BK.shape[1]
   sid = sid.astype(jnp.int32)
-  ends = step_end_mask(sid, m_BT, K)
+  ends = ops.turn_edges(sid, m_BT, K, last=True)
   ends = ends & jnp.take_along_axis(jnp.asarray(step_mask).astype(bool),
                                     jnp.clip(sid, 0, K - 1), axis=1)
   x_BT = jnp.where(ends, jnp.asarray(alpha, jnp.float32) * ops.turn_broadcast(rt_BK, sid, m_BT),

@@ -11,7 +11,6 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.shaping.prm_transform import step_end_mask
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -112,7 +111,7 @@ def rl_tango_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask:
   chex.assert_equal_shape([ok_BK, v_BK])
   z_BK = ops.turn_normalize(v_BK, ok_BK, gid_B, num_groups, by="pooled", ddof=1, eps=eps,
                             min_count=2, small="raw")
-  ends = step_end_mask(sid, m_BT, K)
+  ends = ops.turn_edges(sid, m_BT, K, last=True)
   x_BT = jnp.where(ends, ops.turn_broadcast(z_BK, sid, m_BT), 0.0)
   a_proc = ops.discounted_reverse_cumsum(x_BT, m_BT & valid_B[:, None], 1.0)
 

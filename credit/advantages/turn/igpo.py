@@ -85,14 +85,6 @@ def information_gains(gold_logprob_prompt: ArrayLike, gold_logprob_turns: ArrayL
   return jnp.where(valid, g_BK - previous_valid(g_BK, valid, g0_B), 0.0)
 
 
-def edge_tokens(turn_id: Array, mask_BT: Array, num_turns: int, *, last: bool) -> Array:
-  """[B,T] bool: the first (or last) policy token of each turn."""
-  K = num_turns
-  oh = (turn_id[..., None] == jnp.arange(K, dtype=jnp.int32)[None, None, :]) & mask_BT[..., None]
-  c = jax.lax.cumsum(oh.astype(jnp.int32), axis=1, reverse=last)
-  return jnp.any(oh & (c == 1), axis=-1)
-
-
 # --------------------------------------------------------------------------------------------
 
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.advantages.turn.igpo import edge_tokens, turn_layout
+from credit.advantages.turn.igpo import turn_layout
 from credit.advantages.turn.procredit import row_grpo
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast
+from credit.ops.turns import turn_broadcast, turn_edges
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -74,6 +74,6 @@ def lean_first_error_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
   ok = jnp.where(valid, as_f32(step_reward), 0.0) > 0
   q_BT = turn_broadcast(first_error_rewards(ok, valid), tid, mask_BT)
   if mode == "first_token":
-    q_BT = jnp.where(edge_tokens(tid, mask_BT, valid.shape[1], last=False), q_BT, 0.0)
+    q_BT = jnp.where(turn_edges(tid, mask_BT, valid.shape[1], last=False), q_BT, 0.0)
   a_B = row_grpo(reward, row, group_id, num_groups, ddof=1, eps=eps, singleton=singleton)
   return jnp.where(mask_BT & row[:, None], a_B[:, None] + coef * q_BT, 0.0)

@@ -9,9 +9,9 @@ from jax.typing import ArrayLike
 
 from credit._checks import check_choice
 from credit.advantages.outcome.gae import GAEOutput, gae_advantages
-from credit.advantages.turn.igpo import edge_tokens, previous_valid, turn_layout
+from credit.advantages.turn.igpo import previous_valid, turn_layout
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast
+from credit.ops.turns import turn_broadcast, turn_edges
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -108,7 +108,7 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
     terminal = jnp.where(last, as_f32(reward)[:, None], 0.0)
   r_BK = pica_step_rewards(step_reward, valid, mode=mode, baseline=baseline, penalty=penalty,
                            penalty_base=penalty_base, gamma=gamma, terminal_BK=terminal)
-  ends = edge_tokens(tid, mask_BT, valid.shape[1], last=True)
+  ends = turn_edges(tid, mask_BT, valid.shape[1], last=True)
   step_BT = jnp.where(ends, step_scale * turn_broadcast(r_BK, tid), 0.0)
   if mode == "code":
     last_tok = mask_BT & (jax.lax.cumsum(mask_BT.astype(jnp.int32), axis=1, reverse=True) == 1)
