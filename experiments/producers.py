@@ -673,13 +673,20 @@ def _build_step_completions(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
-def _task_flags_spans(c: ml_collections.ConfigDict) -> bool:
-  """The configured task is a built-in one with `flag_chars` (character spans judged wrong)."""
-  try:
-    task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
-  except (KeyError, TypeError, ValueError):
-    return False
-  return callable(getattr(task, "flag_chars", None))
+def _task_has(method: str) -> Callable[[ml_collections.ConfigDict], bool]:
+  """`when` of a producer that calls a built-in single-turn task's `method`."""
+  def when(c: ml_collections.ConfigDict) -> bool:
+    if is_multi_turn(c):
+      return False
+    try:
+      task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+    except (KeyError, TypeError, ValueError):
+      return False
+    return callable(getattr(task, method, None))
+  return when
+
+
+_task_flags_spans = _task_has("flag_chars")  # character spans judged wrong
 
 
 def _build_task_flags(s: Setup, wanted: frozenset) -> Produce:
@@ -1085,15 +1092,6 @@ def _build_alt_context_pass(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
-def _task_has_interventions(c: ml_collections.ConfigDict) -> bool:
-  """The configured task is a built-in one with `interventions` (answer-preserving prompts)."""
-  try:
-    task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
-  except (KeyError, TypeError, ValueError):
-    return False
-  return callable(getattr(task, "interventions", None))
-
-
 def _build_interventions_pass(s: Setup, wanted: frozenset) -> Produce:
   tok, task = s.data.tokenizer, s.data.task
 
@@ -1413,13 +1411,6 @@ def _build_step_graph(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
-def _task_judges_steps(c: ml_collections.ConfigDict) -> bool:
-  """Single-turn, and the configured task is a built-in one with `judge_step`."""
-  if is_multi_turn(c) or c.task not in tasks_lib.list_tasks():
-    return False
-  return callable(getattr(tasks_lib.get_task(c.task, **dict(c.task_kwargs)), "judge_step", None))
-
-
 def _build_step_judge(s: Setup, wanted: frozenset) -> Produce:
   """step_reward / step_mask [B,K]: the task's step judge on each step of each response
   (`judge_step`: 1 when the step is right — no part judged wrong — else 0), a verifiable
@@ -1520,19 +1511,6 @@ def _build_answer_value(s: Setup, wanted: frozenset) -> Produce:
     return {"answer_value": parallel.shard_batch(values, s.mesh)}
 
   return produce
-
-
-def _task_has(method: str) -> Callable[[ml_collections.ConfigDict], bool]:
-  """`when` of a producer that calls a built-in single-turn task's `method`."""
-  def when(c: ml_collections.ConfigDict) -> bool:
-    if is_multi_turn(c):
-      return False
-    try:
-      task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
-    except (KeyError, TypeError, ValueError):
-      return False
-    return callable(getattr(task, method, None))
-  return when
 
 
 def _response_rows(s: Setup, ctx: StepContext):
@@ -1773,7 +1751,7 @@ PRODUCERS: tuple[Producer, ...] = (
              _build_step_judge, "reward",
              "the task's step judge (judge_step) on each step of each response: 1 right, 0 "
              "wrong — a verifiable process reward in a PRM's place (ProRAG, SPARK)",
-             when=_task_judges_steps,
+             when=_task_has("judge_step"),
              off_doc="single-turn built-in tasks with judge_step (chain); multi-turn tasks give "
                      "per-turn rewards from the environment"),
     Producer("format_check", ("format_ok",), ("tokens", "response_mask"), _build_format_check,
@@ -1849,7 +1827,7 @@ PRODUCERS: tuple[Producer, ...] = (
              _build_interventions_pass, "rescoring",
              "the policy re-scores the response tokens after each of the task's M "
              "answer-preserving prompt rewrites (`interventions`; SCAPO)",
-             when=_task_has_interventions,
+             when=_task_has("interventions"),
              off_doc="needs a built-in task with interventions, e.g. arithmetic"),
     Producer("implicit_prm", ("logprob_prm",),
              ("tokens", "response_mask", "reward", "logprob_ref"), learners.build_prm, "prm",
