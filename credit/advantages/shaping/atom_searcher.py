@@ -97,8 +97,7 @@ def atom_searcher_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
   chex.assert_equal_shape([score_BK, sm_BK])
   chex.assert_equal_shape_prefix([score_BK, o_B], 1)
   chex.assert_rank(jnp.asarray(train_step), 0)
-  atr_B = ops.safe_div(jnp.sum(jnp.where(sm_BK, score_BK, 0.0), axis=1),
-                       jnp.sum(sm_BK.astype(jnp.float32), axis=1))
+  atr_B = ops.masked_mean(score_BK, sm_BK, axis=1)  # 0 with no thoughts
   lam = atom_searcher_weight(train_step, total_steps, lambda0)
   R_B = lam * atr_B + (1.0 - lam) * o_B
   if format_ok is not None:

@@ -80,8 +80,7 @@ def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: Arra
   chex.assert_rank([rub_BC, rm_BC], 2)
   chex.assert_equal_shape([rub_BC, rm_BC])
   chex.assert_equal_shape_prefix([rub_BC, o_B], 1)
-  rmf_BC = rm_BC.astype(jnp.float32)
-  r_B = ops.safe_div(jnp.sum(jnp.where(rm_BC, rub_BC, 0.0), axis=1), jnp.sum(rmf_BC, axis=1))
+  r_B = ops.masked_mean(rub_BC, rm_BC, axis=1)  # 0 with no rubric items
   r_B = jnp.where(valid_B, r_B, 0.0)
   max_B = ops.group_reduce_rows(r_B, gid_B, valid_B, num_groups, group_size, "max")
   max_B = jnp.where(valid_B, max_B, 0.0)

@@ -187,7 +187,7 @@ def class_balance_weights(labels: ArrayLike, state: ClassBalanceState, *,
   safe = jnp.maximum(count_B, 1e-12)
   c_B = jax.lax.rsqrt(safe) if mode == "sqrt_inverse" else 1.0 / safe
   c_B = jnp.where(ok_B, c_B, 0.0)
-  mean_c = jnp.sum(c_B) / jnp.maximum(jnp.sum(ok_B, dtype=jnp.float32), 1.0)
+  mean_c = ops.masked_mean(c_B, ok_B)
   w_B = jnp.where(ok_B, c_B / jnp.where(mean_c > 0, mean_c, 1.0), 0.0)
   new_state = ClassBalanceState(pos=pos, neg=neg, seen=seen | jnp.any(ok_B))
   return w_B, new_state
