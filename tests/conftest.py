@@ -88,5 +88,6 @@ _TIMES_DIR = os.environ.get("CREDIT_TEST_TIMES")
 def pytest_runtest_logreport(report):
   if _TIMES_DIR:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.makedirs(_TIMES_DIR, exist_ok=True)
     with open(os.path.join(_TIMES_DIR, f"{worker}.tsv"), "a") as f:
       f.write(f"{report.duration:.3f}\t{report.when}\t{report.nodeid}\n")
