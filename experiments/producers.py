@@ -157,13 +157,16 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
                              "prompt_mask": out.prompt_mask})
     resp = host["response_mask"]
-    ctx.host.update(host, group_id=group_id)
+    # One turn, no observation: the multi-turn fields as the environment rollout has them
+    # (producers such as the gold pass read them from ctx.host on either rollout).
+    obs, turn = np.zeros_like(resp), np.where(resp, 0, -1).astype(np.int32)
+    ctx.host.update(host, group_id=group_id, obs_mask=obs, turn_id=turn)
     ctx.attn_mask = parallel.shard_batch(host["prompt_mask"] | resp, s.mesh)
     ctx.extras["logprob_raw"] = out.logprob_raw
     fields = parallel.shard_batch({
         "tokens": host["tokens"], "response_mask": resp, "group_id": group_id,
         "prompt_id": np.repeat(np.asarray(ctx.examples["index"], np.int32), G),
-        "obs_mask": np.zeros_like(resp), "turn_id": np.where(resp, 0, -1).astype(np.int32),
+        "obs_mask": obs, "turn_id": turn,
     }, s.mesh)
     return dict(fields, logprob_sampler=out.logprob_sampler)
 

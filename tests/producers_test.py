@@ -650,3 +650,15 @@ def test_multi_turn_plans_echo_and_trace_from_the_environment_rollout():
   assert "gold_pass_ref" in [p.producer.name for p in m.plan] and m.keeps_reference
   with pytest.raises(producers.SetupError, match="gold_template"):
     loop.check_method(tiny("igpo_lookup", gold_template="answer()"))
+
+
+def test_gold_pass_runs_on_the_single_turn_rollout(tmp_path):
+  """IGPO's gold-answer pass on a single-turn task: the rollout gives the producers the same
+  obs_mask / turn_id host arrays as the environment rollout (it raised KeyError before)."""
+  c = tiny(estimator="igpo")
+  assert "gold_pass" in [p.producer.name for p in loop.check_method(c).plan]
+  _, _, ctx, batch = _one_step_batch(c, str(tmp_path / "igpo"))
+  assert not ctx.host["obs_mask"].any()
+  g = np.asarray(batch["gold_logprob_turns"])
+  assert g.shape[0] == c.prompts_per_step * c.group_size and np.all(np.isfinite(g))
+  assert np.all(np.asarray(batch["gold_logprob_prompt"]) < 0.0)
