@@ -10,6 +10,7 @@ Token batches: `CharTokenizer`, `encode_prompts`, `encode_prompt_response`,
 `decode_responses`, `token_flags` (a task's character flags on response tokens).
 """
 from credit.tasks.arithmetic import Arithmetic
+from credit.tasks.bifurcation import Delayed, Distractor, PivotalAnd, PivotalOr
 from credit.tasks.chain import Chain
 from credit.tasks.base import (Task, UnknownTaskError, as_example, get_task, list_tasks,
                                register_task, verify_batch)
@@ -26,6 +27,7 @@ from credit.tasks.char_tokenizer import (CharTokenizer, decode_responses, encode
                                     encode_prompts, pad_rows, token_flags)
 
 __all__ = [
+    "Delayed", "Distractor", "PivotalAnd", "PivotalOr",
     "Arithmetic", "Chain", "CharTokenizer", "CopyDigit", "Countdown", "DATA_FORMATS",
     "ExampleSource", "ExpressionError", "MathVerifier", "MissingFieldError", "Pivotal",
     "Program", "RunResult", "Task", "UnknownTaskError", "as_example", "boxed_answer",

@@ -83,6 +83,14 @@ class Pivotal:
     p, d = text_field(example, "prompt").rstrip("=").split(":")
     return int(p), (int(d) + self.shift) % 10
 
+  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
+    """The response index that decides the reward (ground truth for `credit.bench`)."""
+    return (self._pivot(example)[0],)
+
+  def decided_at(self, example: Mapping[str, Any]) -> int:
+    """The last response index that can change the reward: the pivot."""
+    return self._pivot(example)[0]
+
   def verify(self, example: Mapping[str, Any], response: str) -> float:
     """1.0 iff response[p] is the required digit; no stripping (positions are absolute)."""
     p, value = self._pivot(example)

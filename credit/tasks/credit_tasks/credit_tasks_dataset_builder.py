@@ -79,12 +79,14 @@ def make_config(task: str | Any, *, train_size: int = DEFAULT_TRAIN_SIZE,
 
 
 class Builder(tfds.core.GeneratorBasedBuilder):
-  """The built-in credit tasks (arithmetic, countdown, pivotal, program) as a tfds dataset."""
+  """The built-in credit tasks (arithmetic, countdown, pivotal, program, and the bifurcation
+  tasks of the credit benchmark) as a tfds dataset."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = [make_config(name) for name in ("arithmetic", "countdown", "pivotal",
-                                                    "program")]
+                                                    "program", "pivotal_and", "pivotal_or",
+                                                    "distractor", "delayed")]
 
   def _info(self) -> tfds.core.DatasetInfo:
     task = self.builder_config.make_task()

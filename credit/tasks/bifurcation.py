@@ -1,0 +1,273 @@
+"""Bifurcation tasks: response positions that decide the reward are known exactly.
+
+Controlled bifurcation tasks, as the credit-assignment survey among the seeds asks for ("From
+Reasoning to Agentic: Credit Assignment in Reinforcement Learning for Large Language Models":
+a benchmark protocol with controlled bifurcation tasks). Each task here, like `pivotal`, gives
+its ground truth to `credit.bench`:
+
+  pivot_positions(example) -> tuple[int, ...]  response indices that decide the reward
+  decided_at(example) -> int                    the last index that can still change it:
+                                                verify(r) == verify(r[:d+1]) if len(r) > d
+
+Responses are character strings under the character tokenizer, so a response index is a
+response token index; positions are absolute (no stripping). Prompts have a fixed length for a
+given task setting, and demonstrations put filler at free positions, so a small transformer
+fits each rule after a short supervised warm-up. Everything is parsed from the prompt (no
+integer fields), so examples survive any data path (tfds, JSON lines) unchanged.
+
+- `pivotal_and`: k pivots, each needs its digit; reward 1 only if all are right.
+- `pivotal_or`: k pivots; reward 1 if any one is right (once one is right the later ones no
+  longer matter under the policy, but all k stay in `pivot_positions`).
+- `distractor`: one pivot as in `pivotal`; the demonstrations put a constant filler character
+  everywhere except at m distractor positions, where they draw a character uniformly from a
+  wide alphabet. A trained policy is uncertain there (high entropy) though the choice never
+  matters: the trap for methods that credit by entropy alone.
+- `delayed`: the pivot is one of the first positions and the response is long: the decision
+  is early and its evidence comes only at the end, as with every outcome reward. The reward is
+  decided by the pivot alone (decided_at = the pivot), so the true advantage of the long tail
+  is exactly 0, and methods that spread credit over it (or discount it away from the decision)
+  show it.
+The tasks are ours (the survey specifies the idea, not these rules).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from credit.tasks.base import register_task, text_field
+
+
+def _check_digits_free(alphabet: str, what: str) -> None:
+  if not alphabet or any(c.isdigit() for c in alphabet):
+    raise ValueError(f"{what} must be non-empty and digit-free, got {alphabet!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _MultiPivot:
+  """k distinct pivots p_1 < ... < p_k, each asking for digit (d_i + shift) % 10.
+
+  Prompt: the k positions, ":", the k digits, "=", e.g. "14:37=" (response_len <= 10).
+  """
+  response_len: int = 6
+  num_pivots: int = 2
+  shift: int = 1
+  filler: str = "abcdefghij"
+  name = "_multi_pivot"
+
+  def __post_init__(self):
+    if not 1 <= self.response_len <= 10:
+      raise ValueError(f"response_len must be in [1, 10] (one digit per position), got "
+                       f"{self.response_len}")
+    if not 1 <= self.num_pivots <= self.response_len:
+      raise ValueError(f"num_pivots must be in [1, response_len={self.response_len}], got "
+                       f"{self.num_pivots}")
+    _check_digits_free(self.filler, "filler")
+
+  @property
+  def int_fields(self) -> dict[str, tuple[int, ...]]:
+    return {}
+
+  @property
+  def max_prompt_chars(self) -> int:
+    return 2 * self.num_pivots + 2
+
+  @property
+  def max_response_chars(self) -> int:
+    return self.response_len
+
+  def _parse(self, example: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    pos, digits = text_field(example, "prompt").rstrip("=").split(":")
+    return (tuple(int(c) for c in pos),
+            tuple(str((int(c) + self.shift) % 10) for c in digits))
+
+  def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+      pos = sorted(int(p) for p in rng.choice(self.response_len, self.num_pivots,
+                                              replace=False))
+      digits = [int(d) for d in rng.integers(10, size=self.num_pivots)]
+      prompt = "".join(map(str, pos)) + ":" + "".join(map(str, digits)) + "="
+      ex = {"prompt": prompt}
+      ex["answer"] = self.demonstration(ex, rng)
+      out.append(ex)
+    return out
+
+  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
+    return self._parse(example)[0]
+
+  def decided_at(self, example: Mapping[str, Any]) -> int:
+    return self._parse(example)[0][-1]
+
+  def _hits(self, example: Mapping[str, Any], response: str) -> list[bool]:
+    pos, want = self._parse(example)
+    return [len(response) > p and response[p] == w for p, w in zip(pos, want)]
+
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
+    pos, want = self._parse(example)
+    if rng is None:
+      chars = [self.filler[0]] * self.response_len
+    else:
+      chars = [self.filler[int(k)] for k in rng.integers(len(self.filler),
+                                                          size=self.response_len)]
+    for p, w in zip(pos, want):
+      chars[p] = w
+    return "".join(chars)
+
+
+@register_task("pivotal_and")
+@dataclasses.dataclass(frozen=True)
+class PivotalAnd(_MultiPivot):
+  """Every pivot must carry its digit (AND)."""
+  name = "pivotal_and"
+
+  def verify(self, example: Mapping[str, Any], response: str) -> float:
+    return float(all(self._hits(example, response)))
+
+
+@register_task("pivotal_or")
+@dataclasses.dataclass(frozen=True)
+class PivotalOr(_MultiPivot):
+  """Any one pivot with its digit suffices (OR)."""
+  name = "pivotal_or"
+
+  def verify(self, example: Mapping[str, Any], response: str) -> float:
+    return float(any(self._hits(example, response)))
+
+
+@register_task("distractor")
+@dataclasses.dataclass(frozen=True)
+class Distractor:
+  """One pivot ("p:d=" -> digit (d + shift) % 10 at p) and m high-entropy distractors.
+
+  Demonstrations: `constant` at every free position, except the distractor positions — the
+  first `num_distractors` indices other than p — which get a uniform draw from `wide`.
+  """
+  response_len: int = 6
+  num_distractors: int = 2
+  shift: int = 1
+  constant: str = "a"
+  wide: str = "bcdefghijklmnopqrstuvwxyz"
+  name = "distractor"
+
+  def __post_init__(self):
+    if not 2 <= self.response_len <= 10:
+      raise ValueError(f"response_len must be in [2, 10], got {self.response_len}")
+    if not 1 <= self.num_distractors < self.response_len:
+      raise ValueError(f"num_distractors must be in [1, response_len), got "
+                       f"{self.num_distractors}")
+    _check_digits_free(self.constant, "constant")
+    _check_digits_free(self.wide, "wide")
+    if len(self.constant) != 1 or self.constant in self.wide or len(self.wide) < 2:
+      raise ValueError("constant must be one character outside `wide` (>= 2 characters)")
+
+  @property
+  def int_fields(self) -> dict[str, tuple[int, ...]]:
+    return {}
+
+  @property
+  def max_prompt_chars(self) -> int:
+    return 4
+
+  @property
+  def max_response_chars(self) -> int:
+    return self.response_len
+
+  def _parse(self, example: Mapping[str, Any]) -> tuple[int, str]:
+    p, d = text_field(example, "prompt").rstrip("=").split(":")
+    return int(p), str((int(d) + self.shift) % 10)
+
+  def distractor_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
+    p, _ = self._parse(example)
+    return tuple([i for i in range(self.response_len) if i != p][:self.num_distractors])
+
+  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
+    return (self._parse(example)[0],)
+
+  def decided_at(self, example: Mapping[str, Any]) -> int:
+    return self._parse(example)[0]
+
+  def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+      ex = {"prompt": f"{int(rng.integers(self.response_len))}:{int(rng.integers(10))}="}
+      ex["answer"] = self.demonstration(ex, rng)
+      out.append(ex)
+    return out
+
+  def verify(self, example: Mapping[str, Any], response: str) -> float:
+    p, want = self._parse(example)
+    return float(len(response) > p and response[p] == want)
+
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
+    p, want = self._parse(example)
+    chars = [self.constant] * self.response_len
+    for i, q in enumerate(self.distractor_positions(example)):
+      chars[q] = self.wide[int(rng.integers(len(self.wide))) if rng is not None
+                           else i % len(self.wide)]
+    chars[p] = want
+    return "".join(chars)
+
+
+@register_task("delayed")
+@dataclasses.dataclass(frozen=True)
+class Delayed:
+  """An early decision, a long tail: "p:d=" with p < `early`, response_len filler after."""
+  response_len: int = 16
+  early: int = 2
+  shift: int = 1
+  filler: str = "abcdefghij"
+  name = "delayed"
+
+  def __post_init__(self):
+    if not 1 <= self.early <= min(10, self.response_len):
+      raise ValueError(f"early must be in [1, min(10, response_len)], got {self.early}")
+    _check_digits_free(self.filler, "filler")
+
+  @property
+  def int_fields(self) -> dict[str, tuple[int, ...]]:
+    return {}
+
+  @property
+  def max_prompt_chars(self) -> int:
+    return 4
+
+  @property
+  def max_response_chars(self) -> int:
+    return self.response_len
+
+  def _parse(self, example: Mapping[str, Any]) -> tuple[int, str]:
+    p, d = text_field(example, "prompt").rstrip("=").split(":")
+    return int(p), str((int(d) + self.shift) % 10)
+
+  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
+    return (self._parse(example)[0],)
+
+  def decided_at(self, example: Mapping[str, Any]) -> int:
+    return self._parse(example)[0]
+
+  def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+      ex = {"prompt": f"{int(rng.integers(self.early))}:{int(rng.integers(10))}="}
+      ex["answer"] = self.demonstration(ex, rng)
+      out.append(ex)
+    return out
+
+  def verify(self, example: Mapping[str, Any], response: str) -> float:
+    p, want = self._parse(example)
+    return float(len(response) > p and response[p] == want)
+
+  def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
+                    ) -> str:
+    p, want = self._parse(example)
+    if rng is None:
+      chars = [self.filler[0]] * self.response_len
+    else:
+      chars = [self.filler[int(k)] for k in rng.integers(len(self.filler),
+                                                          size=self.response_len)]
+    chars[p] = want
+    return "".join(chars)

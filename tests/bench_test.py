@@ -1,0 +1,187 @@
+"""credit.bench: true token advantages on bifurcation tasks, and the credit metrics."""
+import functools
+
+import hypothesis
+import hypothesis.extra.numpy as hnp
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import strategies as st
+
+from credit import bench
+from credit.models import Decoder, tiny_config
+from credit.sampling import Sampler
+from credit.tasks import CharTokenizer, get_task
+from credit.tasks.char_tokenizer import encode_prompts
+
+
+@functools.lru_cache(maxsize=None)
+def _setup():
+  """A tiny random policy, its sampler, and one sampled batch on pivotal (pivots 0 and 1)."""
+  tok = CharTokenizer()
+  model = Decoder(tiny_config("qwen3", vocab_size=tok.vocab_size, hidden_size=32,
+                              intermediate_size=64, num_layers=1, head_dim=8),
+                  rngs=nnx.Rngs(3))
+  # Sharpen the random policy towards digits, so that pivots succeed now and then.
+  state = nnx.state(model)
+  sampler = Sampler(model, pad_id=tok.pad_id, stop_tokens=(tok.eos_id,))
+  task = get_task("pivotal", response_len=2, shift=0)
+  examples = [{"prompt": f"{p}:{d}=", "answer": "", "pivot_position": p, "pivot_value": d}
+              for p, d in ((0, 4), (1, 7), (1, 2))]
+  G = 4
+  toks, pmask = encode_prompts(tok, [e["prompt"] for e in examples], 5)
+  out = sampler(state, prompt_tokens=toks, prompt_mask=pmask, key=jax.random.key(0),
+                max_new_tokens=3, num_samples=G, temperature=1.0)
+  rows = [examples[i // G] for i in range(len(examples) * G)]
+  batch = {k: np.asarray(getattr(out, k)) for k in ("tokens", "response_mask", "prompt_mask",
+                                                     "group_id")}
+  return tok, state, sampler, task, rows, batch
+
+
+def _truth(exact, num_rollouts=64, **kw):
+  tok, state, sampler, task, rows, b = _setup()
+  return bench.true_advantages(sampler, state, task=task, tokenizer=tok, examples=rows,
+                               tokens=b["tokens"], response_mask=b["response_mask"],
+                               prompt_mask=b["prompt_mask"], key=jax.random.key(5),
+                               num_rollouts=num_rollouts, exact=exact, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _both():
+  return _truth(True), _truth(False)
+
+
+def test_monte_carlo_values_equal_exact_enumeration_within_their_error():
+  exact, mc = _both()
+  resp = _setup()[5]["response_mask"]
+  assert np.all(exact.stderr == 0.0)
+  for x in (exact, mc):
+    assert np.all(x.value[~resp] == 0.0) and np.all(x.advantage[~resp] == 0.0)
+  sampled = mc.stderr > 0
+  assert sampled.any()
+  z = np.abs(mc.advantage - exact.advantage)[sampled] / mc.stderr[sampled]
+  assert np.all(z < 4.5), z
+  np.testing.assert_allclose(mc.advantage[~sampled], exact.advantage[~sampled], atol=1e-6)
+
+
+def test_the_decision_is_exact_and_nothing_after_it_has_credit():
+  tok, state, sampler, task, rows, b = _setup()
+  exact, _ = _both()
+  # One forward pass per row: V(s_d) = Σ_a π(a | s_d) · verify(prefix + a).
+  policy = bench._Policy(sampler.graphdef, state, 1.0, 64)
+  for i, ex in enumerate(rows):
+    cols = np.flatnonzero(b["response_mask"][i])
+    resp = b["tokens"][i, cols].tolist()
+    d = task.decided_at(ex)
+    if len(resp) <= d:
+      continue
+    lp = policy([b["tokens"][i][b["prompt_mask"][i]].tolist() + resp[:d]], tok.pad_id)[0]
+    text = tok.decode(resp[:d])
+    rew = [task.verify(ex, text if a == tok.eos_id else text + tok.decode([a]))
+           for a in range(lp.size)]
+    v = float(np.dot(np.exp(lp), rew))
+    r = task.verify(ex, tok.decode(resp))
+    np.testing.assert_allclose(exact.value[i, cols[d]], v, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(exact.advantage[i, cols[d]], r - v, rtol=1e-5, atol=1e-7)
+    assert np.all(exact.advantage[i, cols[d + 1:]] == 0.0)
+    assert exact.pivot_mask[i, cols[d]] and exact.pivot_mask[i].sum() == 1
+  # Q(s_t, y_t) − V(s_t) telescopes: Σ_t A_t = r − V(s_0) on every row.
+  for i, ex in enumerate(rows):
+    cols = np.flatnonzero(b["response_mask"][i])
+    r = task.verify(ex, tok.decode(b["tokens"][i, cols].tolist()))
+    np.testing.assert_allclose(exact.advantage[i].sum(), r - exact.value[i, cols[0]], atol=1e-5)
+
+
+def test_bad_inputs_are_refused():
+  tok, state, sampler, task, rows, b = _setup()
+  kw = dict(tokenizer=tok, examples=rows, tokens=b["tokens"], response_mask=b["response_mask"],
+            prompt_mask=b["prompt_mask"], key=jax.random.key(0))
+  with pytest.raises(TypeError, match="pivot_positions"):
+    bench.true_advantages(sampler, state, task=get_task("copy_digit"), **kw)
+  with pytest.raises(ValueError, match="selects no token"):
+    bench.true_advantages(sampler, state, task=task,
+                          **dict(kw, response_mask=np.zeros_like(b["response_mask"])))
+  with pytest.raises(ValueError, match="same"):
+    bench.true_advantages(sampler, state, task=task, **dict(kw, tokens=b["tokens"][:, :-1]))
+  with pytest.raises(ValueError, match="examples"):
+    bench.true_advantages(sampler, state, task=task, **dict(kw, examples=rows[:-1]))
+  with pytest.raises(ValueError, match="max_enumeration"):
+    bench.true_advantages(sampler, state, task=task, exact=True, max_enumeration=10, **kw)
+
+
+# --------------------------------------------------------------------------
+# Metrics.
+# --------------------------------------------------------------------------
+
+
+def _metric_case(seed=0, B=8, T=6):
+  rng = np.random.default_rng(seed)
+  resp = np.zeros((B, T), bool)
+  for b in range(B):
+    resp[b, 1:1 + rng.integers(2, T)] = True
+  piv = np.zeros((B, T), bool)
+  piv[np.arange(B), 2] = True
+  true = np.where(resp, rng.normal(size=(B, T)) * 0.1, 0.0)
+  true[:, 2] = np.where(np.arange(B) % 2 == 0, 0.6, -0.4)
+  gid = np.arange(B) // 4
+  return true, resp, piv & resp, gid
+
+
+def test_oracle_is_perfect_and_a_constant_is_chance():
+  true, resp, piv, gid = _metric_case()
+  m = bench.credit_metrics(true, true, resp, piv, gid)
+  assert m["corr"] == pytest.approx(1.0) and m["sign_acc"] == 1.0
+  assert m["pivot_mass"] == pytest.approx(m["pivot_mass_true"])
+  c = bench.credit_metrics(np.where(resp, 0.7, 0.0), true, resp, piv, gid)
+  assert c["corr"] == 0.0 and c["sign_acc"] == 0.5
+  assert c["pivot_mass"] == pytest.approx(c["chance"]) and c["zero_tokens"] == 0.0
+  z = bench.credit_metrics(np.zeros_like(true), true, resp, piv, gid)
+  assert z["corr"] == 0.0 and z["sign_acc"] == 0.5 and z["zero_groups"] == 1.0
+  assert z["pivot_mass"] == 0.0 and z["zero_tokens"] == 1.0
+  one_class = np.where(true > 0, true, np.where(piv, 0.0, true))  # no negative pivot left
+  assert np.isnan(bench.credit_metrics(true, one_class, resp, piv, gid)["sign_acc"])
+
+
+@hypothesis.given(hnp.arrays(np.float32, (6, 5), elements=st.floats(-3, 3, width=32)),
+                  hnp.arrays(np.float32, (6, 5), elements=st.floats(-3, 3, width=32)),
+                  hnp.arrays(np.bool_, (6, 5)), hnp.arrays(np.bool_, (6, 5)))
+def test_metrics_are_bounded_and_ignore_padding(est, true, resp, piv):
+  hypothesis.assume(resp.any())
+  gid = np.arange(6) // 2
+  m = bench.credit_metrics(est, true, resp, piv, gid)
+  assert -1.0 <= m["corr"] <= 1.0
+  for k in ("pivot_mass", "pivot_mass_true", "chance", "zero_tokens", "zero_groups"):
+    assert 0.0 <= m[k] <= 1.0, k
+  assert np.isnan(m["sign_acc"]) or 0.0 <= m["sign_acc"] <= 1.0
+  # Garbage in padded columns and outside the response changes nothing.
+  pad = lambda x, v: np.concatenate([np.where(resp, x, v) if x.dtype != bool else x,
+                                     np.full((6, 2), v, x.dtype)], axis=1)
+  m2 = bench.credit_metrics(pad(est, 9.0), pad(true, -9.0), pad(resp, False), pad(piv, True),
+                            gid)
+  for k in m:
+    np.testing.assert_allclose(m2[k], m[k], rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
+def test_learning_statistics_and_bootstrap():
+  steps, acc = [0, 10, 20, 30], [0.0, 0.4, 0.8, 0.9]
+  assert bench.steps_to_threshold(steps, acc, 0.8) == 20.0
+  assert bench.steps_to_threshold(steps, acc, 0.95) is None
+  assert bench.auc(steps, acc) == pytest.approx((0.2 + 0.6 + 0.85) / 3)
+  assert bench.auc([5], [0.3]) == 0.3
+  x = [0.8, 0.85, 0.9, 0.7]
+  lo, hi = bench.bootstrap_ci(x, seed=1)
+  assert (lo, hi) == bench.bootstrap_ci(x, seed=1) and lo <= np.mean(x) <= hi and lo < hi
+  assert bench.bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
+  agg = bench.aggregate([{"corr": 0.2}, {"corr": 0.4}])
+  assert agg["corr"] == pytest.approx((0.3, 0.1))
+  with pytest.raises(ValueError, match="increase"):
+    bench.auc([0, 0], [1, 1])
+  with pytest.raises(ValueError, match="finite"):
+    bench.bootstrap_ci([0.1, np.nan])
+  with pytest.raises(ValueError, match="selects no token"):
+    bench.credit_metrics(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((2, 3), bool),
+                         np.zeros((2, 3), bool), np.zeros(2))
+  with pytest.raises(ValueError, match="finite"):
+    bench.credit_metrics(np.full((2, 3), np.nan), np.zeros((2, 3)), np.ones((2, 3), bool),
+                         np.zeros((2, 3), bool), np.zeros(2))
