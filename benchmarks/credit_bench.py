@@ -1,0 +1,599 @@
+"""Credit-assignment benchmark: every registered estimator against exact token advantages.
+
+  python -m benchmarks.credit_bench [--quick] [--only grpo,rloo] [--tasks pivotal,distractor]
+                                    [--out credit_bench] [--seeds 3] [--no-learning]
+
+On bifurcation tasks (`credit/tasks/bifurcation.py`, `credit/tasks/pivotal.py`) the response
+positions that decide the reward are known, and `credit.bench.true_advantages` computes each
+sampled token's true advantage Q(s,a) − V(s) under the policy that sampled it. Per task:
+
+1. Policy snapshots. A supervised warm-up gives the start; GRPO trains from it, and the
+   parameters after 0, `snapshot_steps/2` and `snapshot_steps` RL steps are the early, middle
+   and late snapshots every estimator is scored on.
+2. Credit quality. For each snapshot, `batches` rollout batches (fixed prompts and keys) are
+   sampled through the runner's own rollout producer; every estimator then makes its
+   advantages on exactly those rollouts (checked), with the fields its plan needs made by the
+   runner's producers (`experiments/producers.py`; a trained producer such as an implicit PRM
+   or a critic starts from the snapshot, untrained — its learning shows in part 3). Metrics
+   (`credit.bench.credit_metrics`): correlation with the true advantages, share of |A| on
+   pivotal tokens (next to chance and the true advantages' own share), balanced sign accuracy
+   at pivotal tokens, shares of zero tokens and zero groups; mean and spread over snapshots ×
+   batches. Two reference rows: `oracle` (the true advantages) and `constant` (1 on every
+   response token).
+3. Learning. Every estimator the loop can run trains from the same warm-up for `learn_steps`
+   steps with the default policy loss (so only the credit differs), `seeds` seeds; held-out
+   greedy accuracy is recorded against steps and wall time; reported: final accuracy, area
+   under the curve and steps to `threshold`, each with a bootstrap interval over seeds.
+
+Estimators whose inputs the bench cannot produce on a single-turn task (multi-turn fields,
+tree rollouts, a teacher checkpoint...) are listed in skipped.md with the runner's reason.
+
+Outputs in --out: results.csv (task, estimator, family, part, metric, mean, lo, hi, n),
+table.md, skipped.md, learning.csv (every eval point of every run), bars_<task>.png (metrics
+with intervals), curves_<task>.png (learning curves), heatmap_<task>.png (one batch under each
+estimator next to the truth). `--quick` (one task, a few estimators, 2 snapshots, 3 seeds of
+a few steps) takes a few minutes on 2 CPU cores; notebooks/estimator_gallery.ipynb runs it.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import types
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # `python benchmarks/credit_bench.py` as well as `-m`
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+import credit
+from credit import bench
+from credit import tasks as tasks_lib
+from experiments import loop, producers, train
+from experiments.configs import common
+
+# Tasks and their settings: short responses, so a small model learns them after a short
+# warm-up and the exact last-step values stay cheap.
+TASK_KWARGS = {
+    "pivotal": {"response_len": 6},
+    "pivotal_and": {"response_len": 6},
+    "pivotal_or": {"response_len": 6},
+    "distractor": {"response_len": 6},
+    "delayed": {},
+}
+REFERENCES = ("oracle", "constant")
+CREDIT_METRICS = ("corr", "pivot_mass", "sign_acc", "zero_tokens", "zero_groups")
+LEARN_METRICS = ("final_accuracy", "auc", "steps_to_threshold")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How much the bench runs (`QUICK` / `FULL`; command-line flags override)."""
+  tasks: tuple[str, ...]
+  estimators: tuple[str, ...] | None  # None: every registered estimator
+  learn_estimators: tuple[str, ...] | None  # None: every estimator scored in part 2
+  seeds: int
+  sft_steps: int
+  snapshot_steps: int
+  num_snapshots: int
+  batches: int
+  num_rollouts: int
+  learn_steps: int
+  eval_every: int
+  threshold: float
+  prompts_per_step: int = 8
+  group_size: int = 8
+  hidden_size: int = 64
+  num_layers: int = 2
+  learning_rate: float = 3e-4
+  teacher_sft_steps: int = 0  # > 0: a teacher (a longer warm-up) for the distillation methods
+
+
+QUICK = Settings(tasks=("pivotal",), estimators=("grpo", "rloo", "dr_grpo", "gae"),
+                 learn_estimators=("grpo", "rloo"), seeds=3, sft_steps=300, snapshot_steps=4,
+                 num_snapshots=2, batches=2, num_rollouts=8, learn_steps=4, eval_every=2,
+                 threshold=0.5, prompts_per_step=4, group_size=8, hidden_size=32, num_layers=1)
+FULL = Settings(tasks=tuple(TASK_KWARGS), estimators=None, learn_estimators=None, seeds=3,
+                sft_steps=60, snapshot_steps=40, num_snapshots=3, batches=4, num_rollouts=32,
+                learn_steps=60, eval_every=10, threshold=0.9, teacher_sft_steps=600)
+
+
+def base_config(task: str, s: Settings, seed: int = 0) -> ml_collections.ConfigDict:
+  """The runner config every part of the bench starts from (GRPO, one device)."""
+  c = common.base_config()
+  c.task = task
+  c.task_kwargs = dict(TASK_KWARGS.get(task, {}))
+  c.seed = seed
+  c.mesh = "data=1"
+  c.estimator = "grpo"
+  c.model.hidden_size = s.hidden_size
+  c.model.intermediate_size = 4 * s.hidden_size
+  c.model.num_layers = s.num_layers
+  c.model.head_dim = s.hidden_size // 4
+  c.prompts_per_step, c.group_size = s.prompts_per_step, s.group_size
+  c.num_train_examples, c.num_eval_examples = 2000, 64
+  c.max_new_tokens = tasks_lib.get_task(task, **c.task_kwargs).max_response_chars + 2
+  c.sft_steps = s.sft_steps
+  c.learning_rate = s.learning_rate
+  c.steps = s.snapshot_steps
+  c.eval_every, c.checkpoint_every, c.samples_every = 0, 0, 0
+  c.progress = False
+  return c
+
+
+def warm_up(task: str, s: Settings, workdir: str, name: str = "warmup",
+            sft_steps: int | None = None) -> str:
+  """A supervised warm-up, exported (`steps=0`); returns its hf_policy directory. The
+  shared start (`s.sft_steps`), or the distillation teacher (`s.teacher_sft_steps`)."""
+  out = os.path.join(workdir, name)
+  if not os.path.exists(os.path.join(out, "hf_policy", "config.json")):
+    c = base_config(task, s)
+    c.steps = 0
+    if sft_steps is not None:
+      c.sft_steps = sft_steps
+    loop.run(c, out)
+  return os.path.join(out, "hf_policy")
+
+
+def from_warm_start(c: ml_collections.ConfigDict, hf_dir: str) -> ml_collections.ConfigDict:
+  c.warm_start_from, c.sft_steps = hf_dir, 0
+  return c
+
+
+# --------------------------------------------------------------------------
+# Part 1: snapshots, and the shared rollout batches with their true advantages.
+# --------------------------------------------------------------------------
+
+
+def snapshots(task: str, s: Settings, hf_dir: str, workdir: str):
+  """(runner, [(step, params)]): GRPO from the warm-up, parameters copied at the snapshot
+  steps (0, ..., snapshot_steps evenly)."""
+  c = from_warm_start(base_config(task, s), hf_dir)
+  run, rs = loop.setup(c, os.path.join(workdir, "snapshots"))
+  rs = loop.restore_or_warm_up(run, rs)
+  at = sorted({int(round(x)) for x in np.linspace(0, s.snapshot_steps, s.num_snapshots)})
+  out = []
+  while True:
+    if rs.step in at:
+      out.append((rs.step, jax.tree.map(jnp.copy, rs.train.params)))
+    if rs.step >= at[-1]:
+      break
+    rs, _ = loop.rl_step(run, rs)
+  return run, out
+
+
+@dataclasses.dataclass
+class Batch:
+  """One rollout batch of one snapshot: what every estimator is scored on."""
+  snapshot: int
+  params: Any
+  ctx_args: dict          # StepContext arguments (key, examples, prompt tokens/mask)
+  host: dict              # numpy tokens, response_mask, group_id, reward
+  truth: Any              # credit.bench true advantages (NamedTuple)
+
+
+def _context(run, args: dict, ref_params=None, learners=None) -> producers.StepContext:
+  return producers.StepContext(ref_params=ref_params, learners=dict(learners or {}), **args)
+
+
+def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
+  """`s.batches` batches per snapshot: fixed prompts and keys, sampled by the runner's
+  rollout and reward producers, with the true advantages of every sampled token."""
+  data = run.data
+  loader = tasks_lib.make_loader(data.train, s.prompts_per_step, seed=seed + 101)
+  prompts = [next(loader) for _ in range(s.batches)]
+  out = []
+  for step, params in snaps:
+    for k, ex in enumerate(prompts):
+      toks, pmask = tasks_lib.encode_prompts(data.tokenizer, ex["prompt"], data.max_prompt_len)
+      key = jax.random.fold_in(jax.random.key(seed + 7), 1000 * step + k)
+      args = dict(key=key, examples=ex, prompt_tokens=toks, prompt_mask=pmask)
+      ctx = _context(run, args)
+      state = types.SimpleNamespace(params=params)
+      batch = {}
+      for stage in run.stages:
+        batch.update(stage(state, batch, ctx))
+      host = {n: np.asarray(jax.device_get(batch[n]))
+              for n in ("tokens", "response_mask", "group_id", "reward")}
+      host["prompt_mask"] = np.asarray(ctx.host["prompt_mask"])
+      truth = true_advantages(run, params, ex, host, key, s)
+      out.append(Batch(step, params, args, host, truth))
+  return out
+
+
+def true_advantages(run, params, examples, host: dict, key, s: Settings):
+  """The exact per-token advantages of a batch under the policy that sampled it."""
+  G = run.setup.group_size
+  rows = [{k: v[i // G] for k, v in examples.items()} for i in range(host["tokens"].shape[0])]
+  return bench.true_advantages(
+      run.setup.sampler, run.setup.model_state(params), task=run.data.task,
+      tokenizer=run.data.tokenizer, examples=rows, tokens=host["tokens"],
+      response_mask=host["response_mask"], prompt_mask=host["prompt_mask"],
+      key=jax.random.fold_in(key, 99), num_rollouts=s.num_rollouts,
+      temperature=float(run.c.temperature))
+
+
+# --------------------------------------------------------------------------
+# Part 2: every estimator's advantages on the shared batches.
+# --------------------------------------------------------------------------
+
+
+class Skip(Exception):
+  """An estimator the bench cannot run here, with the reason."""
+
+
+def estimator_config(base: ml_collections.ConfigDict, name: str,
+                     teacher: str = "") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(base.to_dict())
+  c.estimator = name
+  c.estimator_kwargs = {}
+  c.teacher.init_from = teacher
+  return c
+
+
+def estimator_fn(run, name: str, teacher: str = ""):
+  """advantages(batch: Batch) -> [B,T] numpy for estimator `name` on the runner's setup, its
+  fields made by its planned producers from the batch's own rollouts (a teacher checkpoint
+  `teacher` for the distillation methods, "" = none); raises Skip."""
+  c = estimator_config(run.c, name, teacher)
+  try:
+    method = loop.check_method(c)
+  except (ValueError, KeyError) as e:
+    raise Skip(str(e).split(" (it can make")[0].split("; add a producer")[0]) from None
+  base = run.setup
+  ps = producers.Setup(c, base.data, base.mesh, base.graphdef, base.rest, base.sampler,
+                       base.chunk_size, base.num_groups, base.group_size)
+  try:
+    stages = [p.build(ps) for p in method.plan]
+  except (ValueError, KeyError) as e:
+    raise Skip(str(e)) from None
+  est = method.estimator
+  adv_fn = jax.jit(train.make_advantage_fn(est, method.estimator_static))
+  est_state = est.init_state(len(base.data.train)) if est.stateful else None
+
+  def advantages(b: Batch) -> np.ndarray:
+    ctx = _context(run, b.ctx_args, ref_params=b.params,
+                   learners={p.producer.name: p.producer.init(ps, b.params)
+                             for p in method.plan if p.producer.init is not None})
+    state = types.SimpleNamespace(params=b.params)
+    batch = {}
+    for stage in stages:
+      batch.update(stage(state, batch, ctx))
+    tokens = np.asarray(jax.device_get(batch["tokens"]))
+    if not np.array_equal(tokens, b.host["tokens"]):
+      raise RuntimeError(f"{name}: its rollout differs from the shared batch (same key)")
+    arrays = {n: batch[n] for n in method.estimator_fields}
+    if "train_step" in est.params:
+      arrays["train_step"] = jnp.asarray(b.snapshot, jnp.float32)
+    adv, _, _ = adv_fn(arrays, est_state)
+    return np.asarray(jax.device_get(adv), np.float32)
+
+  return advantages
+
+
+def reference_advantages(name: str, b: Batch) -> np.ndarray:
+  resp = b.host["response_mask"]
+  if name == "oracle":
+    return np.where(resp, np.asarray(b.truth.advantage), 0.0).astype(np.float32)
+  return resp.astype(np.float32)  # constant
+
+
+def score(adv: np.ndarray, b: Batch) -> dict[str, float]:
+  return bench.credit_metrics(adv, np.asarray(b.truth.advantage), b.host["response_mask"],
+                              np.asarray(b.truth.pivot_mask), b.host["group_id"])
+
+
+# --------------------------------------------------------------------------
+# Part 3: learning curves.
+# --------------------------------------------------------------------------
+
+
+def learning_runs(task: str, name: str, s: Settings, hf_dir: str, workdir: str,
+                  teacher: str = "") -> list[list[dict]]:
+  """Per seed, the eval rows (step, wall_time, eval_accuracy) of a run from the warm-up."""
+  out = []
+  for seed in range(s.seeds):
+    c = estimator_config(from_warm_start(base_config(task, s, seed), hf_dir), name, teacher)
+    c.steps, c.eval_every, c.export_hf = s.learn_steps, s.eval_every, False
+    c.checkpoint_every = 0
+    wd = os.path.join(workdir, "learn", f"{name}_seed{seed}")
+    loop.run(c, wd)
+    rows = [r for r in credit_rows(os.path.join(wd, "metrics.jsonl")) if "eval_accuracy" in r]
+    out.append(rows)
+  return out
+
+
+def credit_rows(path: str) -> list[dict]:
+  from experiments import reporting
+  return reporting.read_metrics(path)
+
+
+def learning_stats(runs: list[list[dict]], threshold: float) -> dict[str, list[float]]:
+  """Per-seed final accuracy, AUC (accuracy over steps, normalised) and steps to threshold
+  (the run's length + eval interval when never reached, so the mean stays finite)."""
+  out = {m: [] for m in LEARN_METRICS}
+  for rows in runs:
+    steps = np.asarray([r["step"] for r in rows], np.float64)
+    acc = np.asarray([r["eval_accuracy"] for r in rows], np.float64)
+    out["final_accuracy"].append(float(acc[-1]))
+    out["auc"].append(float(bench.auc(steps, acc)))
+    hit = bench.steps_to_threshold(steps, acc, threshold)
+    never = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1.0)
+    out["steps_to_threshold"].append(float(never if hit is None or not np.isfinite(hit)
+                                           else hit))
+  return out
+
+
+# --------------------------------------------------------------------------
+# The whole bench.
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Row:
+  task: str
+  estimator: str
+  family: str
+  part: str
+  metric: str
+  mean: float
+  lo: float
+  hi: float
+  n: int
+
+
+def _interval(values: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
+  v = np.asarray(values, np.float64)
+  if len(v) < 2:
+    return float(v.mean()), float(v.mean()), float(v.mean())
+  lo, hi = bench.bootstrap_ci(v, seed=seed)
+  return float(v.mean()), float(lo), float(hi)
+
+
+def _family(name: str) -> str:
+  return "reference" if name in REFERENCES else credit.get_estimator(name).family
+
+
+def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
+             say=print) -> tuple[list[Row], dict[str, str], dict]:
+  """(rows, skipped {estimator: reason}, extras for plots) of one task."""
+  t0 = time.perf_counter()
+  hf_dir = warm_up(task, s, workdir)
+  teacher = (warm_up(task, s, workdir, "teacher", s.teacher_sft_steps)
+             if s.teacher_sft_steps else "")
+  run, snaps = snapshots(task, s, hf_dir, workdir)
+  batches = rollout_batches(run, snaps, s)
+  say(f"[{task}] warm-up, {len(snaps)} snapshots and {len(batches)} batches with true "
+      f"advantages: {time.perf_counter() - t0:.0f}s")
+  names = list(s.estimators) if s.estimators is not None else credit.list_estimators()
+  rows, skipped, scored, heat = [], {}, [], {}
+  for name in list(REFERENCES) + names:
+    t1 = time.perf_counter()
+    try:
+      fn = ((lambda b, n=name: reference_advantages(n, b)) if name in REFERENCES
+            else estimator_fn(run, name, teacher))
+      advs = [fn(b) for b in batches]
+    except Skip as e:
+      skipped[name] = str(e)
+      continue
+    except Exception as e:  # a bug to report, not to hide: listed as FAILED  # pylint: disable=broad-except
+      skipped[name] = f"FAILED: {type(e).__name__}: {e}"
+      say(f"[{task}] {name} FAILED: {type(e).__name__}: {e}")
+      continue
+    per = [score(a, b) for a, b in zip(advs, batches)]
+    for m in per[0]:
+      vals = [p[m] for p in per if np.isfinite(p[m])]  # sign_acc: undefined on some batches
+      if vals:
+        mean, lo, hi = _interval(vals)
+        rows.append(Row(task, name, _family(name), "credit", m, mean, lo, hi, len(vals)))
+    heat[name] = advs[-1]
+    if name not in REFERENCES:
+      scored.append(name)
+    say(f"[{task}] {name}: corr {np.mean([p['corr'] for p in per]):+.2f}, "
+        f"pivot mass {np.mean([p['pivot_mass'] for p in per]):.2f} "
+        f"({time.perf_counter() - t1:.1f}s)")
+  curves = {}
+  if learning:
+    learn = scored if s.learn_estimators is None else [n for n in s.learn_estimators
+                                                       if n in scored]
+    for name in learn:
+      t1 = time.perf_counter()
+      try:
+        runs = learning_runs(task, name, s, hf_dir, workdir, teacher)
+      except (ValueError, KeyError) as e:
+        skipped[f"{name} (learning)"] = str(e)
+        continue
+      curves[name] = runs
+      for m, vals in learning_stats(runs, s.threshold).items():
+        mean, lo, hi = _interval(vals)
+        rows.append(Row(task, name, _family(name), "learning", m, mean, lo, hi, len(vals)))
+      say(f"[{task}] learning {name}: {s.seeds} seeds, {time.perf_counter() - t1:.0f}s")
+  extras = {"batch": batches[-1], "heat": heat, "curves": curves,
+            "tokenizer": run.data.tokenizer}
+  return rows, skipped, extras
+
+
+def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
+                  extras: dict[str, dict], command: str, wall: float) -> None:
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow([fld.name for fld in dataclasses.fields(Row)])
+    for r in rows:
+      w.writerow([r.task, r.estimator, r.family, r.part, r.metric, f"{r.mean:.6g}",
+                  f"{r.lo:.6g}", f"{r.hi:.6g}", r.n])
+  with open(os.path.join(out, "learning.csv"), "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["task", "estimator", "seed", "step", "wall_time", "eval_accuracy"])
+    for task, ex in extras.items():
+      for name, runs in ex["curves"].items():
+        for seed, rr in enumerate(runs):
+          for r in rr:
+            w.writerow([task, name, seed, r["step"], f"{r.get('wall_time', float('nan')):.3f}",
+                        f"{r['eval_accuracy']:.4f}"])
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(markdown_table(rows, command, wall))
+  with open(os.path.join(out, "skipped.md"), "w") as f:
+    for task, sk in skipped.items():
+      f.write(f"## {task}: {len(sk)} skipped\n\n")
+      for name, why in sorted(sk.items()):
+        f.write(f"- `{name}`: {why}\n")
+      f.write("\n")
+  for task, ex in extras.items():
+    plot_bars(os.path.join(out, f"bars_{task}.png"), [r for r in rows if r.task == task], task)
+    if ex["curves"]:
+      plot_curves(os.path.join(out, f"curves_{task}.png"), ex["curves"], task)
+    plot_heatmap(os.path.join(out, f"heatmap_{task}.png"), ex, task)
+
+
+def _cell(r: Row | None, digits: int = 2) -> str:
+  if r is None:
+    return ""
+  if r.n < 2 or r.lo == r.hi:
+    return f"{r.mean:.{digits}f}"
+  return f"{r.mean:.{digits}f} [{r.lo:.{digits}f}, {r.hi:.{digits}f}]"
+
+
+def markdown_table(rows: list[Row], command: str, wall: float) -> str:
+  """One table per task: an estimator per line, credit metrics then learning metrics (mean
+  [95% bootstrap interval])."""
+  cols = [("credit", m) for m in CREDIT_METRICS] + [("learning", m) for m in LEARN_METRICS]
+  out = [f"Command: `{command}` ({wall / 60:.1f} min)\n"]
+  for task in dict.fromkeys(r.task for r in rows):
+    table = {(r.estimator, r.part, r.metric): r for r in rows if r.task == task}
+    names = list(dict.fromkeys(r.estimator for r in rows if r.task == task))
+    chance = next((r for r in rows if r.task == task and r.metric == "chance"), None)
+    truth = next((r for r in rows if r.task == task and r.metric == "pivot_mass_true"), None)
+    out.append(f"\n### {task}\n")
+    if chance is not None and truth is not None:
+      out.append(f"pivot_mass by chance {chance.mean:.2f}; of the true advantages "
+                 f"{truth.mean:.2f}.\n")
+    out.append("\n| estimator | family | " + " | ".join(m for _, m in cols) + " |")
+    out.append("|" + "---|" * (len(cols) + 2))
+    for n in names:
+      fam = next(r.family for r in rows if r.task == task and r.estimator == n)
+      cells = [_cell(table.get((n, p, m)), 1 if m == "steps_to_threshold" else 2)
+               for p, m in cols]
+      out.append(f"| `{n}` | {fam} | " + " | ".join(cells) + " |")
+  return "\n".join(out) + "\n"
+
+
+def plot_bars(path: str, rows: list[Row], task: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  metrics = [m for m in CREDIT_METRICS + LEARN_METRICS if any(r.metric == m for r in rows)]
+  names = list(dict.fromkeys(r.estimator for r in rows))
+  fig, axes = plt.subplots(len(metrics), 1, figsize=(max(6, 0.35 * len(names) + 2),
+                                                     2.2 * len(metrics)), squeeze=False)
+  for ax, m in zip(axes[:, 0], metrics):
+    rs = [next((r for r in rows if r.estimator == n and r.metric == m), None) for n in names]
+    x = np.arange(len(names))
+    mean = np.asarray([r.mean if r else np.nan for r in rs])
+    err = np.asarray([[r.mean - r.lo if r else 0 for r in rs], [r.hi - r.mean if r else 0
+                                                                 for r in rs]])
+    ax.bar(x, mean, yerr=err, color="#4477aa", capsize=2)
+    ax.set_ylabel(m, fontsize=8)
+    ax.set_xticks(x, names, rotation=90, fontsize=7)
+  axes[0, 0].set_title(f"{task}: credit quality and learning (95% bootstrap intervals)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_curves(path: str, curves: dict[str, list[list[dict]]], task: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for name, runs in curves.items():
+    steps = np.asarray([r["step"] for r in runs[0]])
+    acc = np.asarray([[r["eval_accuracy"] for r in rr][:len(steps)] for rr in runs])
+    wall = np.asarray([[r.get("wall_time", np.nan) for r in rr][:len(steps)] for rr in runs])
+    line, = axes[0].plot(steps, acc.mean(0), label=name)
+    axes[0].fill_between(steps, acc.min(0), acc.max(0), alpha=0.15, color=line.get_color())
+    axes[1].plot(np.nanmean(wall, 0), acc.mean(0), label=name, color=line.get_color())
+  axes[0].set_xlabel("RL step")
+  axes[1].set_xlabel("wall time (s)")
+  for ax in axes:
+    ax.set_ylabel("held-out greedy accuracy")
+  axes[0].set_title(f"{task}: mean over seeds (band: min-max)")
+  axes[1].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_heatmap(path: str, ex: dict, task: str, rows_shown: int = 4) -> None:
+  """The responses of one batch (a mixed group first), the true advantages and each
+  estimator's, token by token; each block is scaled by its own largest |A| on the rows shown
+  (estimators differ in scale by orders of magnitude), the scale in its label."""
+  from experiments import reporting
+  b, tok = ex["batch"], ex["tokenizer"]
+  resp, reward, gid = b.host["response_mask"], b.host["reward"], b.host["group_id"]
+  picks = reporting.select_rows(reward, gid, rows_shown, per_group=2)
+  tokens, advs, labels = [], [], []
+  series = [("truth", np.asarray(b.truth.advantage))] + list(ex["heat"].items())
+  for name, adv in series:
+    scale = max(float(np.max(np.abs(np.asarray(adv)[picks]))), 1e-12)
+    for i in picks:
+      ids = b.host["tokens"][i][resp[i]]
+      tokens.append([tok.decode([int(t)]) or "∅" for t in ids])
+      advs.append(np.asarray(adv[i][resp[i]], np.float64) / scale)
+      labels.append(f"{name} #{i} r={reward[i]:.0f} (÷{scale:.2g})")
+  reporting.plot_token_credit(path, tokens, advs, labels=labels, vmax=1.0,
+                              title=f"{task}: true advantages and each estimator's (scaled)")
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--quick", action="store_true", help="one task, a few estimators, minutes")
+  p.add_argument("--only", default="", help="comma-separated estimators (default: all)")
+  p.add_argument("--tasks", default="", help="comma-separated tasks")
+  p.add_argument("--out", default="credit_bench")
+  p.add_argument("--workdir", default="", help="runs and warm-ups (default: a temp dir)")
+  p.add_argument("--seeds", type=int, default=0)
+  p.add_argument("--no-learning", action="store_true")
+  a = p.parse_args(argv)
+  s = QUICK if a.quick else FULL
+  if a.only:
+    only = tuple(x.strip() for x in a.only.split(",") if x.strip())
+    unknown = [n for n in only if n not in credit.list_estimators() and n not in REFERENCES]
+    if unknown:
+      raise SystemExit(f"unknown estimators {unknown}; known: {credit.list_estimators()}")
+    s = dataclasses.replace(s, estimators=only, learn_estimators=None)
+  if a.tasks:
+    s = dataclasses.replace(s, tasks=tuple(x.strip() for x in a.tasks.split(",") if x.strip()))
+  if a.seeds:
+    s = dataclasses.replace(s, seeds=a.seeds)
+  for t in s.tasks:
+    tasks_lib.get_task(t, **TASK_KWARGS.get(t, {}))  # unknown task: its error, now
+  workdir = a.workdir or tempfile.mkdtemp(prefix="credit_bench_")
+  if not jax.config.jax_compilation_cache_dir:  # the seeds' runs compile the same programs
+    jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+  t0 = time.perf_counter()
+  rows, skipped, extras = [], {}, {}
+  for task in s.tasks:
+    r, sk, ex = run_task(task, s, os.path.join(workdir, task), learning=not a.no_learning)
+    rows += r
+    skipped[task], extras[task] = sk, ex
+  wall = time.perf_counter() - t0
+  command = "python -m benchmarks.credit_bench " + " ".join(argv if argv is not None
+                                                            else sys.argv[1:])
+  write_outputs(a.out, rows, skipped, extras, command.strip(), wall)
+  print(open(os.path.join(a.out, "table.md")).read())
+  print(f"wrote {a.out}/results.csv, table.md, skipped.md and plots in {wall:.0f}s")
+  return {"rows": rows, "skipped": skipped, "wall": wall, "out": a.out}
+
+
+if __name__ == "__main__":
+  main()
