@@ -99,3 +99,20 @@ def test_bad_settings_are_refused():
     ct.get_task("distractor", wide="ab1")
   with pytest.raises(ValueError, match="early"):
     ct.get_task("delayed", early=0)
+
+
+def test_builder_configs_construct_and_a_tiny_dataset_round_trips(tmp_path):
+  import tensorflow_datasets as tfds
+  from credit.tasks.credit_tasks import credit_tasks_dataset_builder as cb
+  names = {c.name for c in cb.Builder.BUILDER_CONFIGS}
+  assert {"pivotal_and", "pivotal_or", "distractor", "delayed"} <= names
+  for name in ("pivotal_and", "pivotal_or", "distractor", "delayed"):
+    assert cb.make_config(name).make_task().name == name
+  sizes = {"train_size": 8, "test_size": 4}
+  ct.build_task_dataset("pivotal_or", tmp_path, **sizes)
+  task = ct.get_task("pivotal_or")
+  source = tfds.data_source(ct.task_tfds_name("pivotal_or", **sizes), split="test",
+                            data_dir=tmp_path, download=False)
+  got = [ct.as_example(source[i]) for i in range(len(source))]
+  assert got == task.generate(np.random.default_rng([0, 1]), 4)
+  assert all(task.verify(e, task.demonstration(e)) == 1.0 for e in got)
