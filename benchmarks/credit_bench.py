@@ -13,8 +13,9 @@ sampled token's true advantage Q(s,a) − V(s) under the policy that sampled it.
 2. Credit quality. For each snapshot, `batches` rollout batches (fixed prompts and keys) are
    sampled through the runner's own rollout producer; every estimator then makes its
    advantages on exactly those rollouts (checked), with the fields its plan needs made by the
-   runner's producers (`experiments/producers.py`; a trained producer such as an implicit PRM
-   or a critic starts from the snapshot, untrained — its learning shows in part 3). Metrics
+   runner's producers (`experiments/producers.py`; the reference policy is the warm-up, as in
+   a run; a trained producer such as an implicit PRM or a critic starts from the snapshot,
+   untrained — its learning shows in part 3). Metrics
    (`credit.bench.credit_metrics`): correlation with the true advantages, share of |A| on
    pivotal tokens (next to chance and the true advantages' own share), balanced sign accuracy
    at pivotal tokens, shares of zero tokens and zero groups; mean and spread over snapshots ×
@@ -29,7 +30,8 @@ Estimators whose inputs the bench cannot produce on a single-turn task (multi-tu
 tree rollouts, a teacher checkpoint...) are listed in skipped.md with the runner's reason.
 
 Outputs in --out: results.csv (task, estimator, family, part, metric, mean, lo, hi, n),
-table.md, skipped.md, learning.csv (every eval point of every run), bars_<task>.png (metrics
+table.md (per task, every metric with intervals), summary.md (one line per estimator across
+tasks: the README's table), skipped.md, learning.csv (every eval point of every run), bars_<task>.png (metrics
 with intervals), curves_<task>.png (learning curves), heatmap_<task>.png (one batch under each
 estimator next to the truth). `--quick` (one task, a few estimators, 2 snapshots, 3 seeds of
 a few steps) takes a few minutes on 2 CPU cores; notebooks/estimator_gallery.ipynb runs it.
@@ -175,6 +177,7 @@ class Batch:
   """One rollout batch of one snapshot: what every estimator is scored on."""
   snapshot: int
   params: Any
+  ref_params: Any         # the start of training (the warm-up): the reference policy
   ctx_args: dict          # StepContext arguments (key, examples, prompt tokens/mask)
   host: dict              # numpy tokens, response_mask, group_id, reward
   truth: Any              # credit.bench true advantages (NamedTuple)
@@ -205,7 +208,7 @@ def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
               for n in ("tokens", "response_mask", "group_id", "reward")}
       host["prompt_mask"] = np.asarray(ctx.host["prompt_mask"])
       truth = true_advantages(run, params, ex, host, key, s)
-      out.append(Batch(step, params, args, host, truth))
+      out.append(Batch(step, params, snaps[0][1], args, host, truth))
   return out
 
 
@@ -260,7 +263,7 @@ def estimator_fn(run, name: str, teacher: str = ""):
   est_state = est.init_state(len(base.data.train)) if est.stateful else None
 
   def advantages(b: Batch) -> np.ndarray:
-    ctx = _context(run, b.ctx_args, ref_params=b.params,
+    ctx = _context(run, b.ctx_args, ref_params=b.ref_params,
                    learners={p.producer.name: p.producer.init(ps, b.params)
                              for p in method.plan if p.producer.init is not None})
     state = types.SimpleNamespace(params=b.params)
@@ -441,6 +444,8 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
                         f"{r['eval_accuracy']:.4f}"])
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(markdown_table(rows, command, wall))
+  with open(os.path.join(out, "summary.md"), "w") as f:
+    f.write(summary_table(rows, command, wall))
   with open(os.path.join(out, "skipped.md"), "w") as f:
     for task, sk in skipped.items():
       f.write(f"## {task}: {len(sk)} skipped\n\n")
@@ -483,6 +488,39 @@ def markdown_table(rows: list[Row], command: str, wall: float) -> str:
       cells = [_cell(table.get((n, p, m)), 1 if m == "steps_to_threshold" else 2)
                for p, m in cols]
       out.append(f"| `{n}` | {fam} | " + " | ".join(cells) + " |")
+  return "\n".join(out) + "\n"
+
+
+def summary_table(rows: list[Row], command: str, wall: float) -> str:
+  """One line per estimator across tasks: correlation with the true advantages, pivotal mass
+  and balanced sign accuracy (means over snapshots × batches), and final held-out accuracy
+  when learning ran; sorted by mean correlation. The README's table."""
+  tasks = list(dict.fromkeys(r.task for r in rows))
+  get = {(r.task, r.estimator, r.metric): r for r in rows}
+  names = list(dict.fromkeys(r.estimator for r in rows))
+  learn = any(r.part == "learning" for r in rows)
+
+  def corr(n):
+    v = [get[(t, n, "corr")].mean for t in tasks if (t, n, "corr") in get]
+    return float(np.mean(v)) if v else -2.0
+
+  head = "| estimator | family | " + " | ".join(
+      f"{t}: corr / pivot mass / sign acc" + (" / final acc" if learn else "") for t in tasks)
+  out = [f"Command: `{command}` ({wall / 60:.1f} min). Chance pivot mass per task: " +
+         ", ".join(f"{t} {get[(t, 'constant', 'chance')].mean:.2f}" for t in tasks
+                   if (t, "constant", "chance") in get) + ".\n", head + " |",
+         "|---|---|" + "---|" * len(tasks)]
+  for n in sorted(names, key=corr, reverse=True):
+    cells = []
+    for t in tasks:
+      vals = [get.get((t, n, m)) for m in ("corr", "pivot_mass", "sign_acc")]
+      txt = " / ".join("–" if v is None else f"{v.mean:.2f}" for v in vals)
+      if learn:
+        f = get.get((t, n, "final_accuracy"))
+        txt += " / " + ("–" if f is None else f"{f.mean:.2f} [{f.lo:.2f}, {f.hi:.2f}]")
+      cells.append(txt)
+    fam = next(r.family for r in rows if r.estimator == n)
+    out.append(f"| `{n}` | {fam} | " + " | ".join(cells) + " |")
   return "\n".join(out) + "\n"
 
 
