@@ -221,7 +221,7 @@ def true_advantages(run, params, examples, host: dict, key, s: Settings):
       tokenizer=run.data.tokenizer, examples=rows, tokens=host["tokens"],
       response_mask=host["response_mask"], prompt_mask=host["prompt_mask"],
       key=jax.random.fold_in(key, 99), num_rollouts=s.num_rollouts,
-      temperature=float(run.c.temperature))
+      temperature=float(run.c.temperature), top_k=int(run.c.top_k), top_p=float(run.c.top_p))
 
 
 # --------------------------------------------------------------------------

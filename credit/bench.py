@@ -2,15 +2,17 @@
 metrics that score an estimator's advantages against them.
 
 Motivation: the survey "From Reasoning to Agentic: Credit Assignment in Reinforcement Learning
-for Large Language Models" (../shared/seeds) calls for controlled bifurcation tasks where the
-decisions that matter are known; no paper scores estimators side by side on whether their
-credit lands there. `benchmarks/credit_bench.py` does, with these functions.
+for Large Language Models" (C. Zhang, arXiv:2604.09459; ../shared/seeds) asks for a benchmark
+protocol with controlled bifurcation tasks, where the decisions that matter are known; no
+paper scores estimators side by side on whether their credit lands there.
+`benchmarks/credit_bench.py` does, with these functions.
 
 **True advantages.** A bifurcation task (`credit/tasks/bifurcation.py`, `pivotal`) tells which
 response positions decide the reward (`pivot_positions(example)`) and the last position that
 can still change it (`decided_at(example)` = d: `verify(r) == verify(r[:d+1])` whenever
-`len(r) > d`). Under the sampling policy π (the same temperature as the sampler), for a sampled
-response y with reward r and s_t the state before response token t:
+`len(r) > d`). Under the sampling policy π (the distribution the sampler draws from: the same
+temperature, top-k, top-p and min-p), for a sampled response y with reward r and s_t the state
+before response token t:
 
   V(s_t) = P(reward = 1 | prompt, y_<t),   Q(s_t, y_t) = V(s_{t+1}),   A_t = Q(s_t, y_t) − V(s_t)
 
@@ -37,7 +39,8 @@ where Â has the same sign; Â = 0 counts 1/2; so a constant estimator scores ex
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+import functools
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,12 +51,22 @@ from credit.sampling import processed_logprobs, sampling_params
 
 
 class TrueAdvantages(NamedTuple):
-  """Per token [B,T] (0 outside the response): value V(s_t), advantage A_t, its Monte-Carlo
-  standard error (0 where exact), and the pivotal positions of each row's example."""
+  """Per token [B,T] (0 / False outside the response).
+
+  Attributes:
+    value: float32 V(s_t), the success probability before token t (the reward after d).
+    advantage: float32 A_t = V(s_{t+1}) − V(s_t) (0 after d).
+    stderr: float32 Monte-Carlo standard error of A_t (0 where exact: at and after d, and in
+      `exact` mode).
+    pivot_mask: bool, the response tokens at the example's `pivot_positions`.
+    decided_mask: bool, the response token at `decided_at` (where A_t = r − Σ_a π(a)·R is
+      exact); no token when the response ended before it.
+  """
   value: np.ndarray
   advantage: np.ndarray
   stderr: np.ndarray
   pivot_mask: np.ndarray
+  decided_mask: np.ndarray
 
 
 def _check_task(task: Any) -> None:
@@ -63,21 +76,22 @@ def _check_task(task: Any) -> None:
                     "need a bifurcation task (credit/tasks/bifurcation.py, pivotal)")
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _next_logprobs(graphdef, state, params, tokens_BT, mask_BT, last_B):
+  """[B,V] log π(· | row) at column `last_B` of left-aligned rows: the processed (tempered,
+  filtered) distribution the sampler draws from. One compiled program per graph and shape,
+  shared by every `true_advantages` call."""
+  model = nnx.merge(graphdef, state)
+  logits_BTV, _ = model(tokens_BT, mask_BT=mask_BT)
+  at_BV = jnp.take_along_axis(logits_BTV, last_B[:, None, None], axis=1)[:, 0]
+  return processed_logprobs(at_BV, params)
+
+
 class _Policy:
-  """π(· | prefix) at temperature τ for batches of left-aligned token rows, one jitted pass."""
+  """π(· | prefix) under the sampling parameters, for batches of token rows."""
 
-  def __init__(self, graphdef, model_state, temperature: float, chunk_rows: int):
-    self.state, self.chunk = model_state, chunk_rows
-    params = sampling_params(temperature=temperature)
-
-    @jax.jit
-    def next_logprobs(state, tokens_BT, mask_BT, last_B):
-      model = nnx.merge(graphdef, state)
-      logits, _ = model(tokens_BT, mask_BT=mask_BT)
-      at = jnp.take_along_axis(logits, last_B[:, None, None], axis=1)[:, 0]
-      return processed_logprobs(at, params)
-
-    self._fn = next_logprobs
+  def __init__(self, graphdef, model_state, params, chunk_rows: int):
+    self.graphdef, self.state, self.params, self.chunk = graphdef, model_state, params, chunk_rows
 
   def __call__(self, rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarray:
     """[len(rows), V] log π(a | row) for each row (its last token is the newest)."""
@@ -85,17 +99,21 @@ class _Policy:
       return np.zeros((0, 0), np.float32)
     width = max(len(r) for r in rows)
     width = 1 << max(3, (width - 1).bit_length())  # few distinct shapes, few compiles
-    n = self.chunk
     out = []
-    for s in range(0, len(rows), n):
-      part = rows[s:s + n]
+    for s in range(0, len(rows), self.chunk):
+      part = rows[s:s + self.chunk]
+      n = 64  # rows padded to 64 · 4^k: few shapes, each compiled once per process
+      while n < len(part):
+        n *= 4
+      n = min(n, self.chunk)
       toks = np.full((n, width), pad_id, np.int32)
       mask = np.zeros((n, width), bool)
       last = np.zeros(n, np.int32)
       for i, r in enumerate(part):
         toks[i, :len(r)], mask[i, :len(r)], last[i] = r, True, len(r) - 1
       mask[len(part):, 0] = True  # filler rows: one real token, never read
-      out.append(np.asarray(self._fn(self.state, toks, mask, last))[:len(part)])
+      lp = _next_logprobs(self.graphdef, self.state, self.params, toks, mask, last)
+      out.append(np.asarray(lp)[:len(part)])
     return np.concatenate(out)
 
 
@@ -114,7 +132,8 @@ def _split_rows(tokens, response_mask, prompt_mask):
 def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
                     examples: Sequence[Mapping[str, Any]], tokens: np.ndarray,
                     response_mask: np.ndarray, prompt_mask: np.ndarray, key: jax.Array,
-                    num_rollouts: int = 32, temperature: float = 1.0, exact: bool = False,
+                    num_rollouts: int = 32, temperature: float = 1.0, top_k: int = 0,
+                    top_p: float = 1.0, min_p: float = 0.0, exact: bool = False,
                     max_enumeration: int = 200_000, chunk_rows: int = 1024) -> TrueAdvantages:
   """The true advantage of every sampled response token (module docstring).
 
@@ -128,15 +147,25 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
       contiguous response; `SampleOutput` / the runner's host arrays).
     key: PRNG key of the Monte-Carlo continuations.
     num_rollouts: continuations per prefix (Monte-Carlo mode).
-    temperature: the sampling temperature (top-k / top-p sampling is not supported).
+    temperature, top_k, top_p, min_p: the sampling parameters of the rollouts (π is the
+      processed distribution the sampler draws from, `credit.sampling.processed_logprobs`;
+      `min_new_tokens` is not supported).
     exact: enumerate every continuation instead of sampling.
     max_enumeration: the most sequences `exact` may expand.
     chunk_rows: rows per forward pass.
 
+  Returns:
+    `TrueAdvantages`, [B,T] numpy arrays.
+
   Raises:
     TypeError: the task has no ground-truth interface.
-    ValueError: shapes, masks selecting no response token, non-contiguous responses, a bad
-      rollout count, or an enumeration over `max_enumeration`.
+    ValueError: shapes, masks selecting no response token, non-contiguous responses, a
+      response cut before its decision, a bad rollout count or sampling parameter, or an
+      enumeration over `max_enumeration`.
+
+  Note: continuations run to `decided_at` whatever the rollout's `max_new_tokens` was, so the
+  rollouts need a budget above `decided_at` (the bench gives every task `max_response_chars + 2`
+  tokens); a response cut by its budget before `decided_at` (no stop token) is refused.
   """
   _check_task(task)
   tokens, response_mask = np.asarray(tokens), np.asarray(response_mask, bool)
@@ -153,34 +182,53 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
     raise ValueError("response_mask and prompt_mask overlap")
   if num_rollouts < 1:
     raise ValueError(f"num_rollouts={num_rollouts} must be >= 1")
+  if chunk_rows < 1:
+    raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
   stops = set(int(s) for s in sampler.stop_tokens)
   pad = int(tokenizer.pad_id)
   V = int(sampler.vocab_size)
   pieces = [tokenizer.decode([a]) if a not in stops else None for a in range(V)]
-  policy = _Policy(sampler.graphdef, model_state, temperature, chunk_rows)
+  sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+  params = sampling_params(**sampling, vocab_size=V)  # raises on bad values, before tracing
+  policy = _Policy(sampler.graphdef, model_state, params, chunk_rows)
   rows = _split_rows(tokens, response_mask, prompt_mask)
 
   def text(resp: Sequence[int]) -> str:
     return tokenizer.decode(list(resp))
 
+  rewards_by_text: dict[tuple[int, str], np.ndarray] = {}
+
+  def candidate_rewards(b: int, base: str) -> np.ndarray:
+    """[V] R(base · a) for every token a (a stop token: R(base)); cached per example and text."""
+    ex = examples[b]
+    k = (id(ex), base)
+    if k not in rewards_by_text:
+      r_stop = task.verify(ex, base)
+      rewards_by_text[k] = np.asarray(
+          [r_stop if p is None else task.verify(ex, base + p) for p in pieces], np.float64)
+    return rewards_by_text[k]
+
   def last_step(b_prefix: Sequence[tuple[int, list[int]]]) -> np.ndarray:
     """Σ_a π(a | prompt·resp) R(resp·a) for (row, resp) pairs, resp of length decided_at."""
+    if not b_prefix:
+      return np.zeros(0)
     lp = policy([rows[b][0] + resp for b, resp in b_prefix], pad)
-    out = np.zeros(len(b_prefix))
-    for i, (b, resp) in enumerate(b_prefix):
-      base = text(resp)
-      ex = examples[b]
-      r_stop = task.verify(ex, base)
-      rew = np.asarray([r_stop if p is None else task.verify(ex, base + p) for p in pieces])
-      out[i] = float(np.dot(np.exp(lp[i]), rew))
-    return out
+    rew = np.stack([candidate_rewards(b, text(resp)) for b, resp in b_prefix])
+    return np.sum(np.exp(lp.astype(np.float64)) * rew, axis=1)
 
   decided = [int(task.decided_at(examples[b])) for b in range(B)]
+  for b in range(B):
+    resp = rows[b][1]
+    if resp and len(resp) <= decided[b] and resp[-1] not in stops:
+      raise ValueError(f"row {b}: the response was cut at {len(resp)} tokens without a stop "
+                       f"token, before the decision at index {decided[b]}; sample with "
+                       "max_new_tokens > decided_at (the values assume no budget before it)")
   reward = np.asarray([task.verify(examples[b], text(rows[b][1])) for b in range(B)])
   value = np.zeros((B, T), np.float32)
   adv = np.zeros((B, T), np.float32)
   err = np.zeros((B, T), np.float32)
   pivot = np.zeros((B, T), bool)
+  decided_mask = np.zeros((B, T), bool)
 
   # V(s_d) of every row that reached d: exact.
   at_d = [b for b in range(B) if len(rows[b][1]) > decided[b]]
@@ -193,7 +241,7 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
     e_mc = {k: 0.0 for k in need}
   else:
     v_mc, e_mc = _monte_carlo(need, rows, decided, sampler, model_state, key, num_rollouts,
-                              temperature, last_step, text, examples, task, stops, pad)
+                              sampling, last_step, text, examples, task, stops, pad)
   for b in range(B):
     prompt, resp, cols = rows[b]
     for p in task.pivot_positions(examples[b]):
@@ -206,6 +254,7 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
         continue
       if t == decided[b]:
         value[b, c], adv[b, c] = v_d[b], reward[b] - v_d[b]
+        decided_mask[b, c] = True
         continue
       v = v_mc[(b, t)]
       if t + 1 == len(resp):              # the last sampled token (a stop, or the budget)
@@ -216,10 +265,10 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
         q, qe = v_mc[(b, t + 1)], e_mc[(b, t + 1)]
       value[b, c], adv[b, c] = v, q - v
       err[b, c] = np.sqrt(e_mc[(b, t)] ** 2 + qe ** 2)
-  return TrueAdvantages(value, adv, err, pivot)
+  return TrueAdvantages(value, adv, err, pivot, decided_mask)
 
 
-def _monte_carlo(need, rows, decided, sampler, model_state, key, R, temperature, last_step,
+def _monte_carlo(need, rows, decided, sampler, model_state, key, R, sampling, last_step,
                  text, examples, task, stops, pad):
   """{(b, t): mean W}, {(b, t): standard error} from R continuations of each prefix."""
   if not need:
@@ -235,7 +284,7 @@ def _monte_carlo(need, rows, decided, sampler, model_state, key, R, temperature,
     toks[i, :len(row)], mask[i, :len(row)] = row, True
   toks[len(need):], mask[len(need):] = toks[0], mask[0]  # filler rows (never read)
   out = sampler(model_state, prompt_tokens=toks, prompt_mask=mask, key=key, max_new_tokens=D,
-                num_samples=R, temperature=temperature)
+                num_samples=R, **sampling)
   o_tok = np.asarray(out.tokens)
   o_resp = np.asarray(out.response_mask)
   w = np.zeros((len(need), R))
@@ -329,8 +378,27 @@ def _mass(a: np.ndarray, resp: np.ndarray, piv: np.ndarray) -> float:
 
 def credit_metrics(est, true, response_mask, pivot_mask, group_id, *,
                    eps: float = 1e-6) -> dict[str, float]:
-  """How well `est` [B,T] places credit, against the true advantages `true` [B,T] (module
-  docstring): corr, pivot_mass, pivot_mass_true, chance, sign_acc, zero_tokens, zero_groups."""
+  """How well an estimator's advantages Â place credit, against the true advantages A.
+
+  Over the response tokens R (pivotal tokens P = R ∩ pivot_mask):
+    corr = Pearson(Â|R, A|R), 0 when either side is constant;
+    pivot_mass = Σ_P |Â| / Σ_R |Â| (0 when Â = 0 on R), pivot_mass_true the same for A,
+      chance = |P| / |R| (what an estimator spreading |Â| evenly scores);
+    sign_acc = ½ Σ_{s ∈ {+1, −1}} mean_{P, sign A = s, |A| > eps} [sign Â = s] (Â within eps of
+      0 counts ½); NaN when a class is empty;
+    zero_tokens = share of R with |Â| <= eps; zero_groups = share of groups (with response
+      tokens) where every response token has |Â| <= eps.
+
+  Args:
+    est, true: [B,T] float advantages Â and A (finite on response tokens; anything elsewhere).
+    response_mask, pivot_mask: [B,T] bool.
+    group_id: [B] int group of each row.
+    eps: the zero threshold.
+
+  Returns:
+    {name: float} with corr, pivot_mass, pivot_mass_true, chance, sign_acc, zero_tokens,
+    zero_groups.
+  """
   est, true, resp, piv, gid = _check_metric_inputs(est, true, response_mask, pivot_mask,
                                                    group_id)
   e, t = est[resp], true[resp]
@@ -355,11 +423,22 @@ def credit_metrics(est, true, response_mask, pivot_mask, group_id, *,
 
 
 def aggregate(per_batch: Sequence[Mapping[str, float]]) -> dict[str, tuple[float, float]]:
-  """{metric: (mean, std)} over resampled batches (the variance across batches)."""
+  """{metric: (mean, std)} over resampled batches (the variance across batches).
+
+  NaN entries (`sign_acc` on a batch without both sign classes) are left out; a metric that is
+  NaN on every batch gives (NaN, NaN).
+  """
   if not per_batch:
     raise ValueError("no metric dicts to aggregate")
-  return {k: (float(np.mean([m[k] for m in per_batch])),
-              float(np.std([m[k] for m in per_batch]))) for k in per_batch[0]}
+  keys = list(per_batch[0])
+  if any(set(m) != set(keys) for m in per_batch):
+    raise ValueError(f"metric dicts have different keys: {[sorted(m) for m in per_batch]}")
+  out = {}
+  for k in keys:
+    v = np.asarray([m[k] for m in per_batch], np.float64)
+    v = v[~np.isnan(v)]
+    out[k] = (float(v.mean()), float(v.std())) if v.size else (float("nan"), float("nan"))
+  return out
 
 
 def steps_to_threshold(steps: Sequence[float], values: Sequence[float],
@@ -394,6 +473,8 @@ def bootstrap_ci(samples: Sequence[float], num_resamples: int = 1000, level: flo
     raise ValueError(f"samples must be a non-empty finite 1-D array, got {x}")
   if not 0.0 < level < 1.0:
     raise ValueError(f"level={level} must be in (0, 1)")
+  if num_resamples < 1:
+    raise ValueError(f"num_resamples={num_resamples} must be >= 1")
   rng = np.random.default_rng(seed)
   means = x[rng.integers(0, x.size, size=(num_resamples, x.size))].mean(axis=1)
   lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from credit import bench
 from credit.models import Decoder, tiny_config
-from credit.sampling import Sampler
+from credit.sampling import Sampler, sampling_params
 from credit.tasks import CharTokenizer, get_task
 from credit.tasks.char_tokenizer import encode_prompts
 
@@ -23,7 +23,6 @@ def _setup():
   model = Decoder(tiny_config("qwen3", vocab_size=tok.vocab_size, hidden_size=32,
                               intermediate_size=64, num_layers=1, head_dim=8),
                   rngs=nnx.Rngs(3))
-  # Sharpen the random policy towards digits, so that pivots succeed now and then.
   state = nnx.state(model)
   sampler = Sampler(model, pad_id=tok.pad_id, stop_tokens=(tok.eos_id,))
   task = get_task("pivotal", response_len=2, shift=0)
@@ -69,7 +68,7 @@ def test_the_decision_is_exact_and_nothing_after_it_has_credit():
   tok, state, sampler, task, rows, b = _setup()
   exact, _ = _both()
   # One forward pass per row: V(s_d) = Σ_a π(a | s_d) · verify(prefix + a).
-  policy = bench._Policy(sampler.graphdef, state, 1.0, 64)
+  policy = bench._Policy(sampler.graphdef, state, sampling_params(temperature=1.0), 64)
   for i, ex in enumerate(rows):
     cols = np.flatnonzero(b["response_mask"][i])
     resp = b["tokens"][i, cols].tolist()
@@ -85,12 +84,67 @@ def test_the_decision_is_exact_and_nothing_after_it_has_credit():
     np.testing.assert_allclose(exact.value[i, cols[d]], v, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(exact.advantage[i, cols[d]], r - v, rtol=1e-5, atol=1e-7)
     assert np.all(exact.advantage[i, cols[d + 1:]] == 0.0)
+    assert np.all(exact.value[i, cols[d + 1:]] == r)
     assert exact.pivot_mask[i, cols[d]] and exact.pivot_mask[i].sum() == 1
+    assert exact.decided_mask[i, cols[d]] and exact.decided_mask[i].sum() == 1
+  assert not np.any(exact.decided_mask & ~b["response_mask"])
   # Q(s_t, y_t) − V(s_t) telescopes: Σ_t A_t = r − V(s_0) on every row.
   for i, ex in enumerate(rows):
     cols = np.flatnonzero(b["response_mask"][i])
     r = task.verify(ex, tok.decode(b["tokens"][i, cols].tolist()))
     np.testing.assert_allclose(exact.advantage[i].sum(), r - exact.value[i, cols[0]], atol=1e-5)
+
+
+class _EvenAnd:
+  """A local bifurcation task: reward 1 iff the characters at all of the example's pivots have
+  even code points (AND of two pivots; about half the vocabulary is right at each)."""
+  name = "even_and"
+
+  def pivot_positions(self, example):
+    return tuple(example["pivots"])
+
+  def decided_at(self, example):
+    return max(example["pivots"])
+
+  def verify(self, example, response):
+    return float(all(len(response) > p and ord(response[p]) % 2 == 0
+                     for p in example["pivots"]))
+
+
+def test_two_pivots_under_top_k_sampling():
+  """π is the top-k distribution the sampler draws from: Monte-Carlo equals enumeration under
+  top_k = 3, credit is 0 after the decision, and Σ_t A_t = r − V(s_0) telescopes exactly."""
+  tok, state, sampler, _, _, _ = _setup()
+  task = _EvenAnd()
+  examples = [{"prompt": "ab", "pivots": (0, 2)}, {"prompt": "xyz", "pivots": (1, 2)}]
+  G = 3
+  toks, pmask = encode_prompts(tok, [e["prompt"] for e in examples], 4)
+  out = sampler(state, prompt_tokens=toks, prompt_mask=pmask, key=jax.random.key(1),
+                max_new_tokens=4, num_samples=G, temperature=1.0, top_k=3)
+  rows = [examples[i // G] for i in range(len(examples) * G)]
+  resp = np.asarray(out.response_mask)
+  kw = dict(task=task, tokenizer=tok, examples=rows, tokens=np.asarray(out.tokens),
+            response_mask=resp, prompt_mask=np.asarray(out.prompt_mask), key=jax.random.key(2),
+            top_k=3)
+  exact = bench.true_advantages(sampler, state, exact=True, **kw)
+  mc = bench.true_advantages(sampler, state, num_rollouts=48, **kw)
+  sampled = mc.stderr > 0
+  assert sampled.any() and 0.0 < exact.value[resp].mean() < 1.0
+  z = np.abs(mc.advantage - exact.advantage)[sampled] / mc.stderr[sampled]
+  assert np.all(z < 4.5), z
+  for i, ex in enumerate(rows):
+    cols = np.flatnonzero(resp[i])
+    r = task.verify(ex, tok.decode(np.asarray(out.tokens)[i, cols].tolist()))
+    want = np.zeros(resp.shape[1], bool)
+    want[cols[[p for p in ex["pivots"] if p < cols.size]]] = True
+    np.testing.assert_array_equal(exact.pivot_mask[i], want)
+    for x in (exact, mc):
+      assert np.all(x.advantage[i, cols[3:]] == 0.0)
+      np.testing.assert_allclose(x.advantage[i].sum(), r - x.value[i, cols[0]], atol=1e-5)
+  # One compiled forward pass per shape, reused by later calls.
+  n = bench._next_logprobs._cache_size()
+  bench.true_advantages(sampler, state, num_rollouts=48, **kw)
+  assert bench._next_logprobs._cache_size() == n
 
 
 def test_bad_inputs_are_refused():
@@ -108,6 +162,23 @@ def test_bad_inputs_are_refused():
     bench.true_advantages(sampler, state, task=task, **dict(kw, examples=rows[:-1]))
   with pytest.raises(ValueError, match="max_enumeration"):
     bench.true_advantages(sampler, state, task=task, exact=True, max_enumeration=10, **kw)
+  with pytest.raises(ValueError, match="num_rollouts"):
+    bench.true_advantages(sampler, state, task=task, num_rollouts=0, **kw)
+  with pytest.raises(ValueError, match="overlap"):
+    bench.true_advantages(sampler, state, task=task, **dict(kw, prompt_mask=b["response_mask"]))
+  with pytest.raises(ValueError, match="contiguous"):
+    holes = b["response_mask"].copy()
+    row = int(np.flatnonzero(holes.sum(1) >= 3)[0])
+    holes[row, np.flatnonzero(holes[row])[1]] = False
+    bench.true_advantages(sampler, state, task=task, **dict(kw, response_mask=holes))
+  with pytest.raises(ValueError, match="cut at 1 tokens"):
+    cut = b["response_mask"].copy()
+    row = next(i for i in range(len(rows)) if task.decided_at(rows[i]) == 1
+               and b["tokens"][i, np.flatnonzero(cut[i])[0]] != tok.eos_id)
+    cut[row, np.flatnonzero(cut[row])[1:]] = False
+    bench.true_advantages(sampler, state, task=task, **dict(kw, response_mask=cut))
+  with pytest.raises(ValueError, match="temperature"):
+    bench.true_advantages(sampler, state, task=task, temperature=-1.0, **kw)
 
 
 # --------------------------------------------------------------------------
@@ -141,6 +212,10 @@ def test_oracle_is_perfect_and_a_constant_is_chance():
   assert z["pivot_mass"] == 0.0 and z["zero_tokens"] == 1.0
   one_class = np.where(true > 0, true, np.where(piv, 0.0, true))  # no negative pivot left
   assert np.isnan(bench.credit_metrics(true, one_class, resp, piv, gid)["sign_acc"])
+  # Degenerate truth (all zero): every metric finite except the undefined sign accuracy.
+  d = bench.credit_metrics(true, np.zeros_like(true), resp, piv, gid)
+  assert d["corr"] == 0.0 and d["pivot_mass_true"] == 0.0 and np.isnan(d["sign_acc"])
+  assert all(np.isfinite(v) for k, v in d.items() if k != "sign_acc")
 
 
 @hypothesis.given(hnp.arrays(np.float32, (6, 5), elements=st.floats(-3, 3, width=32)),
@@ -173,8 +248,13 @@ def test_learning_statistics_and_bootstrap():
   lo, hi = bench.bootstrap_ci(x, seed=1)
   assert (lo, hi) == bench.bootstrap_ci(x, seed=1) and lo <= np.mean(x) <= hi and lo < hi
   assert bench.bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
-  agg = bench.aggregate([{"corr": 0.2}, {"corr": 0.4}])
-  assert agg["corr"] == pytest.approx((0.3, 0.1))
+  agg = bench.aggregate([{"corr": 0.2, "sign_acc": np.nan}, {"corr": 0.4, "sign_acc": 0.5},
+                         {"corr": 0.3, "sign_acc": 0.7}])
+  assert agg["corr"] == pytest.approx((0.3, np.std([0.2, 0.4, 0.3])))
+  assert agg["sign_acc"] == pytest.approx((0.6, 0.1))  # NaN (undefined) batches left out
+  assert np.isnan(bench.aggregate([{"sign_acc": np.nan}])["sign_acc"]).all()
+  with pytest.raises(ValueError, match="keys"):
+    bench.aggregate([{"corr": 0.2}, {"zero_tokens": 0.4}])
   with pytest.raises(ValueError, match="increase"):
     bench.auc([0, 0], [1, 1])
   with pytest.raises(ValueError, match="finite"):
