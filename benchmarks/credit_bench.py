@@ -59,7 +59,7 @@ import numpy as np
 import credit
 from credit import bench
 from credit import tasks as tasks_lib
-from experiments import loop, producers, train
+from experiments import loop, producers, reporting, train
 from experiments.configs import common
 
 # Tasks and their settings: short responses, so a small model learns them after a short
@@ -183,7 +183,7 @@ class Batch:
   truth: Any              # credit.bench true advantages (NamedTuple)
 
 
-def _context(run, args: dict, ref_params=None, learners=None) -> producers.StepContext:
+def _context(args: dict, ref_params=None, learners=None) -> producers.StepContext:
   return producers.StepContext(ref_params=ref_params, learners=dict(learners or {}), **args)
 
 
@@ -199,7 +199,7 @@ def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
       toks, pmask = tasks_lib.encode_prompts(data.tokenizer, ex["prompt"], data.max_prompt_len)
       key = jax.random.fold_in(jax.random.key(seed + 7), 1000 * step + k)
       args = dict(key=key, examples=ex, prompt_tokens=toks, prompt_mask=pmask)
-      ctx = _context(run, args)
+      ctx = _context(args)
       state = types.SimpleNamespace(params=params)
       batch = {}
       for stage in run.stages:
@@ -263,7 +263,7 @@ def estimator_fn(run, name: str, teacher: str = ""):
   est_state = est.init_state(len(base.data.train)) if est.stateful else None
 
   def advantages(b: Batch) -> np.ndarray:
-    ctx = _context(run, b.ctx_args, ref_params=b.ref_params,
+    ctx = _context(b.ctx_args, ref_params=b.ref_params,
                    learners={p.producer.name: p.producer.init(ps, b.params)
                              for p in method.plan if p.producer.init is not None})
     state = types.SimpleNamespace(params=b.params)
@@ -309,14 +309,10 @@ def learning_runs(task: str, name: str, s: Settings, hf_dir: str, workdir: str,
     c.checkpoint_every = 0
     wd = os.path.join(workdir, "learn", f"{name}_seed{seed}")
     loop.run(c, wd)
-    rows = [r for r in credit_rows(os.path.join(wd, "metrics.jsonl")) if "eval_accuracy" in r]
+    rows = [r for r in reporting.read_metrics(os.path.join(wd, "metrics.jsonl"))
+            if "eval_accuracy" in r]
     out.append(rows)
   return out
-
-
-def credit_rows(path: str) -> list[dict]:
-  from experiments import reporting
-  return reporting.read_metrics(path)
 
 
 def learning_stats(runs: list[list[dict]], threshold: float) -> dict[str, list[float]]:
@@ -574,7 +570,6 @@ def plot_heatmap(path: str, ex: dict, task: str, rows_shown: int = 4) -> None:
   """The responses of one batch (a mixed group first), the true advantages and each
   estimator's, token by token; each block is scaled by its own largest |A| on the rows shown
   (estimators differ in scale by orders of magnitude), the scale in its label."""
-  from experiments import reporting
   b, tok = ex["batch"], ex["tokenizer"]
   resp, reward, gid = b.host["response_mask"], b.host["reward"], b.host["group_id"]
   picks = reporting.select_rows(reward, gid, rows_shown, per_group=2)

@@ -39,6 +39,18 @@ import numpy as np
 from credit.tasks.base import register_task, text_field
 
 
+def _fill(filler: str, n: int, rng: np.random.Generator | None, fixed: Mapping[int, str]) -> str:
+  """n filler characters (the first of `filler`, or uniform draws when `rng` is given) with
+  `fixed` {position: character} written over them."""
+  if rng is None:
+    chars = [filler[0]] * n
+  else:
+    chars = [filler[int(k)] for k in rng.integers(len(filler), size=n)]
+  for p, c in fixed.items():
+    chars[p] = c
+  return "".join(chars)
+
+
 def _check_digits_free(alphabet: str, what: str) -> None:
   if not alphabet or any(c.isdigit() for c in alphabet):
     raise ValueError(f"{what} must be non-empty and digit-free, got {alphabet!r}")
@@ -107,14 +119,7 @@ class _MultiPivot:
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     pos, want = self._parse(example)
-    if rng is None:
-      chars = [self.filler[0]] * self.response_len
-    else:
-      chars = [self.filler[int(k)] for k in rng.integers(len(self.filler),
-                                                          size=self.response_len)]
-    for p, w in zip(pos, want):
-      chars[p] = w
-    return "".join(chars)
+    return _fill(self.filler, self.response_len, rng, dict(zip(pos, want)))
 
 
 @register_task("pivotal_and")
@@ -137,9 +142,53 @@ class PivotalOr(_MultiPivot):
     return float(any(self._hits(example, response)))
 
 
+class _SinglePivot:
+  """One pivot: prompt "p:d=" asks for digit (d + shift) % 10 at response index p, with p
+  drawn from `_pivot_range()`. Subclasses give the demonstrations' filler."""
+  response_len: int
+  shift: int
+
+  @property
+  def int_fields(self) -> dict[str, tuple[int, ...]]:
+    return {}
+
+  @property
+  def max_prompt_chars(self) -> int:
+    return 4
+
+  @property
+  def max_response_chars(self) -> int:
+    return self.response_len
+
+  def _pivot_range(self) -> int:
+    return self.response_len
+
+  def _parse(self, example: Mapping[str, Any]) -> tuple[int, str]:
+    p, d = text_field(example, "prompt").rstrip("=").split(":")
+    return int(p), str((int(d) + self.shift) % 10)
+
+  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
+    return (self._parse(example)[0],)
+
+  def decided_at(self, example: Mapping[str, Any]) -> int:
+    return self._parse(example)[0]
+
+  def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+      ex = {"prompt": f"{int(rng.integers(self._pivot_range()))}:{int(rng.integers(10))}="}
+      ex["answer"] = self.demonstration(ex, rng)
+      out.append(ex)
+    return out
+
+  def verify(self, example: Mapping[str, Any], response: str) -> float:
+    p, want = self._parse(example)
+    return float(len(response) > p and response[p] == want)
+
+
 @register_task("distractor")
 @dataclasses.dataclass(frozen=True)
-class Distractor:
+class Distractor(_SinglePivot):
   """One pivot ("p:d=" -> digit (d + shift) % 10 at p) and m high-entropy distractors.
 
   Demonstrations: `constant` at every free position, except the distractor positions — the
@@ -163,43 +212,9 @@ class Distractor:
     if len(self.constant) != 1 or self.constant in self.wide or len(self.wide) < 2:
       raise ValueError("constant must be one character outside `wide` (>= 2 characters)")
 
-  @property
-  def int_fields(self) -> dict[str, tuple[int, ...]]:
-    return {}
-
-  @property
-  def max_prompt_chars(self) -> int:
-    return 4
-
-  @property
-  def max_response_chars(self) -> int:
-    return self.response_len
-
-  def _parse(self, example: Mapping[str, Any]) -> tuple[int, str]:
-    p, d = text_field(example, "prompt").rstrip("=").split(":")
-    return int(p), str((int(d) + self.shift) % 10)
-
   def distractor_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
     p, _ = self._parse(example)
     return tuple([i for i in range(self.response_len) if i != p][:self.num_distractors])
-
-  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
-    return (self._parse(example)[0],)
-
-  def decided_at(self, example: Mapping[str, Any]) -> int:
-    return self._parse(example)[0]
-
-  def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
-    out = []
-    for _ in range(n):
-      ex = {"prompt": f"{int(rng.integers(self.response_len))}:{int(rng.integers(10))}="}
-      ex["answer"] = self.demonstration(ex, rng)
-      out.append(ex)
-    return out
-
-  def verify(self, example: Mapping[str, Any], response: str) -> float:
-    p, want = self._parse(example)
-    return float(len(response) > p and response[p] == want)
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
@@ -214,7 +229,7 @@ class Distractor:
 
 @register_task("delayed")
 @dataclasses.dataclass(frozen=True)
-class Delayed:
+class Delayed(_SinglePivot):
   """An early decision, a long tail: "p:d=" with p < `early`, response_len filler after."""
   response_len: int = 16
   early: int = 2
@@ -227,47 +242,10 @@ class Delayed:
       raise ValueError(f"early must be in [1, min(10, response_len)], got {self.early}")
     _check_digits_free(self.filler, "filler")
 
-  @property
-  def int_fields(self) -> dict[str, tuple[int, ...]]:
-    return {}
-
-  @property
-  def max_prompt_chars(self) -> int:
-    return 4
-
-  @property
-  def max_response_chars(self) -> int:
-    return self.response_len
-
-  def _parse(self, example: Mapping[str, Any]) -> tuple[int, str]:
-    p, d = text_field(example, "prompt").rstrip("=").split(":")
-    return int(p), str((int(d) + self.shift) % 10)
-
-  def pivot_positions(self, example: Mapping[str, Any]) -> tuple[int, ...]:
-    return (self._parse(example)[0],)
-
-  def decided_at(self, example: Mapping[str, Any]) -> int:
-    return self._parse(example)[0]
-
-  def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
-    out = []
-    for _ in range(n):
-      ex = {"prompt": f"{int(rng.integers(self.early))}:{int(rng.integers(10))}="}
-      ex["answer"] = self.demonstration(ex, rng)
-      out.append(ex)
-    return out
-
-  def verify(self, example: Mapping[str, Any], response: str) -> float:
-    p, want = self._parse(example)
-    return float(len(response) > p and response[p] == want)
+  def _pivot_range(self) -> int:
+    return self.early
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     p, want = self._parse(example)
-    if rng is None:
-      chars = [self.filler[0]] * self.response_len
-    else:
-      chars = [self.filler[int(k)] for k in rng.integers(len(self.filler),
-                                                          size=self.response_len)]
-    chars[p] = want
-    return "".join(chars)
+    return _fill(self.filler, self.response_len, rng, {p: want})
