@@ -735,14 +735,27 @@ def _context(run: Runner, rs: RunState) -> producers.StepContext:
 
 def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
   """One RL step: the planned producers, the estimator, the update; returns its metrics."""
-  c, m = run.c, run.method
   t_step = time.perf_counter()
   ctx = _context(run, rs)
   batch, times = {}, {}
-  for stage in run.stages:
+  run_stages(run.stages, rs.train, batch, ctx, times)
+  return learn(run, rs, ctx, batch, times, t_step)
+
+
+def run_stages(stages, state, batch: dict, ctx: producers.StepContext, times: dict) -> None:
+  """Runs producer `stages` in order, adding their fields to `batch` and their seconds to
+  `times[phase]`."""
+  for stage in stages:
     t0 = time.perf_counter()
-    batch.update(jax.block_until_ready(stage(rs.train, batch, ctx)))
+    batch.update(jax.block_until_ready(stage(state, batch, ctx)))
     times[stage.phase] = times.get(stage.phase, 0.0) + time.perf_counter() - t0
+
+
+def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, times: dict,
+          t_step: float) -> tuple[RunState, dict[str, float]]:
+  """The second half of a step, on a produced batch: checks, the estimator, the update, the
+  trained producers' `after`, the samples and the metrics."""
+  c, m = run.c, run.method
   where = f"batch of step {rs.step + 1}"
   if c.debug_checks or not rs.checked:
     check_batch(batch, num_groups=c.prompts_per_step, where=where)

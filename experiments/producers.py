@@ -418,9 +418,13 @@ def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
 
   def produce(state, batch, ctx: StepContext) -> dict:
     envs = [task.make_env(e, limits) for e in _examples_rows(ctx.examples) for _ in range(G)]
+    newer = ctx.extras.get("refresh")  # asynchronous workers: newer parameters between turns
+    refresh = None if newer is None else (
+        lambda k: None if (p := newer(k)) is None else s.model_state(p))
     t0 = time.perf_counter()
     out = ms(s.model_state(state.params), envs, key=jax.random.fold_in(ctx.key, 0),
-             group_id=group_id, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+             group_id=group_id, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+             refresh=refresh)
     wall = time.perf_counter() - t0
     tm = out.timings
     n_tok = tm["action_tokens"] + tm["observation_tokens"]

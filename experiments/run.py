@@ -11,6 +11,7 @@ for any argument the estimator / loss accepts, and `--config.task_kwargs.<k>=<v>
 option (values are Python literals, else strings; a name the method or task does not take is
 refused with the valid names).
 Multi-process: `--coordinator=localhost:PORT --num_processes=2 --process_id=i`.
+Asynchronous RL (trainer + rollout workers, `experiments/async_rl.py`): `--config.async_rollouts=True`.
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def apply_method_overrides(config, overrides: dict[str, dict]):
 
 
 _METHOD_OVERRIDES: dict[str, dict] = {}
+_ARGV: list[str] = []  # the command line as given (asynchronous runs start workers with it)
 
 
 def main(argv):
@@ -89,12 +91,18 @@ def main(argv):
   import jax
   if _LOCAL_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
-  if _COORD.value:
+  if _COORD.value and not _CONFIG.value.async_rollouts:  # async: experiments/coordination.py
     jax.distributed.initialize(coordinator_address=_COORD.value,
                                num_processes=_NPROC.value, process_id=_PID.value)
   from experiments import loop
+  config = apply_method_overrides(_CONFIG.value, _METHOD_OVERRIDES)
   try:
-    loop.run(apply_method_overrides(_CONFIG.value, _METHOD_OVERRIDES), _WORKDIR.value)
+    if config.async_rollouts:  # trainer and rollout workers in separate processes
+      from experiments import async_rl
+      async_rl.main(config, _WORKDIR.value, argv=_ARGV, coordinator=_COORD.value,
+                    num_processes=_NPROC.value, process_id=_PID.value)
+      return
+    loop.run(config, _WORKDIR.value)
   except loop.SetupError as e:  # refused before any output: the reason, not a traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -142,6 +150,7 @@ def check_overrides(argv: list[str]) -> str | None:
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
+  _ARGV = sys.argv[1:]
   try:
     args, _METHOD_OVERRIDES = split_method_overrides(sys.argv[1:])
   except ValueError as e:

@@ -141,6 +141,27 @@ def test_same_key_same_episodes_and_greedy_is_key_free():
   np.testing.assert_array_equal(g1.tokens, g2.tokens)
 
 
+def test_refresh_switches_parameters_between_turns():
+  """`refresh(k)` (asynchronous workers): returning None keeps the episodes as they were;
+  returning other parameters at turn 1 leaves turn 0 alone and changes what follows."""
+  base, _ = _out()
+  calls = []
+  same = _sampler()(_model(), [ScriptEnv(i) for i in range(6)], key=jax.random.key(0),
+                    group_id=np.arange(6) // 3, refresh=calls.append)
+  np.testing.assert_array_equal(same.tokens, base.tokens)
+  assert calls == sorted(calls) and calls[0] == 1 and len(calls) >= 2
+  other = jax.tree.map(lambda x: -x, nnx.state(_model(), nnx.Param))
+  newer = nnx.merge_state(nnx.state(_model()), other)
+  out = _sampler()(_model(), [ScriptEnv(i) for i in range(6)], key=jax.random.key(0),
+                   group_id=np.arange(6) // 3, refresh=lambda k: newer if k == 1 else None)
+  turn0 = base.turn_id == 0
+  np.testing.assert_array_equal(np.where(turn0, out.tokens, 0), np.where(turn0, base.tokens, 0))
+  np.testing.assert_array_equal(out.turn_id == 0, turn0)
+  later = out.turn_id >= 1
+  assert later.any()
+  assert not np.allclose(out.logprob_sampler[later], base.logprob_sampler[later])
+
+
 def test_token_budget_truncates_episodes():
   lay = TurnLayout(prompt_width=8, max_turns=4, max_action_tokens=6, max_observation_tokens=5,
                    max_total_tokens=9)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -247,6 +247,13 @@ class MultiTurnSampler:
   `envs` is a sequence of B environments with `reset() -> str` and `step(action: str) ->` a
   result with `observation`, `done`, `reward`, `progress` and `role` (`credit.envs.base`), and
   `outcome() -> float`. Rows n·G..n·G+G−1 of a group share a prompt (`group_id`).
+
+  `refresh(k)`, when given, is called before turn k ≥ 1 (after turn k−1's observations are
+  known); a model state it returns replaces the current one from there on: the observation
+  of turn k−1 and every later token are computed with it (AReaL's interruptible rollouts,
+  at turn granularity). The cache of the earlier turns keeps what the older parameters
+  computed; `logprob_sampler` records the distribution each token was actually drawn from,
+  which is what a decoupled objective needs as the behaviour policy.
   """
 
   def __init__(self, model: nnx.Module, *, tokenizer, layout: TurnLayout,
@@ -308,7 +315,8 @@ class MultiTurnSampler:
 
   def __call__(self, model_state, envs: Sequence[Any], *, key: Array,
                group_id: Sequence[int] | None = None, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> MultiTurnOutput:
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+               refresh: Callable[[int], Any] | None = None) -> MultiTurnOutput:
     if isinstance(model_state, nnx.Module):
       model_state = nnx.state(model_state)
     lay = self.layout
@@ -402,6 +410,10 @@ class MultiTurnSampler:
       if not active.any():
         break
       max_new_B = np.minimum(W_a, np.maximum(budget - used_B, 0)).astype(np.int32)
+      if refresh is not None:  # newer parameters from this observation on (async RL)
+        newer = refresh(k + 1)
+        if newer is not None:
+          model_state = nnx.state(newer) if isinstance(newer, nnx.Module) else newer
       t1 = time.perf_counter()
       state = self._observe(model_state, state, jnp.asarray(obs), jnp.asarray(obs_mask),
                             jnp.asarray(active), jnp.asarray(max_new_B),

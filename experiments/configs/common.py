@@ -211,6 +211,20 @@ def base_config() -> ml_collections.ConfigDict:
                                   # step); 0 = off.
   c.samples_per_step = 4          # rollouts written per such step (mixed-reward groups first).
   c.progress = True               # tqdm bar.
+  # --- asynchronous RL (experiments/async_rl.py; ASearcher / AReaL) ---
+  c.async_rollouts = False        # rollout workers in separate processes, never waiting for the
+                                  # trainer; use policy_loss="decoupled_ppo".
+  c.async_rl = ml_collections.ConfigDict(dict(
+      num_workers=1,              # rollout worker processes (the trainer is process 0).
+      max_staleness=4,            # η: generation runs at most η batches ahead (AReaL's
+                                  # max_head_offpolicyness, ASearcher's 4).
+      groups_per_rollout=1,       # prompts (with their G samples) per rollout unit.
+      max_in_flight=0,            # cap on units ready + running (0: only the staleness rule).
+      drop_stale=False,           # drop units more than η versions old when the trainer takes them.
+      interrupt=True,             # multi-turn units take newer parameters between turns (AReaL's
+                                  # interruptible rollouts); the unit's version is its oldest.
+      worker_mesh="data=-1",      # a worker's mesh over its own devices.
+      poll_s=0.01, timeout_s=3600.0, heartbeat_s=20))
   # --- scale ---
   c.mesh = "data=-1"              # mesh axes, e.g. "data=2,fsdp=4"; -1 takes the remaining devices.
   c.scoring_chunk_size = 0        # positions per scoring chunk; 0 = auto (~256 rows of B x chunk).
