@@ -92,7 +92,7 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
 
   need(RUNNER_NEEDS, "the runner (update inputs and metrics)")
   need(est.needs_for(dict(c.estimator_kwargs)), f"estimator {est.name!r}")
-  need(set(loss_fields) - STEP_FIELDS - {"logprob_sampler"}, f"policy loss {c.policy_loss!r}")
+  need(set(loss_fields) - STEP_FIELDS, f"policy loss {c.policy_loss!r}")
   if "logprob_topk" in loss_fields:  # the update scores the teacher's top-k ids itself
     need(["teacher_topk_ids"], f"policy loss {c.policy_loss!r} (logprob_topk)")
   if c.kl_coef:

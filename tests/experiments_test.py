@@ -54,8 +54,7 @@ def read_metrics(workdir, name="metrics.jsonl"):
 
 
 def run_cli(args, env_extra=None, timeout=600):
-  env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)
+  env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)  # the tests' XLA_FLAGS included
   env.update(env_extra or {})
   return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=timeout)

@@ -92,6 +92,9 @@ def np_token_loss(name, lp, old, adv, m, extra=None, **hp):
   lens = m.sum(1)
   if name == "a2tgpo":  # without turn fields, A2TGPO's per-turn clip is PPO-clip's ε0 = 0.2
     name = "ppo_clip"
+  if name == "decoupled_ppo":  # the per-token term: PPO clip, ε 0.4, no dual clip
+    hp = dict({"clip_low": 0.4, "clip_high": 0.4, "clip_ratio_c": None}, **hp)
+    name = "ppo_clip"
   if name in ("ppo_clip", "dcpo", "clip_cov"):
     eps_l, eps_h = hp.get("clip_low", 0.16 if name == "dcpo" else 0.2), hp.get(
         "clip_high", 0.2)

@@ -73,10 +73,13 @@ def test_losses_scale_by_truncated_importance_weights(name):
   # Constant weights w (truncate mode, no rejection): the loss scales by w below the
   # threshold C=2 and by C above it, in any aggregation; sampler == old changes nothing.
   b = make_batch(19)
-  base, _, g_base = run(name, b)
+  # decoupled_ppo defaults to AReaL's mask mode at a cap of 5: asked for the same truncation.
+  hp, static = ({"is_threshold": 2.0}, {"is_mode": "truncate"}) if name == "decoupled_ppo" \
+      else (None, {})
+  base, _, g_base = run(name, b, hp, **static)
   for w, want in [(1.0, 1.0), (0.7, 0.7), (5.0, 2.0)]:
     smp = b["logprob_old"] - np.float32(math.log(w))
-    loss, metrics, g = run(name, {**b, "logprob_sampler": smp})
+    loss, metrics, g = run(name, {**b, "logprob_sampler": smp}, hp, **static)
     np.testing.assert_allclose(loss, want * base, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g["logprob"], want * g_base["logprob"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(metrics["is_weight_mean"], want, rtol=1e-5)

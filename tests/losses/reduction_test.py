@@ -33,6 +33,7 @@ def test_registry_has_every_loss_with_contract_needs():
     # The distillation losses read the student's and teacher's top-k buckets (and queries).
     extra = {"a2tgpo": {"gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id",
                         "group_id"},
+             "decoupled_ppo": {"logprob_sampler"},
              "topk_distill": {"logprob_topk", "teacher_topk_logprob"},
              "sd_search": {"logprob_topk", "teacher_topk_logprob", "query_mask"}}.get(n, set())
     assert spec.needs == base | extra, n

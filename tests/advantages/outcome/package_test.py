@@ -12,7 +12,7 @@ import pytest
 import credit.advantages.outcome as outcome
 from credit import registry
 
-EXPECTED = {"dapo", "dcpo", "dr_grpo", "gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo",
+EXPECTED = {"asearcher", "dapo", "dcpo", "dr_grpo", "gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo",
             "optimal_token_baseline", "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo"}
 MODULES = sorted(m.name for m in pkgutil.iter_modules(outcome.__path__)
                  if not m.name.startswith("_"))

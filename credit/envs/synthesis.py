@@ -1,0 +1,386 @@
+"""Agent-synthesised multi-hop questions over the `lookup` knowledge base (ASearcher's data agent).
+
+What ASearcher does (inclusionAI/ASearcher @ 813e804, `qa_synthesis/qa_synthesis_agent.py`,
+`ConstructQAAgent.generate`, and the README's "Data Synthesis"): a prompt-driven LLM agent
+(QwQ-32B for reasoning, Qwen2.5-72B-Instruct for page extraction and judging) grows one
+question at a time over Wikipedia pages.
+
+  1. Base QA: a random root page; the agent writes a simple question with a unique answer and
+     a declarative `statement` of the fact it uses (`base_qa`).
+  2. Up to `max_turns = 16` edits; each turn the agent chooses an action (`choose_action`):
+     SELECT ("context injection"): pick an entity from its relevant-entity list, a random
+       unseen neighbour page from that entity's in/out links (`random.choice`), write a
+       "link QA" whose answer is the entity and whose context is the neighbour, check its
+       statement is not already covered (`check_info_cover`), then combine (`combine_qa`):
+       the mention of the entity in the question is replaced by the sub-question, and the
+       combined question must keep the SAME answer (asserted);
+     FUZZ: rewrite the question to obscure one detail that gives the answer away;
+     EXIT: offered only once the current question was solved by none of the direct answers;
+     (BRAINSTORM, adding LLM-proposed entities checked against their pages, is commented out.)
+  3. Checks after every edit; an edit that fails one is dropped (`continue`):
+     validity (`check_qa_valid`, an LLM judge: not a concatenation of questions, the answer
+       is the only correct one, solvable from the collected statements);
+     difficulty (`direct_generate`: 8 answers of the reasoning model at temperature 0.6,
+       without tools, judged by `llm_judge_answer`; the accuracy "c/8" is recorded);
+     uniqueness (`check_alternative_answer`: a wrong answer that also fits every constraint
+       makes the question ambiguous, and the edit is dropped).
+     A passing edit becomes the new state and joins `qa_history` with its accuracy; which
+     questions to train on is decided downstream (the report keeps the hard ones).
+
+Here, scaled to the built-in task. The knowledge base is a world of `credit.envs.lookup`
+(facts (name, relation) -> name, a pure function of `world_seed`); a question is a chain of
+facts ("city of boss of ann?"). The agent is a policy (a model played by the rollout engine,
+`credit.envs.rollout.MultiTurnSampler`, through `SamplerPlayer`), and what it reads decides
+what can be synthesised:
+
+  * Seed: the world's own question, when it has fewer than `hops_max` hops (the base QA).
+  * Exploration: each round the agent plays k episodes of the current question and one probe
+    episode per relation about the question's answer entity, prompted in the task's own
+    form ("team of kim?"). The facts it read are the observations in its transcripts
+    ("kim team: zed"); they accumulate along a question's lineage (ASearcher's memory of
+    relevant entities and statements). Nothing else enters: the knowledge base only verifies.
+  * Injection, one hop more:
+      "prefix" (ASearcher's SELECT): a read fact (x, r, start) replaces the start name by the
+        sub-question "r of x": "city of boss of ann?" -> "city of boss of pet of zed?", the
+        answer unchanged;
+      "extend" (the issue's form): a read fact (answer, r, v) asks one hop further:
+        "team of city of boss of ann?", answer v.
+    The lookup tool reads facts forwards only, so an agent can be sent to explore from the
+    answer (the probes) but cannot be asked who points at the start: prefix injections come
+    only from facts it read on its own. Both are kept; `via` records which.
+  * FUZZ has no counterpart: names and relations are exact symbols, and blurring one
+    ("? of ann") would make the answer non-unique, which the check below would refuse. What
+    fuzzing buys ASearcher (no single detail gives the answer away) the hidden knowledge base
+    gives here: every hop has to be looked up.
+  * Answerability (`check_candidate`), exact instead of an LLM judge: every hop is a fact of
+    the world (`Lookup.check_question`); the answer is unique because the world holds at most
+    one fact per (name, relation), so no alternative-answer check is needed; the prompt
+    parses back through `Lookup.make_env`, and the task's demonstrator solves it within the
+    episode limits.
+  * Difficulty: the solver policy (the explorer unless given) plays k sampled episodes of the
+    candidate in the real multi-turn environment (ASearcher answers without tools); the pass
+    rate is the mean outcome. A candidate is kept when `min_rate <= rate <= max_rate`. Its
+    episodes are also the next round's exploration, so a candidate's k episodes serve both.
+    Like ASearcher, growth does not wait on difficulty: an answerable candidate is injected
+    again (up to `hops_max`), whatever its rate.
+
+Kept questions are (prompt, answer, world_seed, hops) records (plus `pass_rate`, `via`,
+`seed_prompt`), written as jsonl; `Lookup(questions_path=...)` trains on them, re-verifying
+every record against its world. Everything is deterministic in `seed` (numpy rng for worlds,
+probes and choices; `jax.random.fold_in(key(seed), round)` for the episodes).
+
+>>> task = Lookup(max_hops=3)                                            # doctest: +SKIP
+>>> player = SamplerPlayer(sampler, model_state, batch_size=112)          # doctest: +SKIP
+>>> res = synthesize(task, player, num=32)                               # doctest: +SKIP
+>>> write_questions("questions.jsonl", res.records)                      # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import re
+import time
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from credit.envs.base import Limits, TextEnv, Turn, run_episode, task_limits
+from credit.envs.lookup import SEED_HIGH, Lookup, question_text
+from credit.envs.tools import ANSWER, Action, ToolFormat
+
+__all__ = ["ExploreEnv", "Node", "Player", "SamplerPlayer", "SynthesisResult", "check_candidate",
+           "injections", "record_of", "revealed_facts", "synthesize", "write_questions"]
+
+Fact = tuple[str, str, str]  # (name, relation, value)
+_FACT = re.compile(r"([a-z]+) ([a-z]+): ([a-z]+)")
+_WORD = re.compile(r"[a-z]+")
+
+
+def record_of(world_seed: int, chain: Sequence[Fact]) -> dict:
+  """The lookup example of a chain of facts: prompt, answer, world_seed, hops."""
+  return {"prompt": question_text(chain[0][0], tuple(r for _, r, _ in chain)),
+          "answer": chain[-1][2], "world_seed": int(world_seed), "hops": len(chain)}
+
+
+def revealed_facts(trajectory: Any) -> set[Fact]:
+  """The facts an episode's observations showed the agent ("ann boss: bob"), as it saw them:
+    a cut observation or "ann pet: none" reveals nothing."""
+  out = set()
+  for obs in trajectory.observations:
+    m = _FACT.fullmatch(obs.strip())
+    if m and m.group(3) != "none":
+      out.add(m.groups())
+  return out
+
+
+def injections(chain: Sequence[Fact], known: Sequence[Fact] | frozenset,
+               hops_max: int) -> list[tuple[str, tuple[Fact, ...]]]:
+  """The one-hop-longer questions that the facts `known` make of `chain` (module docstring):
+  ("extend", chain + (f,)) for a fact f from the answer, ("prefix", (f,) + chain) for a fact
+  f whose value is the start name; none that would use a (name, relation) twice or exceed
+  `hops_max` hops. Sorted, so the result does not depend on set order."""
+  chain = tuple(chain)
+  if len(chain) >= hops_max:
+    return []
+  used = {(s, r) for s, r, _ in chain}
+  start, end = chain[0][0], chain[-1][2]
+  out = []
+  for f in sorted(set(known)):
+    s, r, v = f
+    if (s, r) in used:
+      continue
+    if s == end:
+      out.append(("extend", chain + (f,)))
+    if v == start:
+      out.append(("prefix", (f,) + chain))
+  return out
+
+
+def check_candidate(task: Lookup, record: Mapping[str, Any],
+                    limits: Limits | None = None) -> str | None:
+  """Why a candidate question is not answerable (None: it is): a chain of facts of its
+  world with that answer and hop count (`Lookup.check_question`; the answer is unique, as
+  the world holds one fact per (name, relation)); `make_env` parses the prompt back to the
+  same question; the task's demonstration solves it within `limits`."""
+  why = task.check_question(record)
+  if why is not None:
+    return why
+  env = task.make_env(record, limits)
+  if env.reset() != record["prompt"] or env.world.answer != record["answer"]:
+    return "make_env does not parse the prompt back to this question"
+  try:
+    ep = run_episode(env, task.demonstration_turns(record))
+  except ValueError:
+    return f"not answerable within max_turns={env.limits.max_turns}"
+  if ep.outcome != 1.0:
+    return "the demonstration does not solve it"
+  return None
+
+
+class ExploreEnv(TextEnv):
+  """A probe episode: the prompt asks for one fact ("team of kim?"); `lookup(name relation)`
+  reads the knowledge base as in `LookupEnv` and `answer(...)` ends the episode. No reward,
+  outcome 0: a probe is for reading (which fact exists is for the agent to find out)."""
+  tools = {"lookup": 1}
+
+  def __init__(self, facts: Mapping[tuple[str, str], str], prompt: str, limits: Limits,
+               fmt: ToolFormat = ToolFormat()):
+    super().__init__(limits, fmt)
+    self.facts, self.prompt = facts, prompt
+
+  def _initial_state(self) -> tuple:
+    return ()
+
+  def _progress(self, state: tuple) -> float:
+    del state
+    return 0.0
+
+  def _act(self, state: tuple, action: Action) -> tuple[tuple, Turn]:
+    if action.kind == ANSWER:
+      return state, Turn("", correct=False)
+    words = action.args[0].split()
+    if len(words) != 2 or not all(_WORD.fullmatch(w) for w in words):
+      return state, Turn("error: write lookup(name relation)", correct=False)
+    s, r = words
+    return state, Turn(f"{s} {r}: {self.facts.get((s, r), 'none')}")
+
+
+class Player(Protocol):
+  """Plays environments to the end: one result per env with `observations` (the texts the
+  agent saw) and `outcome` (`credit.envs.rollout.Trajectory` has both)."""
+
+  def __call__(self, envs: Sequence[Any], key: jax.Array) -> list[Any]: ...
+
+
+class SamplerPlayer:
+  """A policy as a `Player`: `MultiTurnSampler` episodes in fixed batches of `batch_size`
+  rows (one compiled shape; padding rows play copies of the last env and are dropped)."""
+
+  def __init__(self, sampler, model_state, *, batch_size: int, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0):
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    self.sampler, self.model_state, self.batch_size = sampler, model_state, batch_size
+    self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+  def __call__(self, envs: Sequence[Any], key: jax.Array) -> list[Any]:
+    out, B = [], self.batch_size
+    for j, i in enumerate(range(0, len(envs), B)):
+      chunk = list(envs[i:i + B])
+      rows = chunk + [copy.copy(chunk[-1]) for _ in range(B - len(chunk))]
+      res = self.sampler(self.model_state, rows, key=jax.random.fold_in(key, j),
+                         temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+      out += res.trajectories[:len(chunk)]
+    return out
+
+
+class Node(NamedTuple):
+  """A verified question of one world and what the agent has read along its lineage."""
+  world_seed: int
+  chain: tuple[Fact, ...]
+  known: frozenset  # facts (name, relation, value) read in the agent's transcripts
+  via: str          # "seed" (the world's own question), "extend" or "prefix"
+  seed_prompt: str  # the world question it grew from
+
+  @property
+  def record(self) -> dict:
+    return record_of(self.world_seed, self.chain)
+
+
+class SynthesisResult(NamedTuple):
+  """Kept questions (records with `pass_rate`, `via`, `seed_prompt`) and the counts:
+  rounds, seeds, episodes, proposed (distinct injections of read facts), answerable,
+  rejected (the first few in `reject_examples`), measured (difficulty measured), kept,
+  too_easy, too_hard, hops / via histograms of the kept, seed and candidate mean pass
+  rates, seconds."""
+  records: list[dict]
+  stats: dict
+
+
+def synthesize(task: Lookup, explorer: Player, *, num: int, solver: Player | None = None,
+               seed: int = 0, hops_max: int | None = None, k: int = 8, min_rate: float = 0.1,
+               max_rate: float = 0.8, questions_per_round: int = 4, probes: int | None = None,
+               branch: int = 1, max_rounds: int = 50, limits: Limits | None = None,
+               log: Callable[[str], None] | None = None) -> SynthesisResult:
+  """Grows questions from seed worlds by injection and keeps the verified, mid-difficulty
+  ones (module docstring).
+
+  Args:
+    task: the lookup task (its options define the worlds; the file is valid only for them).
+    explorer: the agent that explores (plays the probes, and the questions unless `solver`).
+    num: stop once this many questions are kept.
+    solver: the policy whose pass rate is the difficulty (default: the explorer).
+    seed: worlds, probes, choices and episode keys.
+    hops_max: longest question (default and at most `task.max_hops`, the prompt width the
+      task is built for); seeds have fewer hops.
+    k: episodes per question for the pass rate.
+    min_rate, max_rate: kept when min_rate <= pass rate <= max_rate.
+    questions_per_round: questions played per round (seeds fill up the queue).
+    probes: probe episodes per question about its answer entity, one per relation drawn
+      (default: every relation it does not use); none once a question has `hops_max` hops.
+    branch: answerable injections of a question queued for measuring (ASearcher: 1, one path).
+    max_rounds: stop after this many rounds.
+    limits: episode limits (default the task's); the players' layouts must agree.
+    log: called with one line per round.
+  """
+  hops_max = task.max_hops if hops_max is None else int(hops_max)
+  if not task.min_hops < hops_max <= task.max_hops:
+    raise ValueError(f"hops_max must be in ({task.min_hops}, {task.max_hops}] (above the "
+                     f"seeds' min_hops, within the task's max_hops), got {hops_max}")
+  if not 0.0 <= min_rate <= max_rate <= 1.0:
+    raise ValueError(f"need 0 <= min_rate <= max_rate <= 1, got {min_rate}, {max_rate}")
+  for name, v in (("num", num), ("k", k), ("questions_per_round", questions_per_round),
+                  ("branch", branch), ("max_rounds", max_rounds)):
+    if v < 1:
+      raise ValueError(f"{name} must be >= 1, got {v}")
+  limits = task_limits(task, limits)
+  n_probe = len(task.relations) if probes is None else int(probes)
+  rng = np.random.default_rng(seed)
+  key = jax.random.key(seed)
+  t0 = time.perf_counter()
+  st = collections.Counter()
+  reasons: list[str] = []
+  seed_rates, cand_rates = [], []
+  queue: collections.deque[Node] = collections.deque()
+  seen: set[tuple[int, str]] = set()
+  kept: list[dict] = []
+
+  def new_seed() -> Node:
+    for _ in range(1000):
+      s = int(rng.integers(0, SEED_HIGH))
+      w = task.world(s)
+      if len(w.chain) < hops_max and (s, w.question) not in seen:
+        seen.add((s, w.question))
+        st["seeds"] += 1
+        return Node(s, w.chain, frozenset(), "seed", w.question)
+    raise RuntimeError("no seed world with fewer than hops_max hops in 1000 draws")
+
+  rnd = 0
+  while len(kept) < num and rnd < max_rounds:
+    while len(queue) < questions_per_round:
+      queue.append(new_seed())
+    nodes = [queue.popleft() for _ in range(questions_per_round)]
+    solve_envs, probe_envs, probe_of = [], [], []
+    for i, node in enumerate(nodes):
+      solve_envs += [task.make_env(node.record, limits) for _ in range(k)]
+      if len(node.chain) < hops_max:
+        end = node.chain[-1][2]
+        used = {(s, r) for s, r, _ in node.chain}
+        rels = [r for r in task.relations if (end, r) not in used]
+        facts = task.world(node.world_seed).facts
+        for j in rng.permutation(len(rels))[:n_probe]:
+          probe_envs.append(ExploreEnv(facts, question_text(end, (rels[j],)), limits, task.fmt))
+          probe_of.append(i)
+    k_e, k_s = jax.random.fold_in(key, 2 * rnd), jax.random.fold_in(key, 2 * rnd + 1)
+    if solver is None:
+      trajs = explorer(solve_envs + probe_envs, k_e)
+      solve_t, probe_t = trajs[:len(solve_envs)], trajs[len(solve_envs):]
+    else:
+      probe_t = explorer(probe_envs, k_e) if probe_envs else []
+      solve_t = solver(solve_envs, k_s)
+    st["episodes"] += len(solve_envs) + len(probe_envs)
+    read: list[set] = [set() for _ in nodes]
+    for i, node in enumerate(nodes):
+      for t in solve_t[i * k:(i + 1) * k]:
+        read[i] |= revealed_facts(t)
+    for i, t in zip(probe_of, probe_t):
+      read[i] |= revealed_facts(t)
+    for i, node in enumerate(nodes):
+      rate = float(np.mean([t.outcome for t in solve_t[i * k:(i + 1) * k]]))
+      if node.via == "seed":
+        seed_rates.append(rate)
+      else:
+        st["measured"] += 1
+        cand_rates.append(rate)
+        if rate < min_rate:
+          st["too_hard"] += 1
+        elif rate > max_rate:
+          st["too_easy"] += 1
+        elif len(kept) < num:
+          kept.append(dict(node.record, pass_rate=rate, via=node.via,
+                           seed_prompt=node.seed_prompt))
+      known = node.known | frozenset(read[i])
+      ok = []
+      for via, chain in injections(node.chain, known, hops_max):
+        rec = record_of(node.world_seed, chain)
+        if (node.world_seed, rec["prompt"]) in seen:
+          continue
+        seen.add((node.world_seed, rec["prompt"]))
+        st["proposed"] += 1
+        why = check_candidate(task, rec, limits)
+        if why is not None:
+          st["rejected"] += 1
+          if len(reasons) < 5:
+            reasons.append(f"{rec['prompt']} (world {node.world_seed}): {why}")
+          continue
+        st["answerable"] += 1
+        ok.append(Node(node.world_seed, chain, known, via, node.seed_prompt))
+      for j in rng.permutation(len(ok))[:branch]:
+        queue.append(ok[j])
+    rnd += 1
+    if log is not None:
+      log(f"round {rnd}: episodes {st['episodes']} proposed {st['proposed']} answerable "
+          f"{st['answerable']} measured {st['measured']} kept {len(kept)}")
+  hist = collections.Counter(r["hops"] for r in kept)
+  stats = {"rounds": rnd, "seeds": st["seeds"], "episodes": st["episodes"],
+           "proposed": st["proposed"], "answerable": st["answerable"],
+           "rejected": st["rejected"], "reject_examples": reasons,
+           "measured": st["measured"], "kept": len(kept), "too_easy": st["too_easy"],
+           "too_hard": st["too_hard"],
+           "hops": {h: hist[h] for h in sorted(hist)},
+           "via": dict(collections.Counter(r["via"] for r in kept)),
+           "seed_pass_rate": float(np.mean(seed_rates)) if seed_rates else float("nan"),
+           "candidate_pass_rate": float(np.mean(cand_rates)) if cand_rates else float("nan"),
+           "seconds": time.perf_counter() - t0}
+  return SynthesisResult(kept, stats)
+
+
+def write_questions(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> None:
+  """One JSON record per line (what `Lookup(questions_path=...)` reads)."""
+  with open(path, "w") as f:
+    for r in records:
+      f.write(json.dumps(dict(r), sort_keys=True) + "\n")
+
