@@ -177,10 +177,12 @@ class Ledger:
 def unit_examples(train: list[dict], unit: int, u: int, seed: int) -> list[dict]:
   """The u examples of unit `unit`: global prompts unit·u .. unit·u+u−1 of the train split,
   reshuffled every epoch (numpy `default_rng([seed, epoch])`)."""
-  n, out = len(train), []
+  n, out, perms = len(train), [], {}
   for i in range(unit * u, unit * u + u):
     epoch, pos = divmod(i, n)
-    out.append(train[int(np.random.default_rng([seed, epoch]).permutation(n)[pos])])
+    if epoch not in perms:  # one permutation per epoch the unit touches (at most two)
+      perms[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
+    out.append(train[int(perms[epoch][pos])])
   return out
 
 
