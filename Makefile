@@ -23,7 +23,7 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests notebooks --nbmake -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --timeout=900 --nbmake-timeout=900
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests notebooks --nbmake -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout=900 --nbmake-timeout=900
 
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir $(WORKDIR) --config.seed=$(SEED)

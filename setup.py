@@ -19,7 +19,6 @@ CORE = [
     "tokenizers==0.23.3",
     "tqdm",
     "matplotlib",
-    "tensorboardX",
     "math-verify==0.9.0",
     "jinja2",  # chat templates of HF tokenizers
 ]
@@ -30,6 +29,7 @@ TEST = [
     "ipykernel",
     "pytest-xdist==3.8.*",  # make test: one worker per core, each test file on one worker
     "pytest-timeout==2.4.*",  # make test: a hung test fails after --timeout instead of eating CI
+    "tensorboardX==2.6.*",  # decodes the runner's TensorBoard event files (its protobufs)
 ]
 # PyTorch + transformers are only the reference implementation in tests and benchmarks.
 # torch is pinned exactly: a CPU wheel of 2.13.0 lies on disk; anything else pulls CUDA.

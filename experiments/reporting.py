@@ -2,7 +2,7 @@
 
 * `MetricsWriter`: one JSON object per `write` appended to
   ``workdir/metrics.jsonl`` (flushed at once) plus TensorBoard scalars in
-  ``workdir/tb`` (tensorboardX). On resume it drops the rows of steps after
+  ``workdir/tb`` (`experiments.tb_events`). On resume it drops the rows of steps after
   the restored checkpoint, so the file of an interrupted-and-resumed run equals
   the file of an uninterrupted one (up to wall-clock fields such as
   ``step_time``), and TensorBoard is told to purge the same steps.
@@ -34,6 +34,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from experiments import tb_events
 
 logger = logging.getLogger(__name__)
 
@@ -196,11 +198,6 @@ class MetricsWriter:
     return _prepare_jsonl(self.path, resume_step)
 
   def _open_tensorboard(self, resume_step: int | None):
-    try:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      logger.warning("tensorboardX is not installed; writing no TensorBoard events.")
-      return None
     tb_dir = os.path.join(self.workdir, TB_DIR)
     has_events = os.path.isdir(tb_dir) and any(
         "tfevents" in name for name in os.listdir(tb_dir))
@@ -208,7 +205,7 @@ class MetricsWriter:
       purge_step = resume_step + 1
     else:
       purge_step = 0 if has_events else None
-    return SummaryWriter(logdir=tb_dir, purge_step=purge_step, flush_secs=30)
+    return tb_events.EventWriter(tb_dir, purge_step=purge_step)
 
   @property
   def last_step(self) -> int | None:
@@ -245,9 +242,7 @@ class MetricsWriter:
     self._file.flush()
     self._last_step = step
     if self._tb is not None:
-      for key, value in row.items():
-        if key != "step":
-          self._tb.add_scalar(key, float(value), global_step=step)
+      self._tb.add_scalars(step, [(k, float(v)) for k, v in row.items() if k != "step"])
       self._tb.flush()
     return row
 

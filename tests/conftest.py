@@ -80,6 +80,27 @@ def _free_compiled_programs_within_file():
     _free_compiled_programs(_MAPS_WITHIN_FILE)
 
 
+# Test files run heaviest first, so the last files the xdist workers pick up (`--dist
+# loadfile --no-loadscope-reorder`) are short and both workers finish together. Costs are
+# seconds per file from a timed run (`python -m tests.file_costs <CREDIT_TEST_TIMES dir>`
+# rewrites them); a file not listed yet counts as _NEW_FILE_COST.
+_COSTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "file_costs.json")
+_NEW_FILE_COST = 10.0
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  import json  # pylint: disable=g-import-not-at-top
+  with open(_COSTS_FILE, encoding="utf-8") as f:
+    costs = json.load(f)
+  first = {}
+  for i, item in enumerate(items):
+    first.setdefault(item.nodeid.split("::")[0], i)
+  # Stable within a file: ties (and each file's own items) keep the collection order.
+  items.sort(key=lambda it: (-costs.get(it.nodeid.split("::")[0], _NEW_FILE_COST),
+                             first[it.nodeid.split("::")[0]]))
+
+
 # CREDIT_TEST_TIMES=<dir>: each worker appends "<seconds>\t<test id>" per test phase to a file
 # there as it goes, so the suite's cost per file survives a run that does not finish.
 _TIMES_DIR = os.environ.get("CREDIT_TEST_TIMES")

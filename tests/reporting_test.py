@@ -31,9 +31,25 @@ def _read_tfrecords(path):
   pos = 0
   while pos < len(data):
     (length,) = struct.unpack("<Q", data[pos:pos + 8])
-    out.append(data[pos + 12:pos + 12 + length])
+    assert data[pos + 8:pos + 12] == _masked_crc(data[pos:pos + 8])
+    payload = data[pos + 12:pos + 12 + length]
+    assert data[pos + 12 + length:pos + 16 + length] == _masked_crc(payload)
+    out.append(payload)
     pos += 12 + length + 4
   return out
+
+
+def _masked_crc(data):
+  from experiments.tb_events import crc32c
+  crc = crc32c(data)
+  return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def test_crc32c_check_values():
+  """The CRC-32C check value (RFC 3720 B.4) and an all-zero 32-byte block."""
+  from experiments.tb_events import crc32c
+  assert crc32c(b"123456789") == 0xE3069283
+  assert crc32c(bytes(32)) == 0x8A9136AA
 
 
 def _tb_events(tb_dir):
