@@ -233,7 +233,8 @@ def build_data(c: ml_collections.ConfigDict) -> Data:
     train_ex = task.generate(np.random.default_rng(c.seed), c.num_train_examples)
     for i, e in enumerate(train_ex):
       e["index"] = i  # stable prompt id (keys per-prompt estimator state, e.g. DCPO)
-    eval_ex = task.generate(np.random.default_rng(10_000 + c.seed), c.num_eval_examples)
+    generate_eval = getattr(task, "generate_eval", task.generate)  # a held-out set, if any
+    eval_ex = generate_eval(np.random.default_rng(10_000 + c.seed), c.num_eval_examples)
   # Prompt rows as the sampler gets them (bos or the chat template's specials included);
   # responses get +1 for eos within max_new_tokens.
   max_prompt = max(len(prompt_ids(tok, e["prompt"])) for e in train_ex + eval_ex)

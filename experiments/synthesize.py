@@ -18,6 +18,8 @@ workdir holding one): its `char_tokenizer.json` identifies the tokenizer. `--sol
 another policy for the difficulty (default: the explorer). The file is valid only for the
 task options it was made with (the worlds are a function of world_seed and the options);
 `Lookup(questions_path=...)` re-verifies every record and refuses a file that does not match.
+The run evaluates on records held out of the file (10%, `task_kwargs.eval_fraction`), or on a
+second file (`task_kwargs.eval_questions_path`, e.g. synthesised with another --seed).
 """
 from __future__ import annotations
 

@@ -197,14 +197,41 @@ def test_questions_file_round_trip_into_lookup(tmp_path):
                    questions_per_round=4, max_rounds=30, limits=LIMITS)
   path = str(tmp_path / "q.jsonl")
   write_questions(path, res.records)
-  task = Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=path)
-  want = {(r["prompt"], r["answer"], r["world_seed"], r["hops"]) for r in res.records}
+  key = lambda e: (e["prompt"], e["answer"], e["world_seed"], e["hops"])
+  every = {key(r) for r in res.records}
+  # eval_fraction 0: train and evaluate on the whole file.
+  task = Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=path, eval_fraction=0)
   ex = task.generate(np.random.default_rng(0), 12)  # more than the file: cycles
-  assert len(ex) == 12 and {(e["prompt"], e["answer"], e["world_seed"], e["hops"])
-                            for e in ex} == want
+  assert len(ex) == 12 and {key(e) for e in ex} == every
+  assert {key(e) for e in task.generate_eval(np.random.default_rng(1), 12)} == every
   assert all(set(e) == {"prompt", "answer", "world_seed", "hops"} for e in ex)
   assert ex == task.generate(np.random.default_rng(0), 12)
-  assert ex[:len(want)] != task.generate(np.random.default_rng(1), len(want)) or len(want) == 1
+  assert ex[:len(every)] != task.generate(np.random.default_rng(1), len(every))
+  # The default holds out ceil(10%) of the records (the same ones for every run seed), which
+  # `generate` never draws; the runner's eval split comes from `generate_eval`.
+  task = Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=path)
+  train = {key(e) for e in task.generate(np.random.default_rng(3), 40)}
+  held = {key(e) for e in task.generate_eval(np.random.default_rng(4), 40)}
+  assert len(held) == 1 and train | held == every and not train & held
+  from experiments import loop
+  from experiments.configs import igpo_lookup
+  c = igpo_lookup.get_config("tiny")
+  c.task_kwargs = dict(min_hops=1, max_hops=2, num_distractors=6, questions_path=path)
+  data = loop.build_data(c)
+  assert {key(e) for e in data.eval} == held and not {key(e) for e in data.train} & held
+  # Or a file of its own, used as it is.
+  other = str(tmp_path / "eval.jsonl")
+  write_questions(other, res.records[:2])
+  task2 = Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=path,
+                 eval_questions_path=other)
+  assert {key(e) for e in task2.generate(np.random.default_rng(0), 20)} == every
+  assert ({key(e) for e in task2.generate_eval(np.random.default_rng(0), 20)}
+          == {key(r) for r in res.records[:2]})
+  write_questions(other, res.records[:1])
+  with pytest.raises(ValueError, match="leaves none to train on"):
+    Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=other)
+  with pytest.raises(ValueError, match="needs questions_path"):
+    Lookup(eval_questions_path=other)
   for e in ex[:5]:
     env = task.make_env(e, LIMITS)
     env.reset()
@@ -222,7 +249,8 @@ def test_a_bad_record_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"bad.jsonl:2: the record does not verify.*answer"):
     Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=str(path))
   path.write_text(json.dumps(good) + "\n")
-  Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=str(path))  # fine
+  Lookup(min_hops=1, max_hops=2, num_distractors=6, questions_path=str(path),
+         eval_fraction=0)  # fine (one record: nothing to hold out)
   with pytest.raises(ValueError, match="does not verify"):  # other options, other worlds
     Lookup(min_hops=1, max_hops=2, num_distractors=2, questions_path=str(path))
   path.write_text("{not json\n")

@@ -40,7 +40,8 @@ world is a valid question too ("team of city of boss of ann?" when the world als
 "kim team: zed"); `make_env` accepts it when every hop is a fact of the world (at most one
 per (name, relation), so the answer is unique), no fact is used twice and it has at most
 `max_hops` hops. With `questions_path`, `generate` draws its examples from such a jsonl file
-(each record verified against its world on loading) instead of the worlds' own questions.
+(each record verified against its world on loading) instead of the worlds' own questions, and
+`generate_eval` from held-out records (`eval_questions_path`, or a share of the file).
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -99,6 +100,13 @@ class Lookup:
       synthesised by `experiments.synthesize`; when set, `generate` draws its examples from
       it (a fresh permutation of the file per pass, from `rng`) instead of random worlds. Every
       record must verify against its world under these task options (`load_questions`).
+    eval_questions_path: held-out questions for `generate_eval` (the runner's eval split),
+      verified the same way. Unset, a fixed `eval_fraction` of the `questions_path` records
+      (chosen by a permutation with seed 0, the same for every run seed) is held out and
+      never drawn by `generate`.
+    eval_fraction: the share of `questions_path` held out when `eval_questions_path` is
+      unset (at least one record, at least one left to train on); 0 evaluates on the
+      training questions themselves.
   """
   min_hops: int = 1
   max_hops: int = 3
@@ -110,6 +118,8 @@ class Lookup:
   call_open: str = ""
   call_close: str = ""
   questions_path: str = ""
+  eval_questions_path: str = ""
+  eval_fraction: float = 0.1
   name = "lookup"
   multi_turn = True
 
@@ -125,9 +135,28 @@ class Lookup:
       raise ValueError("num_distractors and extra_turns must be >= 0")
     if self.max_observation_chars < 8:
       raise ValueError(f"max_observation_chars must be >= 8, got {self.max_observation_chars}")
-    # A questions file is read and verified once, here, so a bad file fails at setup.
-    object.__setattr__(self, "_questions",
-                       self.load_questions(self.questions_path) if self.questions_path else None)
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+    if self.eval_questions_path and not self.questions_path:
+      raise ValueError("eval_questions_path needs questions_path (the training questions)")
+    # Questions files are read and verified once, here, so a bad file fails at setup.
+    train = self.load_questions(self.questions_path) if self.questions_path else None
+    held = None
+    if self.eval_questions_path:
+      held = self.load_questions(self.eval_questions_path)
+    elif train is not None and self.eval_fraction > 0:
+      n = len(train)
+      n_eval = max(1, int(np.ceil(self.eval_fraction * n)))
+      if n - n_eval < 1:
+        raise ValueError(f"lookup questions_path {self.questions_path!r} has {n} record(s): "
+                         f"holding out {n_eval} for evaluation (eval_fraction="
+                         f"{self.eval_fraction}) leaves none to train on; give "
+                         "eval_questions_path or eval_fraction=0")
+      order = np.random.default_rng(0).permutation(n)
+      held = [train[i] for i in sorted(order[:n_eval])]
+      train = [train[i] for i in sorted(order[n_eval:])]
+    object.__setattr__(self, "_questions", train)
+    object.__setattr__(self, "_eval_questions", held if held is not None else train)
 
   # --- sizes --------------------------------------------------------------------------
   @property
@@ -188,7 +217,7 @@ class Lookup:
 
   def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
     if self.questions_path:
-      return self._generate_from_file(rng, n)
+      return self._draw(self._questions, rng, n)
     out = []
     for _ in range(n):
       seed = int(rng.integers(0, SEED_HIGH))
@@ -286,8 +315,15 @@ class Lookup:
       raise ValueError(f"lookup questions_path {path!r} holds no records")
     return out
 
-  def _generate_from_file(self, rng: np.random.Generator, n: int) -> list[dict]:
-    records = self._questions
+  def generate_eval(self, rng: np.random.Generator, n: int) -> list[dict]:
+    """Held-out examples: `generate`'s fresh worlds, or with `questions_path` the held-out
+    records (`eval_questions_path`, else the `eval_fraction` split of the file)."""
+    if self.questions_path:
+      return self._draw(self._eval_questions, rng, n)
+    return self.generate(rng, n)
+
+  @staticmethod
+  def _draw(records: Sequence[dict], rng: np.random.Generator, n: int) -> list[dict]:
     out: list[dict] = []
     while len(out) < n:  # a fresh permutation per pass over the file
       out += [dict(records[i]) for i in rng.permutation(len(records))[:n - len(out)]]

@@ -11,6 +11,9 @@ A task is a small frozen dataclass (hashable, no state) with
 
 and optionally
 
+  generate_eval(rng, n) -> list[dict]         held-out examples for the runner's eval split,
+                                              for a task drawing from a finite set (lookup's
+                                              questions file); default: `generate`
   flag_chars(example, response) -> [len(response)+1] bool
                                               characters inside spans judged wrong (the
                                               last entry: the response's end, its stop
