@@ -19,7 +19,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 # Tests run tiny arrays: compile time dominates, so XLA:CPU skips its expensive LLVM passes
 # (~20% less wall time on the registry-wide tests). The runner subprocesses of the end-to-end
 # tests inherit the flags (so runs that are compared compile alike).
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
                       "--xla_llvm_disable_expensive_passes=true")
 
 import jax  # noqa: E402

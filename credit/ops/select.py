@@ -151,6 +151,13 @@ def masked_order_statistics(x: ArrayLike, mask: ArrayLike | None, ranks: ArrayLi
   >>> masked_order_statistics(x, m, np.array([0, 2, 4])).tolist()
   [-1.0, 2.0, 7.0]
   """
+  return _order_statistics(x, mask, ranks)
+
+
+# The public functions run as one compiled program each (as jax.numpy's do): called eagerly,
+# a few hundred primitives would otherwise be dispatched (and compiled) one by one.
+@jax.jit
+def _order_statistics(x, mask, ranks):
   x_M, valid_M = _flat(x, mask)
   ranks = jnp.asarray(ranks, jnp.int32)
   key_J, _, _, n = _radix_select(_sort_key(x_M), valid_M,
@@ -181,14 +188,20 @@ def masked_quantiles(x: ArrayLike, mask: ArrayLike | None,
   >>> np.round(np.asarray(masked_quantiles(x, x < 5, (0.1, 0.9)), np.float64), 4).tolist()
   [0.26, 1.32]
   """
+  return _quantiles(x, mask, jnp.stack([jnp.asarray(q, jnp.float32) for q in quantiles]))
+
+
+@jax.jit
+def _quantiles(x, mask, q_Q):
   x_M, valid_M = _flat(x, mask)
   frac = []
+  quantiles = list(q_Q)
 
   def ranks_of_n(n):
     last = jnp.maximum(n - 1, 0)
     lo = []
     for q in quantiles:
-      pos = jnp.asarray(q, jnp.float32) * last.astype(jnp.float32)
+      pos = q * last.astype(jnp.float32)
       lo_q = jnp.floor(pos)
       frac.append(pos - lo_q)
       lo.append(jnp.clip(lo_q.astype(jnp.int32), 0, last))
@@ -229,6 +242,11 @@ def smallest_k_mask(x: ArrayLike, k: ArrayLike, mask: ArrayLike | None = None) -
   >>> smallest_k_mask(np.array([[2., 1., 2.], [2., 0., 5.]], np.float32), 3).tolist()
   [[True, True, False], [False, True, False]]
   """
+  return _smallest_k(x, k, mask)
+
+
+@jax.jit
+def _smallest_k(x, k, mask):
   shape = jnp.shape(x)
   x_M, valid_M = _flat(x, mask)
   key_M = _sort_key(x_M)
