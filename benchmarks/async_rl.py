@@ -12,15 +12,16 @@ and proximal policies coincide, so it is PPO) for `--steps` steps of 8 prompts x
 * sync: `experiments.run` as is: each step samples its batch (one batched multi-turn rollout,
   which lasts as long as its longest episode), then trains. The trainer is idle while it
   samples: idle fraction = (sampling + reward time) / step time.
-* async: `--config.async_rollouts=True` with one rollout worker process (one prompt group per
-  unit, staleness bound 4): the worker samples continuously; the trainer waits only when fewer
-  than a batch of units are ready. Idle fraction = waiting time / training-loop time.
+* async η=k: `--config.async_rollouts=True` with one rollout worker process (one prompt group
+  per unit) and staleness bound η = k for each `--max_staleness` (default 1 and 4): the worker
+  samples continuously; the trainer waits only when fewer than a batch of units are ready.
+  Idle fraction = waiting time / training-loop time.
 
 Both share the machine's cores (here 2): on one host the asynchronous trainer and worker
 compete for them, so the comparison is of the whole system's throughput. Printed: a table of
 idle fraction, trajectories/s (rows trained per second of the RL loop), seconds per step and
 final held-out greedy accuracy (mean over seeds, min-max); written to --out: results.csv,
-table.md, curves.png (accuracy against wall time, both modes).
+table.md, curves.png (accuracy against wall time, every mode).
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--sft_steps", type=int, default=300)
   ap.add_argument("--eval_every", type=int, default=10)
   ap.add_argument("--out", default="async_bench")
+  ap.add_argument("--max_staleness", type=int, nargs="+", default=[1, 4],
+                  help="async runs for each staleness bound η (async_rl.max_staleness)")
   ap.add_argument("--quick", action="store_true", help="4 steps, one seed, 20 SFT steps")
   a = ap.parse_args(argv)
   if a.quick:
@@ -108,16 +111,19 @@ def main(argv=None) -> dict:
   common = SETTING + [f"--config.warm_start_from={os.path.join(warm, 'hf_policy')}",
                       "--config.sft_steps=0", f"--config.steps={a.steps}",
                       f"--config.eval_every={a.eval_every}", "--config.export_hf=False"]
-  results: dict[str, list[dict]] = {"sync": [], "async": []}
+  modes = {"sync": []} | {f"async η={eta}": ["--config.async_rollouts=True",
+                                               f"--config.async_rl.max_staleness={eta}"]
+                          for eta in a.max_staleness}
+  results: dict[str, list[dict]] = {mode: [] for mode in modes}
   for seed in a.seeds:
-    for mode in ("sync", "async"):
-      wd = os.path.join(a.out, f"{mode}_seed{seed}")
-      extra = ["--config.async_rollouts=True"] if mode == "async" else []
+    for mode, extra in modes.items():
+      name = "sync" if mode == "sync" else f"async_eta{mode.split('=')[1]}"
+      wd = os.path.join(a.out, f"{name}_seed{seed}")
       if not os.path.exists(os.path.join(wd, "summary.md")):
         _run(common + extra + ["--workdir", wd, f"--config.seed={seed}"], wd + ".log")
-      res = summarize(_metrics(wd), mode, batch_rows=64)
+      res = summarize(_metrics(wd), "sync" if mode == "sync" else "async", batch_rows=64)
       results[mode].append(res)
-      print(f"{mode:5s} seed {seed}: idle {res['idle_frac']:.2f}, {res['traj_per_s']:.1f} "
+      print(f"{mode:11s} seed {seed}: idle {res['idle_frac']:.2f}, {res['traj_per_s']:.1f} "
             f"traj/s, {res['s_per_step']:.2f} s/step, accuracy {res['final_accuracy']:.3f}")
   _write(a.out, results)
   return results
@@ -142,9 +148,12 @@ def _write(out: str, results: dict[str, list[dict]]) -> None:
     lines.append(f"| {mode} | {cell(mode, 'idle_frac', '{:.2f}')} | "
                  f"{cell(mode, 'traj_per_s', '{:.1f}')} | {cell(mode, 's_per_step', '{:.2f}')} | "
                  f"{cell(mode, 'final_accuracy', '{:.3f}')} |")
-    ratio = (np.mean([r["traj_per_s"] for r in results["async"]])
-             / np.mean([r["traj_per_s"] for r in results["sync"]]))
-  lines.append(f"\nasync / sync trajectories/s: {ratio:.2f}x")
+  lines.append("")
+  for mode in results:
+    if mode != "sync":
+      ratio = (np.mean([r["traj_per_s"] for r in results[mode]])
+               / np.mean([r["traj_per_s"] for r in results["sync"]]))
+      lines.append(f"{mode} / sync trajectories/s: {ratio:.2f}x")
   text = "\n".join(lines)
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(text + "\n")
@@ -153,7 +162,7 @@ def _write(out: str, results: dict[str, list[dict]]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 4))
-  for mode, color in (("sync", "tab:blue"), ("async", "tab:orange")):
+  for mode, color in zip(results, ("tab:blue", "tab:orange", "tab:red", "tab:green")):
     for i, r in enumerate(results[mode]):
       t, acc = [e[1] for e in r["evals"]], [e[2] for e in r["evals"]]
       ax.plot(t, acc, color=color, alpha=0.8, marker="o", label=mode if i == 0 else None)

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from experiments import loop, producers
-from tests.experiments_test import read_metrics, tiny
+from tests.experiments_test import METHOD_RUN, read_metrics, tiny
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_file_is_written(
 
 
 def test_self_teacher_with_a_hint_and_a_lagged_copy_runs_and_refuses_unknown_contexts(tmp_path):
-  c = tiny("opd_arithmetic", steps=3)
+  c = tiny("opd_arithmetic", steps=3, **METHOD_RUN)
   c.teacher.init_from = ""
   c.teacher.context = "hint"
   c.teacher.lag = 2
@@ -102,7 +102,8 @@ def test_self_teacher_with_a_hint_and_a_lagged_copy_runs_and_refuses_unknown_con
 def test_sd_search_distils_on_the_query_tokens_of_lookup_episodes(tmp_path):
   """The multi-turn lookup task with the policy as a hindsight self-teacher (the gold answer
   in its prompt): the JSD term covers the tool-call arguments only."""
-  c = tiny("igpo_lookup", estimator="grpo", policy_loss="sd_search", steps=1)
+  c = tiny("igpo_lookup", estimator="grpo", policy_loss="sd_search", steps=1,
+           **dict(METHOD_RUN, sft_steps=2))  # a warm-up, so that episodes call the tool
   c.teacher.context = "answer"
   c.teacher.top_k = 4
   wd = str(tmp_path / "run")
@@ -114,7 +115,7 @@ def test_sd_search_distils_on_the_query_tokens_of_lookup_episodes(tmp_path):
 def test_amft_balances_sft_and_rl_in_the_loop(tmp_path):
   """`--config.amft.enabled`: one update per step on (1 − μ)∇L_RL + μ∇L_SFT; the controller's
   state is in the train state (checkpointed), its metrics in metrics.jsonl."""
-  c = tiny(num_minibatches=1)
+  c = tiny(num_minibatches=1, **METHOD_RUN)
   c.amft.enabled = True
   c.amft.val_examples = 8
   c.amft.sft_batch_size = 8

@@ -214,6 +214,11 @@ def test_bad_setup_is_refused_before_any_output(change, match, tmp_path):
   assert not os.path.exists(wd) or not os.listdir(wd)
 
 
+# A method's own run needs only its RL steps: warm-up, evaluation, checkpoints and the export
+# are the same code for every method and are covered by the tiny recipe runs above.
+METHOD_RUN = dict(sft_steps=0, eval_every=0, checkpoint_every=0, export_hf=False)
+
+
 @pytest.mark.parametrize("estimator,kl_coef,estimator_kwargs,producer", [
     ("remax", 0.0, {}, "greedy_baseline"),                       # reward_baseline
     ("optimal_token_baseline", 0.0, {}, "policy_pass"),          # Σπ² from the policy pass
@@ -227,7 +232,7 @@ def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_
   REINFORCE++ with its KL-in-reward switched on gets logprob_old/logprob_ref (a reference
   pass planned because the estimator's optional needs ask for it); a KL-to-reference loss
   term on top uses the same frozen copy (the update donates the live parameters)."""
-  c = tiny(estimator=estimator, kl_coef=kl_coef, debug_checks=True, eval_every=0)
+  c = tiny(estimator=estimator, kl_coef=kl_coef, debug_checks=True, **METHOD_RUN)
   c.estimator_kwargs = estimator_kwargs
   assert producer in [p.producer.name for p in loop.check_method(c).plan]
   wd = str(tmp_path / estimator)
@@ -248,7 +253,7 @@ def test_scheduled_estimator_and_oreal_loss_run_end_to_end(tmp_path):
   c.steps) on the chain task's judged steps, with OREAL's loss (reward and the reference's
   log-probs as loss inputs): 2 tiny steps, every batch validated."""
   c = tiny("scrl_chain", estimator="rl_tango", policy_loss="oreal", debug_checks=True,
-           eval_every=0)
+           **METHOD_RUN)
   method = loop.check_method(c)
   assert method.estimator_static["total_steps"] == c.steps
   assert {"step_judge", "reference_pass"} <= {p.producer.name for p in method.plan}

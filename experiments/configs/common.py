@@ -216,8 +216,10 @@ def base_config() -> ml_collections.ConfigDict:
                                   # trainer; use policy_loss="decoupled_ppo".
   c.async_rl = ml_collections.ConfigDict(dict(
       num_workers=1,              # rollout worker processes (the trainer is process 0).
-      max_staleness=4,            # η: generation runs at most η batches ahead (AReaL's
-                                  # max_head_offpolicyness, ASearcher's 4).
+      max_staleness=1,            # η: generation runs at most η batches ahead (AReaL's
+                                  # max_head_offpolicyness). ASearcher's 4 (lr ~1e-6, big
+                                  # models) collapsed 2 of 3 lookup runs at lr 3e-4 here
+                                  # (benchmarks/async_rl.py); η = 1 learned in all 3.
       groups_per_rollout=1,       # prompts (with their G samples) per rollout unit.
       max_in_flight=0,            # cap on units ready + running (0: only the staleness rule).
       drop_stale=False,           # drop units more than η versions old when the trainer takes them.
