@@ -14,7 +14,8 @@ sampling key fold_in(seed, s): what a unit holds depends only on s and the param
 worker had. A step consumes B = prompts_per_step / u units.
 
 Staleness (AReaL's rollout controller, `areal/core/staleness_manager` in the released code;
-ASearcher runs it with `max_head_offpolicyness` η = 4). A worker may start a unit only while
+ASearcher runs it with `max_head_offpolicyness` η = 4; our default is 1, see the README's
+sync-vs-async table). A worker may start a unit only while
 
     capacity = min(max_in_flight − (ready + running),  (η + v + 1)·B − (accepted + running)) > 0
 
