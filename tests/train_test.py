@@ -40,13 +40,14 @@ def test_observation_cross_entropy_adds_echo_term_to_the_rl_loss():
     return jax.jit(fn)(params, mb)
 
   (base, m0), (with_ce, m1) = loss(0.0), loss(0.5)
-  model = train.merge_model(graphdef, params, rest)
-  logprob, _ = score_tokens(model, tokens, attn, chunk_size=None, return_entropy=False)
+  logprob, _ = jax.jit(lambda p: score_tokens(train.merge_model(graphdef, p, rest), tokens, attn,
+                                              chunk_size=None, return_entropy=False))(params)
   want = observation_ce_loss(logprob=logprob, obs_mask=obs, coef=0.5)
   np.testing.assert_allclose(with_ce, base + want.loss, rtol=1e-5)
   assert "obs_tokens" not in m0 and float(m1["obs_tokens"]) == obs.sum()
   fn = train.make_rl_loss(graphdef, rest, loss_spec=spec, loss_fields=fields, loss_kwargs={},
                           kl_coef=0.0, kl_kind="k3", entropy_coef=0.0, chunk_size=None,
                           obs_ce_coef=1.0)
-  grads = jax.grad(lambda p: fn(p, dict(mb, advantages=np.zeros((B, T), np.float32)))[0])(params)
+  grads = jax.jit(jax.grad(lambda p: fn(p, dict(mb, advantages=np.zeros((B, T), np.float32)))[0]))(
+      params)
   assert float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads)))) > 0
