@@ -111,13 +111,14 @@ def main(argv=None) -> dict:
   common = SETTING + [f"--config.warm_start_from={os.path.join(warm, 'hf_policy')}",
                       "--config.sft_steps=0", f"--config.steps={a.steps}",
                       f"--config.eval_every={a.eval_every}", "--config.export_hf=False"]
-  modes = {"sync": []} | {f"async η={eta}": ["--config.async_rollouts=True",
-                                               f"--config.async_rl.max_staleness={eta}"]
-                          for eta in a.max_staleness}
+  # label -> (workdir prefix, extra flags)
+  modes = {"sync": ("sync", [])} | {
+      f"async η={eta}": (f"async_eta{eta}", ["--config.async_rollouts=True",
+                                             f"--config.async_rl.max_staleness={eta}"])
+      for eta in a.max_staleness}
   results: dict[str, list[dict]] = {mode: [] for mode in modes}
   for seed in a.seeds:
-    for mode, extra in modes.items():
-      name = "sync" if mode == "sync" else f"async_eta{mode.split('=')[1]}"
+    for mode, (name, extra) in modes.items():
       wd = os.path.join(a.out, f"{name}_seed{seed}")
       if not os.path.exists(os.path.join(wd, "summary.md")):
         _run(common + extra + ["--workdir", wd, f"--config.seed={seed}"], wd + ".log")

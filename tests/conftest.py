@@ -93,12 +93,12 @@ def pytest_collection_modifyitems(config, items):
   import json  # pylint: disable=g-import-not-at-top
   with open(_COSTS_FILE, encoding="utf-8") as f:
     costs = json.load(f)
+  file_of = lambda item: item.nodeid.split("::")[0]
   first = {}
   for i, item in enumerate(items):
-    first.setdefault(item.nodeid.split("::")[0], i)
+    first.setdefault(file_of(item), i)
   # Stable within a file: ties (and each file's own items) keep the collection order.
-  items.sort(key=lambda it: (-costs.get(it.nodeid.split("::")[0], _NEW_FILE_COST),
-                             first[it.nodeid.split("::")[0]]))
+  items.sort(key=lambda it: (-costs.get(file_of(it), _NEW_FILE_COST), first[file_of(it)]))
 
 
 # CREDIT_TEST_TIMES=<dir>: each worker appends "<seconds>\t<test id>" per test phase to a file
