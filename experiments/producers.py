@@ -39,7 +39,7 @@ from credit import CONTRACT, parallel, scoring, trees
 from credit import divergences as divergences_lib
 from credit import tasks as tasks_lib
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import learners, train
+from experiments import learners, train, verifier
 
 Produce = Callable[[Any, Mapping[str, Any], "StepContext"], dict]
 
@@ -116,7 +116,8 @@ class Producer:
   phase: the timing bucket it is reported under (`time_<phase>`; summary.md's step-time
   table lists each): sampling, reward, scoring (the policy's own pass), reference,
   divergence, likelihood (answer / follow-up teacher forcing), rescoring (other contexts),
-  teacher (a frozen or self-teacher's pass), baseline, prm, critic — so every extra pass a method needs shows its cost per step.
+  teacher (a frozen or self-teacher's pass), baseline, prm, critic, verifier (the generative
+  verifier's verdicts and update) — so every extra pass a method needs shows its cost per step.
   when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
   needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
   policy in `ctx.ref_params` (and checkpoints it). init: the producer learns
@@ -1749,6 +1750,13 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("step_segments", ("step_id",), ("tokens", "response_mask"), _build_step_segments,
              "reward", "reasoning steps: the turns of multi-turn rollouts, else the response cut "
              "after each token holding one of c.step_delimiters"),
+    Producer(verifier.NAME, ("step_reward", "step_mask"), ("tokens", "response_mask", "reward"),
+             verifier.build, "verifier",
+             "a generative verifier trained by RL next to the policy (RL Tango, TIPS): it "
+             "reads each response, writes step and final verdicts, is rewarded for agreeing "
+             "with the outcome; its step verdicts (±1/S) are the process rewards (c.verifier)",
+             when=verifier.verifier_on, init=verifier.init, check=verifier.check_config,
+             off_doc="set verifier.enabled=True (single-turn tasks)"),
     Producer("step_graph", ("step_key", "step_mask", "anchor_id"), ("tokens", "response_mask"),
              _build_step_graph, "reward",
              "step content keys: a hash of the path up to the end of each step (SALT's "

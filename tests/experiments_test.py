@@ -30,8 +30,9 @@ TREE_STEP_RECIPES = ("slate_chain", "tp_grpo_chain")
 # SCRL's one-step batch (subproblem fields and advantages) is checked in producers_test.py; the
 # chain task runs end to end here through verifree_chain and cbpo_chain.
 ONE_STEP_RECIPES = ("scrl_chain",)
-# grpo_jsonl's tiny run (its own data file, sampled eval) is jsonl_recipe_test.py's.
-OTHER_FILE_RECIPES = ("grpo_jsonl",)
+# grpo_jsonl's tiny run (its own data file, sampled eval) is jsonl_recipe_test.py's;
+# rl_tango_chain's (policy and verifier, with a resume) is verifier_test.py's.
+OTHER_FILE_RECIPES = ("grpo_jsonl", "rl_tango_chain")
 RECIPES = [r for r in ALL_RECIPES
            if r not in DISTILL_RECIPES + TREE_STEP_RECIPES + ONE_STEP_RECIPES + OTHER_FILE_RECIPES]
 # One recipe runs with bfloat16 parameters and activations (a run of its own would compile

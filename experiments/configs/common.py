@@ -196,6 +196,31 @@ def base_config() -> ml_collections.ConfigDict:
       ref_context="answer {answer}: ",  # ReDiPPO's reference-guided critic reads this (gold
                                   # answer filled in) before the prompt.
   ))
+  c.verifier = ml_collections.ConfigDict(dict(  # generative verifier trained by RL (RL Tango,
+      enabled=False,              # TIPS; experiments/verifier.py): it makes step_reward/step_mask.
+      suffix=";{steps}?",         # after prompt ⊕ response: what it is asked ({steps}: step count).
+      samples=4,                  # verdicts per response: its GRPO group (code 5); the first is
+                                  # the policy's process reward (the code's 1 inference rollout).
+      update_every=1,             # a verifier update every n policy steps (the code: 1 per 3).
+      temperature=1.0,            # sampling of verdicts (training and inference).
+      correctness_weight=1.0,     # reward = w_c·1[final verdict == outcome] + w_f·format.
+      format_weight=0.8,          # RL Tango 0.8; TIPS 0.
+      advantage="grpo",           # grpo | dr_grpo (TIPS: no std normalisation).
+      balance="inverse",          # class-balance weights: inverse (code) | sqrt_inverse | none.
+      balance_decay=0.8,          # EMA decay of the class counts.
+      clip_range=0.2,             # PPO clip of its loss.
+      learning_rate=1e-4,         # AdamW lr (RL Tango: 1e-6 on 7B, as the generator).
+      warmup_steps=0,             # linear lr warm-up.
+      grad_clip=1.0,
+      epochs=1,
+      num_minibatches=1,
+      sft_steps=0,                # format warm-up: supervised steps on the policy's own responses
+                                  # (one step's batch each),
+      sft_labels="outcome",       # labelled: outcome (every verdict = the outcome) | judge (the
+                                  # task's step judge) | random (format only).
+      sft_learning_rate=1e-3,
+      solo_steps=0,               # verifier-only RL steps before the policy's first (code: 40).
+  ))
   # --- evaluation, checkpoints, output ---
   c.eval_every = 20               # steps between held-out evaluations (greedy decoding).
   c.eval_samples = 0              # k > 0: evaluations also draw k samples per prompt (temperature,
