@@ -262,13 +262,15 @@ class TopKDivergenceTest(parameterized.TestCase):
     hs, ws, ht, wt, g = _inputs(3)
     k = 8
 
-    def pipeline(hs, ws):
+    # The teacher's arrays are jit arguments, not closed-over constants: XLA would otherwise
+    # constant-fold the teacher's [B,T,V] top-k sort at compile time (~12 s per program).
+    def pipeline(hs, ws, ht, wt):
       top = scoring.token_topk(ht, wt, k, chunk_size=5, vocab_chunk_size=300)
       lp_s = scoring.token_logprobs(hs, ws, top.ids, chunk_size=5, vocab_chunk_size=300)
       return divergences.topk_divergence(logprob_student=lp_s, logprob_teacher=top.logprob,
                                          kind="reverse_kl")
 
-    def naive(hs, ws):
+    def naive(hs, ws, ht, wt):
       lp_s = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", hs, ws))
       lp_t = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", ht, wt))
       vals, ids = jax.lax.top_k(lp_t, k)
@@ -276,10 +278,18 @@ class TopKDivergenceTest(parameterized.TestCase):
           logprob_student=jnp.take_along_axis(lp_s, ids, -1), logprob_teacher=vals,
           kind="reverse_kl")
 
-    got, got_g = jax.jit(lambda a, b: (pipeline(a, b), jax.grad(
-        lambda a, b: jnp.sum(pipeline(a, b) * g), argnums=(0, 1))(a, b)))(hs, ws)
-    np.testing.assert_allclose(got, jax.jit(naive)(hs, ws), atol=1e-5, rtol=1e-4)
-    want_g = jax.jit(jax.grad(lambda a, b: jnp.sum(naive(a, b) * g), argnums=(0, 1)))(hs, ws)
+    @jax.jit
+    def value_and_grads(hs, ws, ht, wt, g):
+      # The gradient of sum(f * g) w.r.t. (hs, ws) is the VJP of f with cotangent g.
+      out = {}
+      for name, f in (("got", pipeline), ("want", naive)):
+        val, vjp = jax.vjp(lambda a, b, f=f: f(a, b, ht, wt), hs, ws)
+        out[name] = (val, vjp(g))
+      return out
+
+    out = value_and_grads(hs, ws, ht, wt, g)
+    (got, got_g), (want, want_g) = out["got"], out["want"]
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
     for a, b in zip(got_g, want_g):
       self.assertLess(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))), 1e-4)
 
@@ -318,8 +328,10 @@ class ModelDivergenceTest(parameterized.TestCase):
     mask = jnp.arange(9)[None, :] < jnp.array([[9], [6]])
     ctx = jax.random.randint(jax.random.PRNGKey(2), (2, 4), 0, v)
 
+    # Inputs are jit arguments (not folded constants) and the full-logits references are
+    # computed inside the same program instead of op by op.
     @nnx.jit
-    def run(student, teacher):
+    def run(student, teacher, tokens, mask, ctx):
       plain = divergences.model_divergence(student, teacher, tokens, mask, kind="js",
                                            chunk_size=4)
       with_ctx = divergences.model_divergence(student, teacher, tokens, mask, kind="js",
@@ -328,15 +340,15 @@ class ModelDivergenceTest(parameterized.TestCase):
       zt, _ = teacher(tokens, mask_BT=mask)
       zt_ctx, _ = teacher(jnp.concatenate([ctx, tokens], 1),
                           mask_BT=jnp.concatenate([jnp.ones((2, 4), bool), mask], 1))
-      return plain, with_ctx, zs, zt, zt_ctx[:, 4:]
+      # Position t compares the distributions that predict tokens[t] (logits at t − 1).
+      want = divergences.divergence_from_logits(zs[:, :-1], zt[:, :-1], kind="js")
+      want_ctx = divergences.divergence_from_logits(zs[:, :-1], zt_ctx[:, 4:-1], kind="js")
+      return plain, with_ctx, want, want_ctx
 
-    plain, with_ctx, zs, zt, zt_ctx = run(student, teacher)
+    plain, with_ctx, want, want_ctx = run(student, teacher, tokens, mask, ctx)
     valid = np.asarray(mask) & (np.arange(9) >= 1)[None, :]
-    # Position t compares the distributions that predict tokens[t] (logits at t − 1).
-    want = divergences.divergence_from_logits(zs[:, :-1], zt[:, :-1], kind="js")
     want = np.where(valid, np.pad(np.asarray(want), ((0, 0), (1, 0))), 0.0)
     np.testing.assert_allclose(plain, want, atol=1e-5)
-    want_ctx = divergences.divergence_from_logits(zs[:, :-1], zt_ctx[:, :-1], kind="js")
     want_ctx = np.where(valid, np.pad(np.asarray(want_ctx), ((0, 0), (1, 0))), 0.0)
     np.testing.assert_allclose(with_ctx, want_ctx, atol=1e-5)
     self.assertGreater(float(jnp.max(jnp.abs(with_ctx - plain))), 1e-4)

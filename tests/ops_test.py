@@ -132,8 +132,8 @@ class GroupTest(parameterized.TestCase):
 
   def test_gradients_finite_on_degenerate_groups(self):
     gid = jnp.array([0, 0, 1, 2])
-    f = lambda v: jnp.sum(ops.group_normalize(v, gid, 3) ** 2)
-    g = jax.grad(f)(jnp.array([1.0, 1.0, 2.0, 3.0]))
+    f = lambda v, gid: jnp.sum(ops.group_normalize(v, gid, 3) ** 2)
+    g = jax.jit(jax.grad(f))(jnp.array([1.0, 1.0, 2.0, 3.0]), gid)
     assert np.all(np.isfinite(g))
 
 
@@ -195,19 +195,16 @@ class GroupTest(parameterized.TestCase):
   @given(hnp.arrays(np.float32, (B,), elements=floats), hnp.arrays(np.bool_, (B,)))
   def test_row_reductions_fast_equal_segment_and_numpy(self, v, valid):
     gid = np.repeat(np.arange(N), G).astype(np.int32)
+    reduced, count, count_fast, mom_seg, mom_fast, mom = _row_reductions(v, gid, valid)
     for op, npop in (("sum", np.sum), ("max", np.max), ("min", np.min)):
-      seg = ops.group_reduce_rows(v, gid, valid, N, None, op)
-      fast = ops.group_reduce_rows(v, gid, valid, N, G, op)
+      seg, fast = reduced[op]
       for i in np.flatnonzero(valid):
         members = v[(gid == gid[i]) & valid].astype(np.float64)
         np.testing.assert_allclose([seg[i], fast[i]], [npop(members)] * 2, rtol=1e-5,
                                    atol=1e-3)
-    count = ops.group_count_rows(gid, valid, N, None)
+    count = np.asarray(count)
     np.testing.assert_array_equal(count[valid], [np.sum(valid & (gid == g)) for g in gid[valid]])
-    np.testing.assert_array_equal(ops.group_count_rows(gid, valid, N, G)[valid], count[valid])
-    mom_seg = ops.group_moments_rows(v, gid, valid, N, None)
-    mom_fast = ops.group_moments_rows(v, gid, valid, N, G)
-    mom = ops.group_moments(v, gid, N, valid)
+    np.testing.assert_array_equal(np.asarray(count_fast)[valid], count[valid])
     for a, b_, per_group in zip(mom_seg, mom_fast, mom):
       np.testing.assert_allclose(a, np.asarray(per_group)[gid], rtol=1e-6, atol=1e-6)
       np.testing.assert_allclose(b_, a, rtol=1e-5, atol=1e-5)
@@ -220,6 +217,16 @@ class GroupTest(parameterized.TestCase):
   def test_group_normalize_bad_singleton(self):
     with pytest.raises(ValueError, match="singleton 'drop'"):
       ops.group_normalize(jnp.ones(4), jnp.zeros(4, jnp.int32), 1, singleton="drop")
+
+
+@jax.jit
+def _row_reductions(v, gid, valid):
+  """Every row reduction on the segment and the fast path, one program for all examples."""
+  reduced = {op: (ops.group_reduce_rows(v, gid, valid, N, None, op),
+                  ops.group_reduce_rows(v, gid, valid, N, G, op)) for op in ("sum", "max", "min")}
+  return (reduced, ops.group_count_rows(gid, valid, N, None),
+          ops.group_count_rows(gid, valid, N, G), ops.group_moments_rows(v, gid, valid, N, None),
+          ops.group_moments_rows(v, gid, valid, N, G), ops.group_moments(v, gid, N, valid))
 
 
 class RecurrenceTest(parameterized.TestCase):
@@ -283,7 +290,8 @@ class RecurrenceTest(parameterized.TestCase):
         x, m, jnp.array([0.97, 0.999]))
     np.testing.assert_allclose(vm[0], ops.discounted_reverse_cumsum(x, m, 0.97), rtol=1e-5,
                                atol=1e-5)
-    g = jax.grad(lambda x: ops.discounted_reverse_cumsum(x, m, 0.9)[0, 0])(jnp.asarray(x))
+    g = jax.jit(jax.grad(lambda x, m: ops.discounted_reverse_cumsum(x, m, 0.9)[0, 0]))(
+        jnp.asarray(x), m)
     valid0 = np.flatnonzero(m[0])
     want_g = np.zeros(t)
     if m[0, 0]:

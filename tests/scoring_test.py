@@ -56,6 +56,14 @@ def _weighted(fn, g_lp, g_ent):
   return loss
 
 
+@jax.jit
+def _naive_and_grad(h, w, y, tau, g_lp, g_ent):
+  """The full-logits reference and the gradient of its weighted sum, as one program shared by
+  every test with the standard shapes (an eager reference compiles each primitive anew)."""
+  ref = lambda h, w, tau: _naive(h, w, y, tau)
+  return ref(h, w, tau), jax.grad(_weighted(ref, g_lp, g_ent), argnums=(0, 1, 2))(h, w, tau)
+
+
 def _rel_err(a, b):
   return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-12))
 
@@ -83,13 +91,11 @@ class TokenLogprobsTest(parameterized.TestCase):
     tau = 0.7
     fn = lambda h, w, tau: tuple(scoring.token_logprobs_and_entropy(
         h, w, y, chunk_size=chunk, vocab_chunk_size=vchunk, temperature=tau))
-    ref = lambda h, w, tau: _naive(h, w, y, tau)
     out = jax.jit(fn)(h, w, tau)
-    want = ref(h, w, tau)
+    want, want_g = _naive_and_grad(h, w, y, tau, g_lp, g_ent)
     np.testing.assert_allclose(out[0], want[0], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(out[1], want[1], atol=1e-5, rtol=1e-5)
     grads = jax.jit(jax.grad(_weighted(fn, g_lp, g_ent), argnums=(0, 1, 2)))(h, w, tau)
-    want_g = jax.grad(_weighted(ref, g_lp, g_ent), argnums=(0, 1, 2))(h, w, tau)
     for got, exp, name in zip(grads, want_g, ("hidden", "unembed", "temperature")):
       self.assertLess(_rel_err(got, exp), 2e-5, msg=name)
 
@@ -100,12 +106,12 @@ class TokenLogprobsTest(parameterized.TestCase):
     kw = dict(chunk_size=5, vocab_chunk_size=vchunk)
     # Log-prob only, gradient w.r.t. hidden only (W not perturbed, entropy cotangent zero).
     got = jax.jit(jax.grad(lambda h: jnp.sum(scoring.token_logprobs(h, w, y, **kw) * g_lp)))(h)
-    want = jax.grad(lambda h: jnp.sum(_naive(h, w, y)[0] * g_lp))(h)
+    _, (want, _, _) = _naive_and_grad(h, w, y, 1.0, g_lp, jnp.zeros_like(g_ent))
     self.assertLess(_rel_err(got, want), 2e-5)
     # Entropy only, gradient w.r.t. W only.
     got = jax.jit(jax.grad(lambda w: jnp.sum(
         scoring.token_logprobs_and_entropy(h, w, y, **kw).entropy * g_ent)))(w)
-    want = jax.grad(lambda w: jnp.sum(_naive(h, w, y)[1] * g_ent))(w)
+    _, (_, want, _) = _naive_and_grad(h, w, y, 1.0, jnp.zeros_like(g_lp), g_ent)
     self.assertLess(_rel_err(got, want), 2e-5)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -192,6 +198,11 @@ def _score_all_ids(h, w, ids):
                                             vocab_chunk_size=300)
 
 
+@functools.partial(jax.jit, static_argnames="k")
+def _naive_top_k(h, w, tau, k):
+  return jax.lax.top_k(jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, w) / tau, axis=-1), k)
+
+
 class TopKTest(parameterized.TestCase):
 
   @parameterized.parameters((5, None), (4, 128), (16, 999))
@@ -199,8 +210,7 @@ class TopKTest(parameterized.TestCase):
     h, w, _, _, _ = _inputs(5)
     out = jax.jit(functools.partial(scoring.token_topk, k=7, chunk_size=chunk,
                                     vocab_chunk_size=vchunk, temperature=1.5))(h, w)
-    lp = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, w) / 1.5, axis=-1)
-    vals, ids = jax.lax.top_k(lp, 7)
+    vals, ids = _naive_top_k(h, w, 1.5, 7)
     np.testing.assert_array_equal(out.ids, ids)
     np.testing.assert_allclose(out.logprob, vals, atol=1e-5, rtol=1e-5)
 
@@ -357,6 +367,15 @@ class ScoreTokensTest(parameterized.TestCase):
     self.assertGreater(float(jnp.max(jnp.abs(a.logprob - b.logprob))), 1e-3)
 
 
+@jax.jit
+def _naive_sum_pi_squared(h, w, tau):
+  """Σπ² from the full softmax, and verl's exp(lse(2z) − 2 lse(z))."""
+  p = jax.nn.softmax(jnp.einsum("btd,dv->btv", h, w) / tau, axis=-1)
+  z = jnp.einsum("btd,dv->btv", h, w) / tau
+  return (jnp.sum(p * p, axis=-1),
+          jnp.exp(jax.nn.logsumexp(2 * z, -1) - 2 * jax.nn.logsumexp(z, -1)))
+
+
 class SumPiSquaredTest(parameterized.TestCase):
 
   @parameterized.parameters((None, None, 1.0), (5, 300, 1.0), (7, 1000, 0.7), (4, None, 1.3))
@@ -366,25 +385,28 @@ class SumPiSquaredTest(parameterized.TestCase):
     h, w, _, _, _ = _inputs(5, scale=1.5)
     got = jax.jit(lambda h, w: scoring.token_sum_pi_squared(
         h, w, chunk_size=chunk, vocab_chunk_size=vchunk, temperature=tau))(h, w)
-    p = jax.nn.softmax(jnp.einsum("btd,dv->btv", h, w) / tau, axis=-1)
-    np.testing.assert_allclose(got, jnp.sum(p * p, axis=-1), rtol=2e-5, atol=1e-7)
-    z = jnp.einsum("btd,dv->btv", h, w) / tau
-    verl = jnp.exp(jax.nn.logsumexp(2 * z, -1) - 2 * jax.nn.logsumexp(z, -1))
+    full, verl = _naive_sum_pi_squared(h, w, tau)
+    np.testing.assert_allclose(got, full, rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(got, verl, rtol=2e-5, atol=1e-7)
     assert float(jnp.min(got)) >= 1.0 / V - 1e-7 and float(jnp.max(got)) <= 1.0 + 1e-6
 
   def test_no_gradient_and_model_alignment(self):
     h, w, _, _, _ = _inputs(6)
-    g = jax.grad(lambda w: jnp.sum(scoring.token_sum_pi_squared(h, w)))(w)
+    g = jax.jit(jax.grad(lambda w: jnp.sum(scoring.token_sum_pi_squared(h, w))))(w)
     assert not np.asarray(g).any()
     model = Decoder(tiny_config("qwen3"), rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 9), 0, 128)
     mask = jnp.array([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0, 0]], bool)
-    got = scoring.score_sum_pi_squared(model, tokens, mask)
-    logits, _ = model(tokens, mask_BT=mask)
-    p = jax.nn.softmax(logits, axis=-1)
-    want_BT = jnp.sum(p * p, axis=-1)  # prediction made at t−1 for token t
-    lp = scoring.score_tokens(model, tokens, mask).logprob
+
+    @nnx.jit
+    def run(model, tokens, mask):
+      got = scoring.score_sum_pi_squared(model, tokens, mask)
+      logits, _ = model(tokens, mask_BT=mask)
+      p = jax.nn.softmax(logits, axis=-1)
+      want_BT = jnp.sum(p * p, axis=-1)  # prediction made at t−1 for token t
+      return got, want_BT, scoring.score_tokens(model, tokens, mask).logprob
+
+    got, want_BT, lp = run(model, tokens, mask)
     m = np.asarray(lp != 0)
     assert m.sum() == 6 + 5  # each row's first real token has no prediction
     want = np.zeros((2, 9))
@@ -463,12 +485,17 @@ def test_teacher_topk_with_tail_matches_full_vocabulary_and_sums_to_one():
   h, w, y, _, _ = _inputs(3, scale=1.0)
   mask = jnp.arange(T)[None, :] >= jnp.array([[0], [3]])  # row 1 left-padded
   k = 5
-  out = scoring.teacher_scores_hidden(h, w, y, mask, top_k=k, chunk_size=4,
-                                      vocab_chunk_size=256)
-  full, valid = _full_next_token_logprobs(h, w, mask)
-  want_lp = jnp.where(valid, jnp.take_along_axis(full, y[..., None], -1)[..., 0], 0.0)
+
+  @jax.jit
+  def run(h, w, y, mask):
+    out = scoring.teacher_scores_hidden(h, w, y, mask, top_k=k, chunk_size=4,
+                                        vocab_chunk_size=256)
+    full, valid = _full_next_token_logprobs(h, w, mask)
+    want_lp = jnp.where(valid, jnp.take_along_axis(full, y[..., None], -1)[..., 0], 0.0)
+    return out, valid, want_lp, jax.lax.top_k(full, k)
+
+  out, valid, want_lp, (vals, ids) = run(h, w, y, mask)
   np.testing.assert_allclose(out.logprob, want_lp, atol=1e-5)
-  vals, ids = jax.lax.top_k(full, k)
   v = np.asarray(valid)
   np.testing.assert_array_equal(np.asarray(out.topk_ids)[v][:, :k], np.asarray(ids)[v])
   np.testing.assert_allclose(np.asarray(out.topk_logprob)[v][:, :k], np.asarray(vals)[v],
