@@ -184,6 +184,9 @@ class PolicyLossSpec:
     static_argnames: arguments that change shapes/control flow (jit static).
     batch_coupled: the per-token value depends on statistics of the whole (micro-)batch
       (e.g. covariance top-k selection), so micro-batch sums differ from the full batch.
+    whole_groups: the per-token value depends on statistics of each prompt group (`group_id`),
+      so every minibatch must hold whole groups; the runner then shuffles groups, not rows
+      (`experiments/train.py` `make_minibatch_sgd(group_size=...)`). Static config.
     params: the full function's keyword parameters.
   """
   name: str
@@ -194,6 +197,7 @@ class PolicyLossSpec:
   confidence: str
   static_argnames: tuple[str, ...] = ()
   batch_coupled: bool = False
+  whole_groups: bool = False
   params: tuple[str, ...] = ()
 
   @property
@@ -264,23 +268,27 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
 
 def register_policy_loss(name: str, *, needs: Iterable[str], paper: str,
                          static_argnames: Iterable[str] = (), batch_coupled: bool = False,
+                         whole_groups: bool = False,
                          token_fn: Callable[..., Any] | None = None):
   """Decorator registering a full policy loss `fn` (and its per-token term `token_fn`).
 
   `credit.losses` builds `fn` from a per-token function and the shared reduction; a user
   may register any function with the `fn` signature (then `token_fn` defaults to `fn`).
+  `whole_groups`: see `PolicyLossSpec`; such a loss must take `group_id`.
   """
 
   def deco(fn):
     tfn = token_fn or fn
     params = _keyword_params(fn)
     _check_needs("policy loss", name, fn, needs, params)
+    if whole_groups and "group_id" not in needs:
+      raise ValueError(f"policy loss {name!r} declares whole_groups but does not need group_id")
     _check_unique("policy loss", name, tfn, _POLICY_LOSSES)
     _POLICY_LOSSES[name] = PolicyLossSpec(
         name=name, fn=fn, token_fn=tfn, needs=frozenset(needs), paper=paper,
         confidence=_confidence("policy loss", name, tfn, tfn.__doc__),
         static_argnames=tuple(static_argnames), batch_coupled=batch_coupled,
-        params=tuple(params))
+        whole_groups=bool(whole_groups), params=tuple(params))
     return fn
 
   return deco

@@ -153,6 +153,24 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
                 tuple(plan))
 
 
+def reference_from_adapters(c: ml_collections.ConfigDict, method: Method) -> bool:
+  """Whether the frozen reference is the policy with its LoRA adapters off, not a copy.
+
+  Exact when no warm-up ran: the base weights never train, and B = 0 at init makes the
+  adapted start equal to the base, so zeroed adapters give the initial policy (the loaded
+  checkpoint). Saves a second copy of the weights (BeamPERL, outcome_and_clipping.md §25).
+  Asynchronous runs keep the copy (their rollout workers take `rs.ref_params`).
+  """
+  return bool(method.keeps_reference and c.lora_rank and not c.sft_steps
+              and not c.async_rollouts)
+
+
+def adapters_off(params, trainable):
+  """`params` with the LoRA adapter weights (`trainable` True) zeroed; the base leaves are
+  the same arrays (no copy)."""
+  return jax.tree.map(lambda p, t: jnp.zeros_like(p) if t else p, params, trainable)
+
+
 def model_vocab_size(c: ml_collections.ConfigDict) -> int:
   """|V| of the policy's output distribution: the checkpoint's `vocab_size` (init_from,
   warm_start_from), else the character tokenizer's (from-scratch models)."""
@@ -520,6 +538,8 @@ class RunState:
   batch of this process's run has been validated. heatmap: the batch of the most recent step
   with a mixed-reward group (else of the most recent step), for the token-credit heatmap.
   samples: this step's rows for samples.jsonl (empty on other steps and other processes).
+  best_eval: with `c.keep_best_eval`, the step and eval_accuracy of <workdir>/best_policy
+  (saved in the checkpoint's meta).
   """
   train: train.TrainState
   ref_params: Any
@@ -529,6 +549,7 @@ class RunState:
   checked: bool = False
   heatmap: StepBatch | None = None
   samples: list = dataclasses.field(default_factory=list)
+  best_eval: dict = dataclasses.field(default_factory=dict)  # keep_best_eval: step, accuracy
 
   def checkpoint(self) -> dict[str, Any]:
     return {"train": self.train, "ref_params": self.ref_params, "learners": self.learners}
@@ -536,7 +557,19 @@ class RunState:
 
 def _checked_setup(c: ml_collections.ConfigDict):
   """(method, data, mesh, model, mcfg, chunk): every refusal happens here, before any file."""
+  if c.requires_checkpoint and not (c.init_from or c.warm_start_from):
+    raise SetupError("this recipe fine-tunes a loaded checkpoint: set --config.init_from=<HF "
+                     "dir> or --config.warm_start_from=<hf_policy/ of a from-scratch run>; "
+                     f"{c.requires_checkpoint}")
   method = check_method(c)
+  if method.loss.whole_groups and c.num_minibatches > 1:
+    if producers.tree_batch(c):
+      raise SetupError(f"policy loss {c.policy_loss!r} needs whole prompt groups in every "
+                       "minibatch, which tree batches do not keep: set num_minibatches=1")
+    if c.prompts_per_step % c.num_minibatches:
+      raise SetupError(f"policy loss {c.policy_loss!r} needs whole prompt groups in every "
+                       f"minibatch: num_minibatches={c.num_minibatches} must divide "
+                       f"prompts_per_step={c.prompts_per_step}")
   data = build_data(c)
   mesh = parallel.make_mesh(c.mesh)
   B = producers.tree_rows(c)
@@ -651,7 +684,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
       entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
       num_minibatches=c.num_minibatches, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
-      obs_ce_mode=c.obs_ce_mode),
+      obs_ce_mode=c.obs_ce_mode,
+      group_size=None if producers.tree_batch(c) else c.group_size),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   if c.amft.enabled:
     update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)
@@ -664,7 +698,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       ckpt=checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       max_to_keep=c.keep_checkpoints),
       eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0)
-  ref = state.params if method.keeps_reference else None  # restore template only
+  keep_copy = method.keeps_reference and not reference_from_adapters(c, method)
+  ref = state.params if keep_copy else None  # restore template only
   return runner, RunState(state, ref, tasks_lib.make_loader(data.train, c.prompts_per_step,
                                                             seed=c.seed),
                           learners=init_learners(runner, state.params))
@@ -684,12 +719,14 @@ def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
     rs.loader.set_state(restored.meta["loader"])
     state = restored.state["train"]
     rs = dataclasses.replace(rs, train=state, ref_params=restored.state["ref_params"],
-                             learners=restored.state["learners"], step=int(state.step))
+                             learners=restored.state["learners"], step=int(state.step),
+                             best_eval=dict(restored.meta.get("best_eval") or {}))
     run.say(f"resumed from step {rs.step} in {run.ckpt.directory}")
     return rs
   state = warm_up(run, rs.train) if run.c.sft_steps else rs.train
   # A copy: the update donates state.params, which would delete buffers shared with it.
-  ref = jax.tree.map(jnp.copy, state.params) if run.method.keeps_reference else None
+  keep_copy = run.method.keeps_reference and not reference_from_adapters(run.c, run.method)
+  ref = jax.tree.map(jnp.copy, state.params) if keep_copy else None
   rs = dataclasses.replace(rs, train=state, ref_params=ref,
                            learners=init_learners(run, state.params))
   save(run, rs)
@@ -720,8 +757,8 @@ def warm_up(run: Runner, state: train.TrainState) -> train.TrainState:
 
 
 def save(run: Runner, rs: RunState) -> None:
-  run.ckpt.save(rs.step, state=rs.checkpoint(), meta={"loader": rs.loader.get_state()},
-                force=True)
+  run.ckpt.save(rs.step, state=rs.checkpoint(),
+                meta={"loader": rs.loader.get_state(), "best_eval": rs.best_eval}, force=True)
 
 
 def _context(run: Runner, rs: RunState) -> producers.StepContext:
@@ -730,8 +767,11 @@ def _context(run: Runner, rs: RunState) -> producers.StepContext:
   toks, pmask = tasks_lib.encode_prompts(run.data.tokenizer, ex["prompt"],
                                          run.data.max_prompt_len)
   key = jax.random.fold_in(jax.random.wrap_key_data(_key_data(run.c.seed)), rs.step)
+  ref = rs.ref_params
+  if reference_from_adapters(run.c, run.method):  # used before the update donates the params
+    ref = adapters_off(rs.train.params, run.trainable)
   return producers.StepContext(key=key, examples=ex, prompt_tokens=toks, prompt_mask=pmask,
-                               ref_params=rs.ref_params, learners=dict(rs.learners))
+                               ref_params=ref, learners=dict(rs.learners))
 
 
 def rl_step(run: Runner, rs: RunState) -> tuple[RunState, dict[str, float]]:
@@ -846,9 +886,25 @@ def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, fl
 
 
 def _evaluate(run: Runner, rs: RunState) -> dict[str, float]:
-  return evaluate(run.setup.multi_sampler or run.setup.sampler,
-                  run.setup.model_state(rs.train.params), run.data, run.c,
-                  run.eval_batch_size, step=rs.step)
+  m = evaluate(run.setup.multi_sampler or run.setup.sampler,
+               run.setup.model_state(rs.train.params), run.data, run.c,
+               run.eval_batch_size, step=rs.step)
+  if run.c.keep_best_eval and m["eval_accuracy"] > rs.best_eval.get("eval_accuracy", -1):
+    keep_best(run, rs, m["eval_accuracy"])
+  return m
+
+
+def keep_best(run: Runner, rs: RunState, accuracy: float) -> None:
+  """Exports the policy to <workdir>/best_policy (+ best.json: step, eval_accuracy) and
+  records it in `rs.best_eval`: the best held-out greedy accuracy so far, step 0 (the start)
+  included, the earliest step on ties (checkpoint-level selection, BeamPERL)."""
+  s, out = run.setup, os.path.join(run.workdir, "best_policy")
+  # New Variables over the same arrays: the export merges LoRA into its model in place.
+  model = train.merge_model(s.graphdef, jax.tree.map(lambda x: x, rs.train.params), s.rest)
+  export_policy(model, run.mcfg, out, init_from=run.c.init_from, tokenizer=run.data.tokenizer)
+  rs.best_eval = {"step": rs.step, "eval_accuracy": float(accuracy)}
+  if run.is_main:
+    reporting.write_text_atomic(os.path.join(out, "best.json"), json.dumps(rs.best_eval))
 
 
 @dataclasses.dataclass
@@ -1011,7 +1067,7 @@ def _settings(c) -> dict[str, Any]:
   return {"estimator": with_kwargs(c.estimator, c.estimator_kwargs),
           "policy_loss": with_kwargs(c.policy_loss, c.loss_kwargs),
           "task": c.data_path if c.task in ("jsonl", "tfds") else c.task,
-          "policy": c.init_from or "from scratch", "steps": c.steps,
+          "policy": c.init_from or c.warm_start_from or "from scratch", "steps": c.steps,
           "prompts x samples per step": f"{c.prompts_per_step} x {c.group_size}",
           "SFT warm-up steps": c.sft_steps, "seed": c.seed}
 
@@ -1026,6 +1082,8 @@ def _finish_outputs(workdir, c, data: Data, heatmap: StepBatch | None,
   rows = reporting.read_metrics(path)
   reporting.write_text_atomic(os.path.join(workdir, "summary.md"), reporting.run_summary(
       rows, title=f"{c.estimator} / {c.policy_loss} on {c.task}", settings=_settings(c)))
-  evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
-  return {"eval_accuracy_first": evals[0] if evals else None,
-          "eval_accuracy_last": evals[-1] if evals else None, "rows": len(rows)}
+  evals = [(r["eval_accuracy"], r["step"]) for r in rows if "eval_accuracy" in r]
+  best = max(evals, key=lambda e: (e[0], -e[1])) if evals else (None, None)
+  return {"eval_accuracy_first": evals[0][0] if evals else None,
+          "eval_accuracy_last": evals[-1][0] if evals else None,
+          "eval_accuracy_best": best[0], "eval_best_step": best[1], "rows": len(rows)}

@@ -71,9 +71,12 @@ def state_shardings(tx: optax.GradientTransformation, params: Any, opt_state: An
     s = getattr(x, "sharding", None)
     return s if isinstance(s, NamedSharding) and s.mesh == mesh else rep
 
+  # LoRA's optimiser (`optax.multi_transform` over the trainable mask) holds an empty
+  # `optax.MaskedNode` in its moments at each frozen leaf: it stays as it is.
+  masked = lambda x: isinstance(x, optax.MaskedNode)
   p_sh = jax.tree.map(of, params)
-  o_sh = optax.tree_map_params(tx, lambda _, s: s, opt_state, p_sh,
-                               transform_non_params=lambda _: rep)
+  o_sh = optax.tree_map_params(tx, lambda v, s: v if masked(v) else s, opt_state, p_sh,
+                               transform_non_params=lambda _: rep, is_leaf=masked)
   return p_sh, o_sh
 
 
@@ -220,18 +223,31 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
                    loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
                    entropy_coef: float, ppo_epochs: int, num_minibatches: int,
                    chunk_size: int | None, obs_ce_coef: float = 0.0,
-                   obs_ce_mode: str = "seq-mean") -> Callable:
+                   obs_ce_mode: str = "seq-mean", group_size: int | None = None) -> Callable:
   """Returns update(state, batch) -> (state, metrics), the loss being `make_rl_loss`.
 
   batch holds [B,...] arrays: tokens, attn_mask, the batch fields of `loss_fields` (all but
   `UPDATE_FIELDS`), and logprob_ref when `kl_coef`. Each epoch shuffles rows with a key
   folded from the state key and step, and takes `num_minibatches` optimiser steps.
+
+  A policy loss registered with `whole_groups` (per-group statistics, e.g. `a2tgpo`) gets
+  group-aligned minibatches: `group_size` G says the batch is contiguous groups of G rows
+  (N prompts x G samples) and each epoch shuffles whole groups (`epoch_permutation`).
+  Without `group_size` such a loss is refused (ValueError, here, before tracing) unless
+  `num_minibatches` is 1 (the one minibatch is the whole batch). Other losses ignore
+  `group_size`: their rows are shuffled one by one.
   """
+  if loss_spec.whole_groups and num_minibatches > 1 and group_size is None:
+    raise ValueError(
+        f"policy loss {loss_spec.name!r} needs whole prompt groups in every minibatch (its "
+        f"statistics are per group) but num_minibatches={num_minibatches} and no group_size "
+        "was given: pass group_size (rows of one group contiguous) or use num_minibatches=1")
   loss_fn = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
                          loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
                          entropy_coef=entropy_coef, chunk_size=chunk_size,
                          obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode)
-  sgd = make_minibatch_sgd(loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches)
+  sgd = make_minibatch_sgd(loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches,
+                           group_size=group_size if loss_spec.whole_groups else None)
 
   def update(state: TrainState, batch: Mapping[str, jax.Array]):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
@@ -286,16 +302,54 @@ def make_amft_update(graphdef, rest, tx: optax.GradientTransformation, *,
   return update
 
 
+def epoch_permutation(key: jax.Array, num_rows: int, *, num_minibatches: int,
+                      group_size: int | None = None) -> jax.Array:
+  """[num_rows] int32: the row order of one shuffled epoch; minibatch m is its m-th slice of
+  num_rows / num_minibatches rows.
+
+  Default (`group_size=None`): the rows are shuffled individually,
+  `jax.random.permutation(key, num_rows)`. With `group_size` G the batch is read as
+  contiguous groups of G rows (row b in group b // G, the runner's layout of N prompts x G
+  samples); the groups are shuffled and each keeps its rows together and in order, so every
+  minibatch holds N / num_minibatches whole groups. Every row appears exactly once.
+
+  Raises ValueError (from shapes alone, before anything runs) when the rows do not split
+  into minibatches, or, with `group_size`, into groups of G or into minibatches of whole
+  groups.
+  """
+  if num_minibatches < 1 or num_rows % num_minibatches:
+    raise ValueError(f"num_minibatches={num_minibatches} must divide the batch's {num_rows} rows")
+  if group_size is None:
+    return jax.random.permutation(key, num_rows)
+  num_groups = num_rows // group_size
+  if num_rows % group_size or num_groups % num_minibatches:
+    what = f"{num_groups} groups" if num_rows % group_size == 0 else "not a whole number"
+    raise ValueError(f"group-aligned minibatches: num_minibatches={num_minibatches} must divide "
+                     f"the number of groups ({num_rows} rows / group_size {group_size}: "
+                     f"{what}) so that every minibatch holds whole groups")
+  groups = jax.random.permutation(key, num_groups)
+  return (groups[:, None] * group_size + jnp.arange(group_size)[None, :]).reshape(num_rows)
+
+
 def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, epochs: int,
-                       num_minibatches: int) -> Callable:
+                       num_minibatches: int, group_size: int | None = None) -> Callable:
   """Returns sgd(params, opt_state, batch, key) -> (params, opt_state, metrics).
 
   `epochs` passes over `batch` ([B,...] arrays); each pass shuffles the rows with a key
-  folded from `key` and the epoch, and takes `num_minibatches` optimiser steps of
-  `loss_fn(params, minibatch) -> (loss, metrics)`. Metrics (with `loss` and `grad_norm`)
-  are averaged over all steps. Shared by the policy update and the trained field producers
-  (critic, implicit PRM).
+  folded from `key` and the epoch (`epoch_permutation`), and takes `num_minibatches`
+  optimiser steps of `loss_fn(params, minibatch) -> (loss, metrics)`. Metrics (with `loss`
+  and `grad_norm`) are averaged over all steps. Shared by the policy update and the trained
+  field producers (critic, implicit PRM).
+
+  `group_size` (static, default None: rows shuffled one by one): the batch holds contiguous
+  groups of this many rows and each pass shuffles whole groups, so every minibatch holds
+  whole groups (for losses with per-group statistics, `PolicyLossSpec.whole_groups`). A
+  batch whose groups do not split evenly into `num_minibatches` raises ValueError when
+  `sgd` is traced.
   """
+  if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+                                 or group_size < 1):
+    raise ValueError(f"group_size={group_size!r} must be a positive int or None")
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def sgd(params, opt_state, batch, key):
@@ -303,7 +357,8 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
     mb_size = B // num_minibatches
 
     def epoch(carry, e):
-      perm = jax.random.permutation(jax.random.fold_in(key, e), B)
+      perm = epoch_permutation(jax.random.fold_in(key, e), B, num_minibatches=num_minibatches,
+                               group_size=group_size)
       shuffled = jax.tree.map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]),
                               dict(batch))
 

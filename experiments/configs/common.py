@@ -67,6 +67,8 @@ def base_config() -> ml_collections.ConfigDict:
                                   # e.g. one shared warm-up (`--config.steps=0` exports it) for
                                   # several methods; the reference policy is this start. Set
                                   # sft_steps=0 to skip a further warm-up.
+  c.requires_checkpoint = ""      # a recipe that fine-tunes a loaded model sets how to make one:
+                                  # a run without init_from / warm_start_from is refused with it.
   c.lora_rank = 0                 # >0: train LoRA adapters only (on lora_targets).
   c.lora_alpha = 16.0             # LoRA scale alpha/rank.
   c.lora_targets = ("q_proj", "v_proj")  # projections that get adapters.
@@ -229,6 +231,8 @@ def base_config() -> ml_collections.ConfigDict:
                                   # sample). 0 = off.
   c.checkpoint_every = 10         # steps between checkpoints (0 = never).
   c.keep_checkpoints = 2          # checkpoints kept on disk.
+  c.keep_best_eval = False        # True: <workdir>/best_policy (+ best.json) holds the policy of the
+                                  # best held-out evaluation so far (checkpoint selection, BeamPERL).
   c.export_hf = True              # write the final policy to <workdir>/hf_policy (HF safetensors).
   c.num_heatmap_samples = 6       # responses drawn in the token-credit heatmap (3 per group,
                                   # groups with mixed rewards first).

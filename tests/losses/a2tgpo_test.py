@@ -1,6 +1,7 @@
 """A2TGPO policy loss (credit/losses/policy/a2tgpo.py): adaptive per-turn clip range."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from credit import registry
@@ -60,3 +61,38 @@ def test_group_ids_need_no_static_count():
       np.asarray(loss_mod.dense_group_ids(np.array([7, 3, 7, 3, 9]), np.array([1, 1, 1, 0, 1],
                                                                              bool))),
       [0, 1, 0, 3, 4])
+
+
+def test_dense_group_ids_match_the_pairwise_definition():
+  # dense_group_ids (one sort) = the [B,B] definition: a valid row maps to the first valid row
+  # with its id, an invalid row to itself; ids may repeat, interleave and be negative.
+  def pairwise(g, v):
+    return [min(j for j in range(len(g)) if v[j] and g[j] == g[b]) if v[b] else b
+            for b in range(len(g))]
+
+  rng = np.random.default_rng(0)
+  dense = jax.jit(loss_mod.dense_group_ids)
+  for n in (1, 16):
+    for _ in range(6):
+      g = rng.integers(-2, 4, n).astype(np.int32)
+      v = rng.random(n) < 0.7
+      np.testing.assert_array_equal(np.asarray(dense(g, v)), pairwise(g, v))
+
+
+def test_declares_whole_groups_and_whole_groups_give_the_full_batch_terms():
+  # The runner's minibatches hold whole groups because of this flag: the per-token loss on
+  # any subset of whole groups (in any order) is the full batch's, a split group's is not.
+  from tests.contract_fields import G, make_fields
+  assert registry.get_policy_loss("a2tgpo").whole_groups
+  b = make_fields(4)
+  args = {k: b[k] for k in ("logprob", "logprob_old", "advantages", "response_mask")
+          + TURN_FIELDS}
+  args["logprob"] = args["logprob_old"] + np.float32(0.15)  # ρ = 1.16: the clip range binds
+  tok = jax.jit(lambda a: loss_mod.a2tgpo_loss(**a).loss)
+  full = np.asarray(tok(args))
+  rows = np.r_[3 * G:4 * G, 0:G]            # groups 3 and 0, in that order
+  got = np.asarray(tok({k: v[rows] for k, v in args.items()}))
+  np.testing.assert_allclose(got, full[rows], rtol=1e-6, atol=1e-7)
+  split = np.r_[0:G - 1, G:2 * G + 1]       # group 0 without its last row (same shape)
+  got = np.asarray(tok({k: v[split] for k, v in args.items()}))
+  assert not np.allclose(got[:G - 1], full[:G - 1], atol=1e-4)

@@ -22,16 +22,22 @@ _TURN_FIELDS = ("gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_
 
 
 def dense_group_ids(group_id: ArrayLike, row_valid: ArrayLike) -> Array:
-  """Group ids remapped to [0, B): the index of the group's first valid row ([B,B] compare).
+  """Group ids remapped to [0, B): the index of the group's first valid row; an invalid row
+  keeps its own index.
 
   Lets a loss normalise within groups without a static `num_groups` (the runner does not
-  pass one to losses): with B rows there are at most B groups.
+  pass one to losses): with B rows there are at most B groups. One stable sort, O(B log B)
+  (valid rows first, by id), so equal ids form runs whose first element is the group's
+  first row.
   """
   gid = jnp.asarray(group_id, jnp.int32)
   ok = jnp.asarray(row_valid, bool)
-  same = (gid[:, None] == gid[None, :]) & ok[None, :]
-  first = jnp.argmax(same, axis=1).astype(jnp.int32)
-  return jnp.where(ok, first, jnp.arange(gid.shape[0], dtype=jnp.int32))
+  pos = jnp.arange(gid.shape[0], dtype=jnp.int32)
+  order = jnp.lexsort((gid, ~ok)).astype(jnp.int32)
+  gid_s, ok_s = gid[order], ok[order]
+  run_start = (pos == 0) | ~ok_s | (gid_s != jnp.roll(gid_s, 1))
+  first_s = order[jax.lax.cummax(jnp.where(run_start, pos, 0), axis=0)]
+  return jnp.zeros_like(pos).at[order].set(first_s)
 
 
 def a2tgpo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
@@ -54,12 +60,12 @@ def a2tgpo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Array
 
   Confidence: inferred (from the abstract; no public code; λ = δ = 0.5 are ours).
 
-  Statistics are over the rows the loss receives: group ids are remapped with a [B,B]
-  comparison (`dense_group_ids`), so no static `num_groups` is needed, but when the
-  runner splits a group across minibatches ĩ is computed over the group's rows present in
-  the minibatch (identical to the estimator's with one minibatch, or minibatches holding
-  whole groups). Without the turn fields (any of them None) every token gets ε0: the loss
-  is then `ppo_clip` with ε_low = ε_high = ε0.
+  Statistics are over the rows the loss receives, so ĩ equals the estimator's only when
+  those rows hold whole groups; the loss is registered with `whole_groups=True`, so the
+  runner's minibatches hold whole prompt groups (`make_minibatch_sgd(group_size=...)`).
+  Group ids may be any int32 values, in any order: they are remapped to [0, B) by one sort
+  (`dense_group_ids`), so no static `num_groups` is needed. Without the turn fields (any
+  of them None) every token gets ε0: the loss is then `ppo_clip` with ε_low = ε_high = ε0.
 
   Args:
     logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
@@ -95,5 +101,5 @@ def a2tgpo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Array
 # Registered by hand (not with `policy_loss`) because the loss takes contract fields beyond
 # `POLICY_NEEDS`; the full loss is the same per-token term + shared reduction.
 register_policy_loss(_NAME, needs=POLICY_NEEDS + _TURN_FIELDS, paper=_PAPER,
-                     static_argnames=STATIC_ARGNAMES + ("gain",),
+                     static_argnames=STATIC_ARGNAMES + ("gain",), whole_groups=True,
                      token_fn=a2tgpo_loss)(_full_loss(_NAME, a2tgpo_loss, "token-mean"))
