@@ -46,8 +46,10 @@ in the first RL step (their time is in that step's `time_verifier`), and are che
 Metrics (prefix `verifier_`): final_acc and balanced_acc of its inference verdicts against the
 outcome, format (mean score), aligned (rows with one verdict per step), step_acc and
 wrong_step_recall against the task's step judge where the task has one (how well its step
-verdicts — trained on outcomes only — find the wrong steps), and its update's reward, loss,
-pos/neg class weights.
+verdicts — trained on outcomes only — find the wrong steps), step_acc_outcome_copy (the
+step_acc of a verifier that copies the outcome onto every step, on the same rows: the
+baseline step_acc must beat to show step-level discrimination), and its update's reward,
+loss, pos/neg class weights.
 """
 from __future__ import annotations
 
@@ -400,7 +402,7 @@ def build(s: "Setup", wanted: frozenset):
     # rollout); all n train the verifier in `after`.
     B, counts, sid = len(roll["tokens"]), judged["counts"], judged["sid"]
     reward, mask = np.zeros((B, K), np.float32), np.zeros((B, K), bool)
-    agree, wrong_found, wrong = [], 0, 0
+    agree, copy, wrong_found, wrong = [], [], 0, 0
     first = judged["verdicts"][::n]
     for b, d in enumerate(first):
       k = int(counts[b])
@@ -411,6 +413,7 @@ def build(s: "Setup", wanted: frozenset):
       if judge is not None:
         truth = judge_steps(roll["examples"][b], roll["tokens"][b], sid[b], k)
         agree += [t == said for t, said in zip(truth, d.steps)]
+        copy += [t == bool(roll["correct"][b]) for t in truth]
         wrong += sum(not t for t in truth)
         wrong_found += sum(not t and not said for t, said in zip(truth, d.steps))
     y = roll["correct"]
@@ -420,8 +423,8 @@ def build(s: "Setup", wanted: frozenset):
                "says_correct": np.mean([d.final is True for d in first]),
                "aligned": mask.any(axis=1).mean(),
                "format": np.mean([d.format_score for d in first])}
-    if agree:
-      metrics["step_acc"] = np.mean(agree)
+    if agree:  # and the baseline of a verifier that copies the outcome onto every step
+      metrics["step_acc"], metrics["step_acc_outcome_copy"] = np.mean(agree), np.mean(copy)
     if wrong:
       metrics["wrong_step_recall"] = wrong_found / wrong
     ctx.metrics.update({f"verifier_{k}": float(x) for k, x in metrics.items()})
