@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous RL on the multi-turn lookup agent: trainer idle time,
 trajectories per second, and held-out accuracy against wall time.
 
-  python -m benchmarks.async_rl [--steps 30] [--seeds 0 1 2] [--out async_bench] [--quick]
+  python -m benchmarks.async_rl [--steps 30] [--seeds 0 1 2] [--out async_bench] [--m2po 4] [--quick]
 
 Setting: `lookup` with 1-3 hop questions and two spare turns, so episode lengths spread
 (1-hop episodes end after 2 turns, a policy that wanders runs to the 6-turn limit). One
@@ -16,6 +16,8 @@ and proximal policies coincide, so it is PPO) for `--steps` steps of 8 prompts x
   per unit) and staleness bound η = k for each `--max_staleness` (default 1 and 4): the worker
   samples continuously; the trainer waits only when fewer than a batch of units are ready.
   Idle fraction = waiting time / training-loop time.
+* async η=k m2po (`--m2po k ...`): the same with the M2PO loss against the stale behaviour policy
+  (`--config.policy_loss=m2po --config.logprob_old_source=sampler`) instead of decoupled PPO.
 
 Both share the machine's cores (here 2): on one host the asynchronous trainer and worker
 compete for them, so the comparison is of the whole system's throughput. Printed: a table of
@@ -97,6 +99,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--out", default="async_bench")
   ap.add_argument("--max_staleness", type=int, nargs="+", default=[1, 4],
                   help="async runs for each staleness bound η (async_rl.max_staleness)")
+  ap.add_argument("--m2po", type=int, nargs="*", default=[], metavar="η",
+                  help="also async runs with these staleness bounds and the M2PO loss against "
+                       "the stale behaviour policy (policy_loss=m2po, logprob_old_source=sampler)")
   ap.add_argument("--quick", action="store_true", help="4 steps, one seed, 20 SFT steps")
   a = ap.parse_args(argv)
   if a.quick:
@@ -116,12 +121,17 @@ def main(argv=None) -> dict:
       f"async η={eta}": (f"async_eta{eta}", ["--config.async_rollouts=True",
                                              f"--config.async_rl.max_staleness={eta}"])
       for eta in a.max_staleness}
+  modes |= {f"async η={eta} m2po": (f"async_eta{eta}_m2po", [
+      "--config.async_rollouts=True", f"--config.async_rl.max_staleness={eta}",
+      "--config.policy_loss=m2po", "--config.logprob_old_source=sampler"]) for eta in a.m2po}
   results: dict[str, list[dict]] = {mode: [] for mode in modes}
   for seed in a.seeds:
     for mode, (name, extra) in modes.items():
       wd = os.path.join(a.out, f"{name}_seed{seed}")
       if not os.path.exists(os.path.join(wd, "summary.md")):
-        _run(common + extra + ["--workdir", wd, f"--config.seed={seed}"], wd + ".log")
+        named = {e.split("=")[0] for e in extra}  # a mode's flag replaces the setting's
+        _run([x for x in common if x.split("=")[0] not in named] + extra
+             + ["--workdir", wd, f"--config.seed={seed}"], wd + ".log")
       res = summarize(_metrics(wd), "sync" if mode == "sync" else "async", batch_rows=64)
       results[mode].append(res)
       print(f"{mode:11s} seed {seed}: idle {res['idle_frac']:.2f}, {res['traj_per_s']:.1f} "

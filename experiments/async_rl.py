@@ -98,10 +98,12 @@ def check_async(c: ml_collections.ConfigDict) -> None:
   if a.max_in_flight and a.max_in_flight < B:
     raise SetupError(f"async_rl.max_in_flight={a.max_in_flight} rollout units is smaller than "
                      f"one batch ({B} units of {u} prompts): the trainer could never fill a step")
-  if c.logprob_old_source != "recompute":
-    raise SetupError("async_rollouts: logprob_old_source must be 'recompute' (the proximal "
-                     "policy of the decoupled loss; the sampler's log-probs are the behaviour "
-                     "policy's, stale by construction)")
+  if c.logprob_old_source != "recompute" and c.policy_loss == "decoupled_ppo":
+    raise SetupError("async_rollouts with decoupled_ppo: logprob_old_source must be "
+                     "'recompute' (the proximal policy of the decoupled loss; the sampler's "
+                     "log-probs are the behaviour policy's, stale by construction). "
+                     "logprob_old_source='sampler' trains against the stale behaviour policy "
+                     "itself, as M2PO (policy_loss=m2po) does")
   if c.tree.branches > 0 or c.slate.candidates > 0 or c.amft.enabled:
     raise SetupError("async_rollouts: tree rollouts, SLATE step sampling and AMFT are not "
                      "supported (their batches are not independent prompt groups)")

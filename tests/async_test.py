@@ -83,11 +83,15 @@ def test_bad_async_settings_are_refused(key, value, match):
     async_rl.check_async(c)
 
 
-def test_async_refuses_sampler_logprob_old():
+def test_async_sampler_logprob_old_only_without_the_decoupled_loss():
+  """decoupled_ppo needs the recomputed proximal policy; M2PO trains against the stale
+  behaviour policy itself (logprob_old = the sampler's log-probs)."""
   c = tiny("igpo_lookup")
-  c.logprob_old_source = "sampler"
+  c.logprob_old_source, c.policy_loss = "sampler", "decoupled_ppo"
   with pytest.raises(async_rl.SetupError, match="recompute"):
     async_rl.check_async(c)
+  c.policy_loss = "m2po"
+  async_rl.check_async(c)
 
 
 def test_async_lookup_run_trains_is_killed_and_resumes(tmp_path):

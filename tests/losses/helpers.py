@@ -165,6 +165,30 @@ def np_token_loss(name, lp, old, adv, m, extra=None, **hp):
       n = max(lens[i], 1)
       out[i, :] = -(a_sum / n) * math.exp(acc / n)
     return out
+  if name == "m2po":  # the code's kpo_clip_harmful_tokens + _solve_tau_from_sorted_delta2
+    budget = hp.get("m2_budget", 0.04)
+    harm = [d[i, t] ** 2 for i in range(Bn) for t in range(Tn) if m[i, t] and (
+        (adv[i, t] > 0 and r[i, t] > 1 + 1e-12) or (adv[i, t] < 0 and r[i, t] < 1 - 1e-12))]
+    lo, hi = 0.0, 1e5
+    n = len(harm)
+    if np.any(m & (np.abs(d) < 1e-5)) or (n and abs(sum(harm) / n - budget) < 1e-4):
+      return None  # harmful or not, bounded or not: decided by float32 rounding
+    if n and sum(harm) / n > budget + 1e-12:
+      v = sorted(harm)
+      csum = np.cumsum(v)
+      f = [v[k] * (n - k - 1) + csum[k] - budget * n for k in range(n)]
+      k = next(k for k in range(n) if f[k] >= -1e-12)
+      if abs(f[k]) < 1e-4 or (k and abs(f[k - 1]) < 1e-4) or (k > 1 and v[k - 1] - v[k - 2] < 1e-5):
+        return None  # the breakpoint is decided by float32 rounding
+      tau = 0.0 if k == 0 else math.sqrt(max(v[k - 1] - 1e-12, 0.0))
+      lo, hi = math.exp(-tau), math.exp(tau)
+      if np.any(m & ((np.abs(r - lo) < 1e-4) | (np.abs(r - hi) < 1e-4))):
+        return None
+    for i in range(Bn):
+      for t in range(Tn):
+        a = adv[i, t]
+        out[i, t] = max(-a * r[i, t], -a * min(max(r[i, t], lo), hi))
+    return out
   if name == "vespo":
     for i in range(Bn):
       log_w = min(max(sum(d[i, t] for t in range(Tn) if m[i, t]), -20), 20)
