@@ -310,11 +310,12 @@ def build(s: "Setup", wanted: frozenset):
         judged["reward"], labels, judged["response_mask"], vs.balance, v.balance_decay,
         num_groups=len(roll["tokens"]), scale=ADVANTAGES[v.advantage],
         mode=v.balance if v.balance != "none" else "inverse", balance_on=v.balance != "none")
-    data = parallel.shard_batch({
+    data = parallel.shard_batch({  # row-sharded like the policy's batches (any mesh)
         "tokens": judged["tokens"], "response_mask": judged["response_mask"],
-        "attn_mask": judged["prompt_mask"] | judged["response_mask"]}, s.mesh)
+        "attn_mask": judged["prompt_mask"] | judged["response_mask"],
+        "advantages": np.asarray(adv), "sample_weight": np.asarray(weight)}, s.mesh)
     old, _ = score(vs.learner.params, data["tokens"], data["attn_mask"])
-    data.update(logprob_old=old, advantages=adv, sample_weight=weight)
+    data["logprob_old"] = old
     learner, m = p.trainer.update(vs.learner, data, key)
     w = np.asarray(weight)
     metrics = {k: float(x) for k, x in jax.device_get(m).items()}

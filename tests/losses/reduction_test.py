@@ -43,7 +43,7 @@ def test_registry_has_every_loss_with_contract_needs():
     assert spec.token_fn.__name__ == f"{n}_loss"
     assert getattr(losses, f"{n}_loss") is spec.token_fn
     assert spec.fn.__name__ == n and spec.fn.__module__ == spec.token_fn.__module__
-  assert {n for n in NAMES if get_policy_loss(n).batch_coupled} == {"clip_cov", "kl_cov"}
+  assert {n for n in NAMES if get_policy_loss(n).batch_coupled} == {"clip_cov", "kl_cov", "m2po"}
   assert get_policy_loss("clip_cov").static_argnames[-1] == "clip_cov_ratio"
   assert get_policy_loss("luspo").confidence == "paper-equation"
 
