@@ -1419,6 +1419,22 @@ def _build_step_graph(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def judged_steps(tok, task, example, tokens_row: np.ndarray, step_row: np.ndarray,
+                 stop: Iterable[int]) -> list[tuple[int, bool]]:
+  """(k, right) for each step k present in `step_row` (ascending) of one response: the task's
+  `judge_step` on the step's text after the steps before it; right = no part judged wrong.
+  Stop tokens are left out of the text."""
+  stop = set(stop)
+  before: list[str] = []
+  out = []
+  for k in np.unique(step_row[step_row >= 0]):
+    text = tok.decode([int(i) for i in tokens_row[step_row == k] if int(i) not in stop])
+    think, other, _ = task.judge_step(example, before, text)
+    out.append((int(k), think >= 0 and other >= 0))
+    before.append(text)
+  return out
+
+
 def _build_step_judge(s: Setup, wanted: frozenset) -> Produce:
   """step_reward / step_mask [B,K]: the task's step judge on each step of each response
   (`judge_step`: 1 when the step is right — no part judged wrong — else 0), a verifiable
@@ -1435,15 +1451,8 @@ def _build_step_judge(s: Setup, wanted: frozenset) -> Produce:
     mask = np.zeros((B, K), bool)
     for b in range(B):
       row = {k: ctx.examples[k][gid[b]] for k in ctx.examples}
-      before: list[str] = []
-      for k in range(K):
-        ids = [int(i) for i in tokens[b][step[b] == k] if int(i) not in eos]
-        if not (step[b] == k).any():
-          continue
-        text = tok.decode(ids)
-        think, other, _ = task.judge_step(row, before, text)
-        reward[b, k], mask[b, k] = float(think >= 0 and other >= 0), True
-        before.append(text)
+      for k, right in judged_steps(tok, task, row, tokens[b], step[b], eos):
+        reward[b, k], mask[b, k] = float(right), True
     return parallel.shard_batch({"step_reward": reward, "step_mask": mask}, s.mesh)
 
   return produce

@@ -209,7 +209,7 @@ class _Parts:
     """(step_id [B,T] capped at K−1, steps per row [B]) of the policy's responses."""
     K = self.s.c.max_steps
     sid = np.minimum(self.split(tokens, resp), K - 1)
-    counts = np.array([len(np.unique(r[r >= 0])) for r in sid], np.int32)
+    counts = (sid.max(axis=1) + 1).astype(np.int32)  # ids are 0, 1, ... (−1 outside)
     return sid, counts
 
 
@@ -273,15 +273,10 @@ def build(s: "Setup", wanted: frozenset):
     return [tok.decode([int(t) for t in row[m] if int(t) not in p.stop])
             for row, m in zip(tokens, resp)]
 
-  def judge_steps(example, tokens_row, sid_row, count):
+  def judge_steps(example, tokens_row, sid_row):
     """The task's step judge on each step of one response: True right, False wrong."""
-    before, marks = [], []
-    for k in range(count):
-      text = tok.decode([int(t) for t in tokens_row[sid_row == k] if int(t) not in p.stop])
-      think, other, _ = judge(example, before, text)
-      marks.append(think >= 0 and other >= 0)
-      before.append(text)
-    return marks
+    return [right for _, right in producers.judged_steps(tok, task, example, tokens_row,
+                                                         sid_row, p.stop)]
 
   def judge_batch(vs: VerifierState, roll: dict, key) -> dict:
     """`n` verdicts of the verifier on every response of `roll` (host arrays: tokens,
@@ -353,7 +348,7 @@ def build(s: "Setup", wanted: frozenset):
       if v.sft_labels == "outcome":
         steps, final = [bool(y)] * k, bool(y)
       elif v.sft_labels == "judge":
-        steps, final = judge_steps(e, tokens[b], sid[b], k), bool(y)
+        steps, final = judge_steps(e, tokens[b], sid[b]), bool(y)
       else:
         steps, final = list(rng.random(k) < 0.5), bool(rng.random() < 0.5)
       targets.append(verdict_text(steps, final))
@@ -412,7 +407,7 @@ def build(s: "Setup", wanted: frozenset):
         continue
       reward[b, :k], mask[b, :k] = values, True
       if judge is not None:
-        truth = judge_steps(roll["examples"][b], roll["tokens"][b], sid[b], k)
+        truth = judge_steps(roll["examples"][b], roll["tokens"][b], sid[b])
         agree += [t == said for t, said in zip(truth, d.steps)]
         copy += [t == bool(roll["correct"][b]) for t in truth]
         wrong += sum(not t for t in truth)
