@@ -64,6 +64,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+import credit
 from credit import parallel
 from credit import tasks as tasks_lib
 from experiments import loop, producers
@@ -98,10 +99,11 @@ def check_async(c: ml_collections.ConfigDict) -> None:
   if a.max_in_flight and a.max_in_flight < B:
     raise SetupError(f"async_rl.max_in_flight={a.max_in_flight} rollout units is smaller than "
                      f"one batch ({B} units of {u} prompts): the trainer could never fill a step")
-  if c.logprob_old_source != "recompute" and c.policy_loss == "decoupled_ppo":
-    raise SetupError("async_rollouts with decoupled_ppo: logprob_old_source must be "
-                     "'recompute' (the proximal policy of the decoupled loss; the sampler's "
-                     "log-probs are the behaviour policy's, stale by construction). "
+  if (c.logprob_old_source != "recompute" and c.policy_loss in credit.list_policy_losses()
+      and "logprob_sampler" in credit.get_policy_loss(c.policy_loss).needs):
+    raise SetupError(f"async_rollouts with {c.policy_loss}: logprob_old_source must be "
+                     "'recompute' (the loss weighs the recomputed proximal policy against the "
+                     "behaviour policy's logprob_sampler, which would then be the same). "
                      "logprob_old_source='sampler' trains against the stale behaviour policy "
                      "itself, as M2PO (policy_loss=m2po) does")
   if c.tree.branches > 0 or c.slate.candidates > 0 or c.amft.enabled:
