@@ -42,7 +42,7 @@ from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_epi
                                  encode_episode)
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import checkpointing, producers, reporting, train
+from experiments import checkpointing, critical, producers, reporting, train
 
 SetupError = producers.SetupError
 
@@ -101,6 +101,8 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
     need(["logprob_sampler"], "importance_correction")
   if c.obs_ce_coef:
     need(["obs_mask"], f"the observation cross-entropy term (obs_ce_coef={c.obs_ce_coef})")
+  if c.critical.enabled:
+    need([critical.FIELD], f"critical (objective {c.critical.objective!r})")
   return needed
 
 
@@ -146,6 +148,7 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
                                | ({"logprob_ref"} if c.kl_coef else set())
                                | ({"obs_mask"} if c.obs_ce_coef else set())
+                               | ({critical.FIELD} if c.critical.enabled else set())
                                | ({"teacher_topk_ids"} if "logprob_topk" in loss_fields
                                   else set())))
   plan = producers.plan(method_needs(c, est, loss_fields), c)
@@ -685,7 +688,10 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
       num_minibatches=c.num_minibatches, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
       obs_ce_mode=c.obs_ce_mode,
-      group_size=None if producers.tree_batch(c) else c.group_size),
+      group_size=None if producers.tree_batch(c) else c.group_size,
+      aux=(train.make_critical_loss(graphdef, rest, objective=c.critical.objective,
+                                    beta=c.critical.beta, chunk_size=chunk)
+           if c.critical.enabled else None)),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   if c.amft.enabled:
     update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)

@@ -39,7 +39,7 @@ from credit import CONTRACT, parallel, scoring, trees
 from credit import divergences as divergences_lib
 from credit import tasks as tasks_lib
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import learners, train, verifier
+from experiments import critical, learners, train, verifier
 
 Produce = Callable[[Any, Mapping[str, Any], "StepContext"], dict]
 
@@ -117,7 +117,8 @@ class Producer:
   table lists each): sampling, reward, scoring (the policy's own pass), reference,
   divergence, likelihood (answer / follow-up teacher forcing), rescoring (other contexts),
   teacher (a frozen or self-teacher's pass), baseline, prm, critic, verifier (the generative
-  verifier's verdicts and update) — so every extra pass a method needs shows its cost per step.
+  verifier's verdicts and update), critical (CSO / InT's proposals, continuations and
+  verification) — so every extra pass a method needs shows its cost per step.
   when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
   needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
   policy in `ctx.ref_params` (and checkpoints it). init: the producer learns
@@ -1158,7 +1159,7 @@ def tokenizer_identity(directory: str) -> tuple[str, Any] | None:
   return None
 
 
-def _check_teacher(c: ml_collections.ConfigDict) -> None:
+def check_teacher_files(c: ml_collections.ConfigDict) -> None:
   """A frozen teacher (`c.teacher.init_from`) must share the student's tokenizer and
   vocabulary size: checked from the files, before any file is written."""
   path = c.teacher.init_from
@@ -1266,22 +1267,35 @@ def _self_teacher_on(c: ml_collections.ConfigDict) -> bool:
 
 
 def _check_self_teacher(c: ml_collections.ConfigDict) -> None:
-  if "{text}" not in c.teacher.prefix:
-    raise SetupError(f"teacher.prefix={c.teacher.prefix!r} must contain {{text}}, where the "
-                     "privileged context goes")
   if c.teacher.lag < 0:
     raise SetupError(f"teacher.lag={c.teacher.lag} must be >= 0")
-  if c.teacher.context != "answer":
-    if c.task in ("jsonl", "tfds"):
-      raise SetupError(f"teacher.context={c.teacher.context!r}: user data has only the "
-                       "'answer' context")
-    try:
-      task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
-      _task_context(task, task.generate(np.random.default_rng(0), 1)[0], c.teacher.context)
-    except (KeyError, TypeError):
-      return  # build_data reports the bad task
-    except ValueError as e:
-      raise SetupError(f"teacher.context={c.teacher.context!r}: {e}") from None
+  check_context(c, c.teacher.context, "teacher.context")
+
+
+def check_context(c: ml_collections.ConfigDict, kind: str, what: str) -> None:
+  """SetupError unless the task gives privileged context `kind` (`what` names the setting)."""
+  if "{text}" not in c.teacher.prefix:
+    raise SetupError(f"teacher.prefix={c.teacher.prefix!r} must contain {{text}}, where the "
+                     f"privileged context goes ({what})")
+  if kind == "answer":
+    return
+  if c.task in ("jsonl", "tfds"):
+    raise SetupError(f"{what}={kind!r}: user data has only the 'answer' context")
+  try:
+    task = tasks_lib.get_task(c.task, **dict(c.task_kwargs))
+    _task_context(task, task.generate(np.random.default_rng(0), 1)[0], kind)
+  except (KeyError, TypeError):
+    return  # build_data reports the bad task
+  except ValueError as e:
+    raise SetupError(f"{what}={kind!r}: {e}") from None
+
+
+def privileged_prompt(c: ml_collections.ConfigDict, task, example: Mapping[str, Any],
+                      kind: str) -> str:
+  """`c.teacher.prefix` with the privileged text of `kind` for `example`, then its prompt."""
+  example = tasks_lib.as_example(example)
+  return c.teacher.prefix.format(context=kind, text=_task_context(task, example, kind)
+                                 ) + example["prompt"]
 
 
 def _init_self_teacher(s: Setup, policy_params) -> Any:
@@ -1301,9 +1315,7 @@ def _build_self_teacher_pass(s: Setup, wanted: frozenset):
   kind, lag, name = c.teacher.context, int(c.teacher.lag), "self_teacher_pass"
 
   def prompt_of(example) -> str:
-    example = tasks_lib.as_example(example)
-    return c.teacher.prefix.format(context=kind, text=_task_context(task, example, kind)
-                                   ) + example["prompt"]
+    return privileged_prompt(c, task, example, kind)
 
   width = _prompt_width(tok, (prompt_of(e) for e in s.data.train),
                         f"a prompt with its teacher context {c.teacher.prefix!r}")
@@ -1746,7 +1758,7 @@ PRODUCERS: tuple[Producer, ...] = (
              "teacher", "a frozen teacher (c.teacher.init_from: a local checkpoint with the "
              "student's tokenizer, its own dtype) scores the student's tokens: log-prob of each "
              "and its top-k distribution with a tail bucket (c.teacher.top_k; chunked)",
-             when=lambda c: bool(c.teacher.init_from), check=_check_teacher,
+             when=lambda c: bool(c.teacher.init_from), check=check_teacher_files,
              off_doc="set teacher.init_from (a frozen teacher) or teacher.context (the policy "
                      "as its own teacher)"),
     Producer("self_teacher_pass", TEACHER_FIELDS, ("tokens", "response_mask"),
@@ -1766,6 +1778,22 @@ PRODUCERS: tuple[Producer, ...] = (
              "with the outcome; its step verdicts (±1/S) are the process rewards (c.verifier)",
              when=verifier.verifier_on, init=verifier.init, check=verifier.check_config,
              off_doc="set verifier.enabled=True (single-turn tasks)"),
+    Producer(critical.PAIRS, (critical.FIELD,), ("tokens", "response_mask", "reward"),
+             critical.build, "critical",
+             "CSO's verified critical-step pairs: per failed row, the step of its first wrong "
+             "token, c.critical.proposals alternative steps from the prefix, each continued "
+             "by the policy and verified; a successful alternative (chosen) against the "
+             "original step (rejected), scored by the frozen reference for step-level DPO",
+             when=lambda c: critical.critical_on(c) and c.critical.objective == "dpo",
+             keeps_reference=True, check=critical.check_config,
+             off_doc="set critical.enabled=True (objective dpo)"),
+    Producer(critical.INTERVENTIONS, (critical.FIELD,), ("tokens", "response_mask", "reward"),
+             critical.build, "critical",
+             "InT's interventions: per failed row, the step of its first wrong token "
+             "replaced by a proposed step (optionally under a privileged context) whose "
+             "continuation succeeds; SFT rows prompt -> prefix + intervention",
+             when=lambda c: critical.critical_on(c) and c.critical.objective != "dpo",
+             check=critical.check_config, off_doc="set critical.enabled=True (objective sft)"),
     Producer("step_graph", ("step_key", "step_mask", "anchor_id"), ("tokens", "response_mask"),
              _build_step_graph, "reward",
              "step content keys: a hash of the path up to the end of each step (SALT's "
@@ -1872,8 +1900,11 @@ PRODUCERS: tuple[Producer, ...] = (
                      "tokenizer", init=learners.init_critic, check=learners.check_critic_config),
 )
 
+# Inputs of the runner's update that are not contract fields (no estimator reads them).
+RUNNER_INPUTS = frozenset({critical.FIELD})
+
 for _p in PRODUCERS:
-  _bad = [f for f in _p.provides + _p.requires if f not in CONTRACT]
+  _bad = [f for f in _p.provides + _p.requires if f not in CONTRACT and f not in RUNNER_INPUTS]
   assert not _bad, f"producer {_p.name!r}: {_bad} are not credit.CONTRACT fields"
 assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must be unique"
 

@@ -17,7 +17,8 @@ from flax import nnx, struct
 
 import credit
 from credit import ops
-from credit.losses import entropy_bonus, kl_loss, observation_ce_loss
+from credit.losses import (dpo_pair_logprobs, dpo_pair_loss, entropy_bonus,
+                           intervention_sft_loss, kl_loss, observation_ce_loss)
 from credit.scoring import (candidate_scores_hidden, model_hidden, score_hidden, score_tokens,
                             sum_pi_squared_hidden)
 
@@ -223,7 +224,8 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
                    loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
                    entropy_coef: float, ppo_epochs: int, num_minibatches: int,
                    chunk_size: int | None, obs_ce_coef: float = 0.0,
-                   obs_ce_mode: str = "seq-mean", group_size: int | None = None) -> Callable:
+                   obs_ce_mode: str = "seq-mean", group_size: int | None = None,
+                   aux: Callable | None = None) -> Callable:
   """Returns update(state, batch) -> (state, metrics), the loss being `make_rl_loss`.
 
   batch holds [B,...] arrays: tokens, attn_mask, the batch fields of `loss_fields` (all but
@@ -236,6 +238,10 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
   Without `group_size` such a loss is refused (ValueError, here, before tracing) unless
   `num_minibatches` is 1 (the one minibatch is the whole batch). Other losses ignore
   `group_size`: their rows are shuffled one by one.
+
+  `aux` (e.g. `make_critical_loss`): a second objective on a batch of its own, passed as
+  `batch[AUX_KEY]` (a dict with scalar `rl_weight` and `weight`); every minibatch step then
+  descends rl_weight·L_RL(minibatch) + weight·aux(params, that batch), the aux batch whole.
   """
   if loss_spec.whole_groups and num_minibatches > 1 and group_size is None:
     raise ValueError(
@@ -246,15 +252,60 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
                          loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
                          entropy_coef=entropy_coef, chunk_size=chunk_size,
                          obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode)
+  if aux is not None:
+    rl_loss = loss_fn
+
+    def loss_fn(params, mb, extra):  # pylint: disable=function-redefined
+      loss, metrics = rl_loss(params, mb)
+      a_loss, a_metrics = aux(params, extra)
+      return extra["rl_weight"] * loss + extra["weight"] * a_loss, dict(metrics, **a_metrics)
+
   sgd = make_minibatch_sgd(loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches,
                            group_size=group_size if loss_spec.whole_groups else None)
 
   def update(state: TrainState, batch: Mapping[str, jax.Array]):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
-    params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key)
+    extra = None
+    if aux is not None:
+      batch = dict(batch)
+      extra = batch.pop(AUX_KEY)
+    params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key, extra)
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
   return update
+
+
+AUX_KEY = "critical_batch"  # the update input of a second objective (experiments/critical.py)
+
+
+def make_critical_loss(graphdef, rest, *, objective: str, beta: float,
+                       chunk_size: int | None) -> Callable:
+  """aux(params, batch) -> (loss, metrics): the objective of `experiments/critical.py`'s batch.
+
+  "dpo" (CSO): rows [0, M) chosen and [M, 2M) rejected steps after one shared context each;
+  `credit.losses.dpo_pair_logprobs` over `step_mask` against the batch's `logprob_ref`, then
+  `dpo_pair_loss` with β (pairs whose rows select no step token take no part). "sft" (InT):
+  `credit.losses.intervention_sft_loss` over `loss_mask`.
+  """
+  def aux(params, batch):
+    model = merge_model(graphdef, params, rest)
+    logprob, _ = score_tokens(model, batch["tokens"], batch["attn_mask"], chunk_size=chunk_size,
+                              return_entropy=False)
+    if objective == "dpo":
+      M = batch["tokens"].shape[0] // 2
+      pairs = dpo_pair_logprobs(logprob=logprob, logprob_ref=batch["logprob_ref"],
+                                token_mask=batch["step_mask"], chosen_row=jnp.arange(M),
+                                rejected_row=M + jnp.arange(M))
+      out = dpo_pair_loss(logprob_chosen=pairs.chosen, logprob_ref_chosen=pairs.ref_chosen,
+                          logprob_rejected=pairs.rejected,
+                          logprob_ref_rejected=pairs.ref_rejected, pair_mask=pairs.valid,
+                          beta=beta)
+    else:
+      out = intervention_sft_loss(logprob=logprob, loss_mask=batch["loss_mask"])
+    return out.loss, dict({f"critical_{k}": v for k, v in out.metrics.items()},
+                          critical_loss=out.loss)
+
+  return aux
 
 
 class AmftState(struct.PyTreeNode):
@@ -341,6 +392,9 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
   and `grad_norm`) are averaged over all steps. Shared by the policy update and the trained
   field producers (critic, implicit PRM).
 
+  `extra` (optional pytree): passed whole, unshuffled, as the third argument of every
+  `loss_fn(params, minibatch, extra)` call (a second objective's own batch).
+
   `group_size` (static, default None: rows shuffled one by one): the batch holds contiguous
   groups of this many rows and each pass shuffles whole groups, so every minibatch holds
   whole groups (for losses with per-group statistics, `PolicyLossSpec.whole_groups`). A
@@ -352,7 +406,7 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
     raise ValueError(f"group_size={group_size!r} must be a positive int or None")
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def sgd(params, opt_state, batch, key):
+  def sgd(params, opt_state, batch, key, extra=None):
     B = jax.tree.leaves(batch)[0].shape[0]
     mb_size = B // num_minibatches
 
@@ -364,7 +418,8 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
 
       def minibatch(carry, mb):
         params, opt_state = carry
-        (loss, metrics), grads = grad_fn(params, mb)
+        (loss, metrics), grads = (grad_fn(params, mb) if extra is None
+                                  else grad_fn(params, mb, extra))
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))

@@ -223,6 +223,31 @@ def base_config() -> ml_collections.ConfigDict:
       sft_learning_rate=1e-3,
       solo_steps=0,               # verifier-only RL steps before the policy's first (code: 40).
   ))
+  c.critical = ml_collections.ConfigDict(dict(  # critical steps of failed responses, corrected
+      enabled=False,              # and verified (experiments/critical.py): CSO's step-level DPO
+                                  # pairs or InT's intervention SFT, built each step and added to
+                                  # the update: rl_weight·L_RL + weight·L_critical.
+      objective="dpo",            # dpo (CSO: verified alternative vs original step) | sft (InT).
+      proposals=4,                # alternative steps sampled per critical step,
+      proposer="policy",          # by: policy (itself) | teacher (the frozen expert of
+                                  # teacher.init_from, CSO's expert model),
+      context="",                 # after: "" the plain prompt | answer (or a task context: the
+                                  # prompt after c.teacher.prefix with that text; InT's
+                                  # reference solution).
+      temperature=1.0,            # sampling temperature of the proposals.
+      continuations=1,            # policy continuations per alternative (verified by the task).
+      require_success=True,       # keep only alternatives whose continuation succeeds (CSO;
+                                  # InT's optional filter).
+      max_items=8,                # critical steps per RL step (static; extra ones drawn at random).
+      success=1.0,                # reward >= success: a correct response.
+      beta=0.1,                   # DPO's β (dpo).
+      train_on="all",             # sft: prefix + intervention (InT's code) | intervention_only.
+      weight=1.0,                 # weight of L_critical.
+      rl_weight=1.0,              # weight of the RL loss while the critical objective is on
+                                  # (0: pure CSO / InT steps).
+      until=0,                    # n > 0: the critical objective for the first n RL steps, then
+                                  # plain RL (InT then RL); 0: every step.
+  ))
   # --- evaluation, checkpoints, output ---
   c.eval_every = 20               # steps between held-out evaluations (greedy decoding).
   c.eval_samples = 0              # k > 0: evaluations also draw k samples per prompt (temperature,

@@ -1,0 +1,354 @@
+"""Critical steps of failed responses, corrected and verified: CSO's DPO pairs and InT's
+intervention SFT, built each step from the policy's own rollouts.
+
+Both methods start from the policy's failed responses and change credit at one step — the
+step where the response went wrong — instead of spreading an outcome over every token:
+
+* CSO, "Verified Critical Step Optimization for LLM Agents" (Li et al., arXiv 2602.03412;
+  code https://github.com/kiaia/CSO): a PRM flags candidate critical steps of failed
+  trajectories, an expert proposes alternative steps there, the policy continues from each
+  alternative to the end, and only alternatives whose continuation succeeds are kept, as
+  DPO pairs (chosen = the alternative step, rejected = the original step, the shared prefix
+  as context). Confidence: inferred from the paper's abstract and the repository's README
+  (collect failed trajectories -> PRM-scored alternatives -> branch and verify -> verified
+  DPO pairs); the training code was not read.
+* InT, "InT: Self-Proposed Interventions Enable Credit Assignment in LLM Reasoning" (Yang et
+  al., ICLR 2026, arXiv 2601.14209; code https://github.com/intervention-training/int): the
+  model, given the reference solution, finds the first error of its own failed trace and
+  writes a one-step intervention in its place; continuations conditioned on the
+  intervention filter the interventions (the code's optional step 3: keep those that lead to
+  a correct outcome); SFT on prompt -> (prefix before the error ⧺ intervention), not the
+  suffix; then RL. Confidence: inferred from the abstract and the repository's README steps
+  (sample incorrect rollouts, propose, filter by guided rollouts, SFT, RL).
+
+Here, per RL step and per failed row of the batch (reward < `success`):
+
+1. the critical step: the step (cut at `c.step_delimiters`) holding the first wrong token,
+   from the task's `flag_chars` (the task's verifiable steps stand in for CSO's PRM and for
+   InT's self-verification against the reference solution — a tiny model cannot verify);
+2. `proposals` alternative steps sampled from the prompt ⊕ the response before that step,
+   each cut at the next step delimiter, by the policy itself (`proposer="policy"`) or by a
+   frozen expert model (`proposer="teacher"`: `c.teacher.init_from`, CSO's expert), either of
+   them optionally under a privileged context (`context="answer"` puts the reference answer
+   in front of the prompt, as `teacher.prefix` writes it: InT's reference solution); a
+   proposal equal to the original step is no alternative;
+3. each alternative continued by the policy in its plain context to the end of the response
+   budget (`continuations` = 1 sample) and the whole response verified by the task;
+4. an item per failed row whose step was found (at most `max_items`, drawn at random): its
+   first alternative whose continuation succeeded (`require_success`; without it, its first
+   distinct alternative) becomes
+   - `objective="dpo"` (CSO): a pair of rows prompt ⊕ prefix ⊕ step, chosen = the
+     alternative, rejected = the original step, loss only on the step tokens
+     (`credit.losses.dpo_pair_logprobs` / `dpo_pair_loss`, β, the frozen initial policy as
+     the DPO reference);
+   - `objective="sft"` (InT): a row prompt ⊕ prefix ⊕ intervention with the loss on prefix ⊕
+     intervention (`train_on="all"`, the code's SFT target) or on the intervention only
+     (`credit.losses.intervention_sft_mask` / `intervention_sft_loss`).
+
+The update adds the objective to every minibatch step of the policy update:
+L = rl_weight·L_RL + weight·L_critical, the weights arriving as arrays so that a schedule does
+not recompile. `until` = n > 0 runs the critical objective for the first n RL steps, then plain
+RL (InT's SFT-then-RL in one run; rl_weight = 0 makes those first steps pure InT SFT); `until`
+= 0 keeps it on (CSO's iterated DPO with rl_weight = 0; rl_weight = 1 adds it to the RL loss).
+
+All arrays have static shapes: M rows per side (`max_items` rounded up to a multiple of the
+mesh's batch-parallel size; pairs: 2·M rows), the rollout's width T; rows without an item are
+masked. The pipeline runs on the host and the
+jitted sampler, in the `critical` phase of the step-time table.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from credit import tasks as tasks_lib
+from credit.losses import SFT_TARGETS, intervention_sft_mask
+from credit.tasks.char_tokenizer import prompt_ids
+from credit import parallel
+from experiments import train
+
+if TYPE_CHECKING:
+  from experiments.producers import Setup, StepContext
+
+FIELD = train.AUX_KEY  # the update input this module makes (not a contract field)
+OBJECTIVES = ("dpo", "sft")
+PROPOSERS = ("policy", "teacher")
+PAIRS, INTERVENTIONS = "critical_pairs", "critical_interventions"  # producer names
+
+
+def critical_on(c: ml_collections.ConfigDict) -> bool:
+  return bool(c.critical.enabled)
+
+
+def check_config(c: ml_collections.ConfigDict) -> None:
+  """SetupError for settings the pipeline cannot run with (before any file is written)."""
+  from experiments import producers  # pylint: disable=g-import-not-at-top
+  err = producers.SetupError
+  k = c.critical
+  if k.objective not in OBJECTIVES:
+    raise err(f"critical.objective={k.objective!r}; valid: {list(OBJECTIVES)} (dpo: CSO's "
+              "verified step pairs, sft: InT's interventions)")
+  if producers.is_multi_turn(c) or producers.tree_batch(c):
+    raise err("critical: single-turn rollouts of G samples per prompt only (no multi-turn "
+              "task, tree.branches or slate.candidates)")
+  if c.amft.enabled:
+    raise err("critical and amft both add a second objective to the update; use one")
+  if c.async_rollouts:
+    raise err("critical: the synchronous runner only (its pipeline samples with the current "
+              "policy inside the step)")
+  if not producers._task_flags_spans(c):
+    raise err("critical: the critical step is the step of the first wrong token, from the "
+              "task's flag_chars; built in: arithmetic, chain, countdown")
+  if not c.step_delimiters:
+    raise err("critical: steps are cut at c.step_delimiters, which is empty")
+  for name in ("proposals", "max_items", "continuations"):
+    if int(k[name]) < 1:
+      raise err(f"critical.{name}={k[name]} must be >= 1")
+  if k.continuations != 1:
+    raise err("critical.continuations: one continuation per alternative is implemented")
+  if k.train_on not in SFT_TARGETS:
+    raise err(f"critical.train_on={k.train_on!r}; valid: {list(SFT_TARGETS)}")
+  if not (k.beta > 0 and k.weight >= 0 and k.rl_weight >= 0 and k.until >= 0):
+    raise err(f"critical: beta={k.beta} must be > 0 and weight={k.weight}, "
+              f"rl_weight={k.rl_weight}, until={k.until} >= 0")
+  if k.weight == 0 and k.rl_weight == 0:
+    raise err("critical: weight = rl_weight = 0 trains nothing")
+  if k.proposer not in PROPOSERS:
+    raise err(f"critical.proposer={k.proposer!r}; valid: {list(PROPOSERS)}")
+  if k.proposer == "teacher":
+    if not c.teacher.init_from:
+      raise err("critical.proposer='teacher' samples the alternatives from a frozen expert: "
+                "set teacher.init_from=<HF dir> (same tokenizer as the policy)")
+    producers.check_teacher_files(c)
+  if k.context:
+    producers.check_context(c, k.context, "critical.context")
+
+
+def weights(c: ml_collections.ConfigDict, step: int) -> tuple[float, float, bool]:
+  """(rl_weight, critical weight, pipeline on) of the update after `step` completed steps."""
+  k = c.critical
+  if k.until and step >= k.until:
+    return 1.0, 0.0, False
+  return float(k.rl_weight), float(k.weight), True
+
+
+def critical_steps(step_id_BT: np.ndarray, first_wrong_B: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """(start [B], end [B]) columns of the step holding each row's first wrong token
+  (`first_wrong_B` a column, −1 for none: start = end = −1). A step is the run of columns
+  with one `step_id` (−1 outside the response)."""
+  B = step_id_BT.shape[0]
+  start = np.full(B, -1, np.int64)
+  end = np.full(B, -1, np.int64)
+  for b in range(B):
+    e = int(first_wrong_B[b])
+    if e < 0 or step_id_BT[b, e] < 0:
+      continue
+    cols = np.flatnonzero(step_id_BT[b] == step_id_BT[b, e])
+    start[b], end[b] = cols[0], cols[-1] + 1
+  return start, end
+
+
+def first_wrong_columns(tok, task, examples: Mapping[str, Any], tokens_BT: np.ndarray,
+                        resp_BT: np.ndarray, example_of_row: np.ndarray,
+                        rows: np.ndarray) -> np.ndarray:
+  """[B] column of the first token the task flags wrong (`flag_chars`), −1 where none or
+  where the row is not in `rows`."""
+  out = np.full(tokens_BT.shape[0], -1, np.int64)
+  for b in rows:
+    cols = np.flatnonzero(resp_BT[b])
+    ids = tokens_BT[b, cols]
+    ex = tasks_lib.as_example({k: examples[k][example_of_row[b]] for k in examples})
+    flags = tasks_lib.token_flags(tok, ids, task.flag_chars(ex, tok.decode(ids)))
+    if flags.any():
+      out[b] = cols[int(np.argmax(flags))]
+  return out
+
+
+def _pack(rows: list[list[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded [R, width] tokens and their validity mask."""
+  toks = np.full((len(rows), width), pad, np.int32)
+  mask = np.zeros((len(rows), width), bool)
+  for r, ids in enumerate(rows):
+    if len(ids) > width:
+      raise ValueError(f"a sequence of {len(ids)} tokens exceeds the width {width}")
+    toks[r, :len(ids)] = ids
+    mask[r, :len(ids)] = True
+  return toks, mask
+
+
+def _new_tokens(out) -> list[list[int]]:
+  """The sampled tokens of each output row."""
+  toks, resp = np.asarray(out.tokens), np.asarray(out.response_mask)
+  return [toks[r, resp[r]].tolist() for r in range(toks.shape[0])]
+
+
+def _expert(s: "Setup"):
+  """(sampler, model state) of the frozen expert of `c.teacher.init_from` (its own dtype,
+  sharded on the run's mesh), CSO's proposer of alternative steps."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from credit import models  # pylint: disable=g-import-not-at-top
+  from credit.sampling import Sampler  # pylint: disable=g-import-not-at-top
+  tc, tok = s.c.teacher, s.data.tokenizer
+  teacher, _ = models.from_pretrained(tc.init_from, mesh=s.mesh, param_dtype=tc.param_dtype,
+                                      dtype=tc.compute_dtype)
+  _, params, rest = train.split_model(teacher)
+  sampler = Sampler(teacher, pad_id=tok.pad_id,
+                    stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,))
+  return sampler, nnx.merge_state(params, rest)
+
+
+def build(s: "Setup", wanted: frozenset):
+  """The producer: produce(state, batch, ctx) -> {FIELD: the update's critical batch}."""
+  from experiments import producers  # pylint: disable=g-import-not-at-top
+  c, k, tok, task = s.c, s.c.critical, s.data.tokenizer, s.data.task
+  K, cap = int(k.proposals), int(k.max_items)
+  split = producers.step_splitter(s)
+  stop_ids = tuple(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+  delims = tuple(sorted(set(producers.delimiter_ids(tok, c.step_delimiters)) | set(stop_ids)))
+  div = parallel.batch_divisor(s.mesh)
+  M = -(-cap // div) * div  # rows per side, padded so that the batch shards over the mesh
+  rows_out = 2 * M if k.objective == "dpo" else M
+  ref_score = s.scorer(entropy=False) if k.objective == "dpo" else None
+  expert = _expert(s) if k.proposer == "teacher" else None
+  priv_width = 0
+  if k.context:
+    priv_width = producers._prompt_width(
+        tok, (producers.privileged_prompt(c, task, e, k.context) for e in s.data.train),
+        f"a prompt with critical.context={k.context!r}")
+  rng_seed = int(c.seed) + 101
+
+  def empty(T: int) -> dict:
+    a = {"tokens": np.zeros((rows_out, T), np.int32), "attn_mask": np.zeros((rows_out, T), bool)}
+    if k.objective == "dpo":
+      a.update(step_mask=np.zeros((rows_out, T), bool),
+               logprob_ref=np.zeros((rows_out, T), np.float32))
+    else:
+      a["loss_mask"] = np.zeros((rows_out, T), bool)
+    return a
+
+  def finish(arrays: dict, rl_w: float, w: float) -> dict:
+    out = dict(parallel.shard_batch(arrays, s.mesh))
+    rep = parallel.replicated(s.mesh)
+    out["rl_weight"] = jax.device_put(jnp.asarray(rl_w, jnp.float32), rep)
+    out["weight"] = jax.device_put(jnp.asarray(w, jnp.float32), rep)
+    return {FIELD: out}
+
+  def produce(state, batch, ctx: "StepContext") -> dict:
+    step = int(state.step)
+    rl_w, w, on = weights(c, step)
+    host = ctx.host
+    tokens, resp = host["tokens"], host["response_mask"]
+    B, T = tokens.shape
+    if not on:
+      ctx.metrics.update(critical_on=0.0)
+      return finish(empty(T), rl_w, w)
+    reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
+    example_of_row = host["group_id"]
+    valid = host["prompt_mask"] | resp
+    failed = np.flatnonzero(reward < k.success)
+    wrong = first_wrong_columns(tok, task, ctx.examples, tokens, resp, example_of_row, failed)
+    start, end = critical_steps(split(tokens, resp), wrong)
+    located = np.flatnonzero(start >= 0)
+    rng = np.random.default_rng([rng_seed, step])
+    items = (rng.choice(located, size=cap, replace=False) if len(located) > cap
+             else located)
+    n = len(items)
+    metrics = {"critical_on": 1.0, "critical_failed": float(len(failed)),
+               "critical_located": float(len(located)), "critical_items": 0.0,
+               "critical_distinct": 0.0, "critical_verified": 0.0}
+    if n == 0:
+      ctx.metrics.update(metrics)
+      return finish(empty(T), rl_w, w)
+    # Context of each item: the row's valid prompt tokens, then its response before the step.
+    ctx_ids = [tokens[b, valid[b] & (np.arange(T) < start[b])].tolist() for b in items]
+    orig = [tokens[b, start[b]:end[b]].tolist() for b in items]
+    plen = [int(host["prompt_mask"][b].sum()) for b in items]
+    budget = [max(p + c.max_new_tokens - len(x), 0) for p, x in zip(plen, ctx_ids)]
+    fill = lambda lst, pad: lst + [pad] * (M - len(lst))  # static shapes: M items
+    model_state = s.model_state(state.params)
+    # 2. Proposals: K alternative steps per item, cut at the next delimiter.
+    if k.context:
+      prop_ctx = []
+      for b, x, p in zip(items, ctx_ids, plen):
+        ex = {kk: ctx.examples[kk][example_of_row[b]] for kk in ctx.examples}
+        prop_ctx.append(prompt_ids(tok, producers.privileged_prompt(c, task, ex, k.context))
+                        + x[p:])
+      width = priv_width + c.max_new_tokens
+    else:
+      prop_ctx, width = ctx_ids, T
+    ptoks, pmask = _pack(fill(prop_ctx, prop_ctx[0]), width, tok.pad_id)
+    pbudget = np.asarray(fill(budget, 0), np.int32)
+    sampler, proposer_state = (s.sampler, model_state) if expert is None else expert
+    out = sampler(proposer_state, prompt_tokens=ptoks, prompt_mask=pmask,
+                  key=jax.random.fold_in(ctx.key, 71), max_new_tokens=c.max_new_tokens,
+                  num_samples=K, temperature=k.temperature, top_k=c.top_k, top_p=c.top_p,
+                  stop_tokens=delims, max_new_tokens_per_row=pbudget, share_prefix=True)
+    alts = _new_tokens(out)[:n * K]
+    # 3. Each alternative continued by the policy in its plain context, then verified.
+    seqs, cbudget = [], []
+    for i in range(n):
+      for j in range(K):
+        a = alts[i * K + j]
+        seqs.append(ctx_ids[i] + a)
+        done = bool(a) and a[-1] in stop_ids
+        cbudget.append(0 if done else max(budget[i] - len(a), 0))
+    R = M * K
+    ctoks, cmask = _pack(seqs + [seqs[0]] * (R - len(seqs)), T, tok.pad_id)
+    cb = np.asarray(cbudget + [0] * (R - len(cbudget)), np.int32)
+    cont = s.sampler(model_state, prompt_tokens=ctoks, prompt_mask=cmask,
+                     key=jax.random.fold_in(ctx.key, 72), max_new_tokens=c.max_new_tokens,
+                     num_samples=1, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                     max_new_tokens_per_row=cb)
+    tails = _new_tokens(cont)[:n * K]
+    full = [seqs[r] + tails[r] for r in range(n * K)]
+    rows_of = np.repeat(np.arange(n), K)
+    ftoks, fvalid = _pack(full, T + c.max_new_tokens, tok.pad_id)
+    fresp = fvalid & (np.arange(ftoks.shape[1])[None] >= np.asarray(plen)[rows_of][:, None])
+    _, ok = producers._verify(s, ctx.examples, ftoks, fresp, example_of_row[items][rows_of])
+    ok = np.asarray(ok) >= k.success
+    distinct = np.array([alts[r] != orig[rows_of[r]] and len(alts[r]) > 0
+                         for r in range(n * K)])
+    keep = distinct & ok if k.require_success else distinct
+    picked = []  # (item, alternative)
+    for i in range(n):
+      js = np.flatnonzero(keep[i * K:(i + 1) * K])
+      if len(js):
+        picked.append((i, alts[i * K + js[0]]))
+    metrics.update(critical_items=float(len(picked)), critical_distinct=float(distinct.mean()),
+                   critical_verified=float(ok[distinct].mean()) if distinct.any() else 0.0)
+    ctx.metrics.update(metrics)
+    arrays = empty(T)
+    if not picked:
+      return finish(arrays, rl_w, w)
+    P = len(picked)
+    if k.objective == "sft":
+      rows = [ctx_ids[i] + a for i, a in picked]
+      toks, attn = _pack(rows, T, tok.pad_id)
+      plens = np.asarray([plen[i] for i, _ in picked])
+      resp_cols = attn & (np.arange(T)[None] >= plens[:, None])
+      mask = np.asarray(intervention_sft_mask(
+          np.asarray([len(ctx_ids[i]) for i, _ in picked], np.int32),
+          np.asarray([len(a) for _, a in picked], np.int32), T, train_on=k.train_on,
+          response_mask=resp_cols))
+      arrays["tokens"][:P], arrays["attn_mask"][:P], arrays["loss_mask"][:P] = toks, attn, mask
+      return finish(arrays, rl_w, w)
+    chosen = [ctx_ids[i] + a for i, a in picked]
+    rejected = [ctx_ids[i] + orig[i] for i, _ in picked]
+    for off, rows in ((0, chosen), (M, rejected)):
+      toks, attn = _pack(rows, T, tok.pad_id)
+      lens = np.asarray([len(ctx_ids[i]) for i, _ in picked])
+      arrays["tokens"][off:off + P], arrays["attn_mask"][off:off + P] = toks, attn
+      arrays["step_mask"][off:off + P] = attn & (np.arange(T)[None] >= lens[:, None])
+    sharded = parallel.shard_batch((arrays["tokens"], arrays["attn_mask"]), s.mesh)
+    logprob_ref, _ = ref_score(ctx.ref_params, *sharded)
+    arrays["logprob_ref"] = np.where(arrays["step_mask"],
+                                     np.asarray(parallel.to_host(logprob_ref)), 0.0
+                                     ).astype(np.float32)
+    return finish(arrays, rl_w, w)
+
+  return produce
