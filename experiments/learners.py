@@ -183,24 +183,19 @@ def critic_values(graphdef, rest, params, tokens, attn_mask) -> jax.Array:
 def _critic_trainer(s: "Setup", prefix_width: int | None) -> _Trainer:
   """The critic's trainer; `prefix_width` (the reference critic) re-lays rows after another
   prompt of that width, else the rollout rows are used as they are."""
+  from experiments import producers  # pylint: disable=g-import-not-at-top
   cfg = s.c.critic
 
   def loss_fn(params, mb):
     v = critic_values(s.graphdef, s.rest, params, mb["tokens"], mb["attn_mask"])
     if prefix_width is not None:
-      v = _back_to_rollout(v, prefix_width, s.data.max_prompt_len)
+      v = producers.to_rollout(v, mb["start"], prefix_width, mb["response_mask"].shape[1], 0.0)
     out = losses.value_loss(values=v, values_old=mb["values_old"], returns=mb["returns"],
                             response_mask=mb["response_mask"],
                             clip_range_value=cfg.clip_range_value)
     return out.loss, out.metrics
 
   return _Trainer(s, cfg, loss_fn, epochs=cfg.epochs, num_minibatches=cfg.num_minibatches)
-
-
-def _back_to_rollout(x_BS, width: int, P: int):
-  """[B, width + T − P] values of a re-laid row (another prompt of `width` columns, then the
-  rollout's response columns) -> the rollout's [B,T] columns (0 over the prompt)."""
-  return jnp.pad(x_BS[:, width:], ((0, 0), (P, 0)))
 
 
 def check_critic_config(c) -> None:
@@ -232,25 +227,26 @@ def _make_critic_producer(name: str, field: str, relay: Callable | None):
   (the reference critic), None scores the rollout rows."""
 
   def build(s: "Setup", wanted: frozenset):
+    from experiments import producers  # pylint: disable=g-import-not-at-top
     width, layout = relay(s) if relay else (None, None)
     trainer = _critic_trainer(s, width)
-    P = s.data.max_prompt_len
-
     @jax.jit
-    def values(params, tokens, attn_mask, response_mask):
+    def values(params, tokens, attn_mask, response_mask, start):
       v = critic_values(s.graphdef, s.rest, params, tokens, attn_mask)
       if width is not None:
-        v = _back_to_rollout(v, width, P)
+        v = producers.to_rollout(v, start, width, response_mask.shape[1], 0.0)
       return jnp.where(response_mask, v, 0.0)
 
     def produce(state, batch, ctx: "StepContext") -> dict:
+      start = producers.response_starts(ctx)
       if layout is None:
         tokens, attn = batch["tokens"], ctx.attn_mask
       else:
-        tokens, attn = layout(ctx, batch)
-      v = values(ctx.learners[name].params, tokens, attn, batch["response_mask"])
+        tokens, attn = layout(ctx, batch, start)
+      start = parallel.shard_batch(start, s.mesh)
+      v = values(ctx.learners[name].params, tokens, attn, batch["response_mask"], start)
       ctx.extras[name] = {"tokens": tokens, "attn_mask": attn, "values_old": v,
-                          "response_mask": batch["response_mask"]}
+                          "response_mask": batch["response_mask"], "start": start}
       return {field: v}
 
     def after(batch, targets, ctx: "StepContext") -> None:
@@ -286,10 +282,10 @@ def _reference_layout(s: "Setup"):
                                   "critic.ref_context before a prompt")
   lay = producers.response_layout(s, width)
 
-  def layout(ctx, batch):
+  def layout(ctx, batch, start):
     n = len(ctx.examples["prompt"])
     prompts = [prompt({k: ctx.examples[k][i] for k in ctx.examples}) for i in range(n)]
-    return lay(prompts, batch)
+    return lay(prompts, batch, start=start)
 
   return width, layout
 

@@ -972,47 +972,80 @@ def _prompt_width(tok, prompts: Iterable[str], what: str) -> int:
     raise SetupError(f"{what}: the run's tokenizer cannot encode it ({e})") from None
 
 
+def response_starts(ctx: StepContext) -> np.ndarray:
+  """[B] int32: the column where each rollout row's response starts. The sampler packs a
+  row's prompt from column 0 (`credit.sampling.SampleOutput`), so it is the row's number of
+  prompt tokens, which differs between rows when prompts differ in length."""
+  return np.asarray(ctx.host["prompt_mask"]).sum(axis=1).astype(np.int32)
+
+
+def from_rollout(x_BT: jax.Array, start_B: jax.Array, width: int) -> jax.Array:
+  """[B, T−width] the columns start_b .. start_b + T − width − 1 of each row (the response
+  part of a rollout row, for width = P; columns past T are zero, the masks then False)."""
+  T = x_BT.shape[1]
+  cols = start_B[:, None] + jnp.arange(T - width)[None, :]
+  got = jnp.take_along_axis(x_BT, jnp.minimum(cols, T - 1), axis=1)
+  return jnp.where(cols < T, got, jnp.zeros((), x_BT.dtype))
+
+
+def to_rollout(x_BS: jax.Array, start_B: jax.Array, width: int, T: int, fill) -> jax.Array:
+  """The inverse of a re-laid row (another prompt of `width` columns, then the rollout's
+  response from its column start_b): [B, width + R, ...] -> the rollout's [B, T, ...] columns,
+  `fill` outside the response part. Trailing dims (top-k) are carried."""
+  resp = x_BS[:, width:]
+  R = resp.shape[1]
+  j = jnp.arange(T)[None, :] - start_B[:, None]
+  ok = (j >= 0) & (j < R)
+  idx = jnp.clip(j, 0, R - 1).reshape(j.shape + (1,) * (resp.ndim - 2))
+  got = jnp.take_along_axis(resp, idx, axis=1)
+  return jnp.where(ok.reshape(ok.shape + (1,) * (resp.ndim - 2)), got,
+                   jnp.asarray(fill, resp.dtype))
+
+
 def response_layout(s: Setup, width: int) -> Callable:
-  """lay(prompts [N] str, batch) -> (tokens [B,S], attn_mask [B,S]), S = width + T − P: the
-  sampled responses after other prompts (one per group; G rows each).
+  """lay(prompts [N] str, batch, attn, start) -> (tokens [B,S], attn_mask [B,S]),
+  S = width + T − P: the sampled responses after other prompts (one per group; G rows each).
 
   The prompts are encoded as the loop encodes its own (`tasks_lib.encode_prompts`: bos,
-  left padding) to the run's fixed `width` (a longer prompt raises ValueError); the response
-  columns [P, T) of the rollout follow, so column `width + j` of a row is the rollout's
-  column `P + j`.
+  left padding) to the run's fixed `width` (a longer prompt raises ValueError); each row's
+  response follows from its rollout column `start` (`response_starts`), so column `width + j`
+  of a row is the rollout's column start_b + j (`to_rollout` maps back).
   """
   tok, G, P = s.data.tokenizer, s.group_size, s.data.max_prompt_len
 
   @jax.jit
-  def join(prompt_tokens, prompt_mask, tokens, response_mask):
-    return (jnp.concatenate([prompt_tokens, tokens[:, P:]], axis=1),
-            jnp.concatenate([prompt_mask, response_mask[:, P:]], axis=1))
+  def join(prompt_tokens, prompt_mask, tokens, response_mask, start):
+    return (jnp.concatenate([prompt_tokens, from_rollout(tokens, start, P)], axis=1),
+            jnp.concatenate([prompt_mask, from_rollout(response_mask, start, P)], axis=1))
 
-  def lay(prompts: list[str], batch: Mapping[str, Any], attn: Any = None):
+  def lay(prompts: list[str], batch: Mapping[str, Any], attn: Any = None, *, start):
     """`attn`: the rollout's attention mask (`StepContext.attn_mask`), so observation
-    tokens of multi-turn rows stay visible; default: the response tokens only."""
+    tokens of multi-turn rows stay visible; default: the response tokens only. `start`:
+    [B] `response_starts` of the rollout."""
     toks, mask = tasks_lib.encode_prompts(tok, prompts, width)
     toks, mask = np.repeat(toks, G, axis=0), np.repeat(mask, G, axis=0)
     return join(*parallel.shard_batch((toks, mask), s.mesh), batch["tokens"],
-                batch["response_mask"] if attn is None else attn)
+                batch["response_mask"] if attn is None else attn,
+                parallel.shard_batch(np.asarray(start, np.int32), s.mesh))
 
   return lay
 
 
 def _response_rescorer(s: Setup, width: int) -> Callable:
-  """rescore(params, prompts [N] str, batch) -> [B,T] log-probs of the sampled response
-  tokens after other prompts (`response_layout`), 0 outside `response_mask`."""
-  P = s.data.max_prompt_len
+  """rescore(params, prompts [N] str, batch, start) -> [B,T] log-probs of the sampled
+  response tokens after other prompts (`response_layout`), 0 outside `response_mask`."""
   score = s.scorer(entropy=False)
   lay = response_layout(s, width)
 
   @jax.jit
-  def rescore(params, seq, attn, response_mask):
+  def rescore(params, seq, attn, response_mask, start):
     logprob, _ = score(params, seq, attn)
-    return jnp.where(response_mask, jnp.pad(logprob[:, width:], ((0, 0), (P, 0))), 0.0)
+    return jnp.where(response_mask, to_rollout(logprob, start, width, response_mask.shape[1],
+                                               0.0), 0.0)
 
-  def run(params, prompts: list[str], batch: Mapping[str, Any]):
-    return rescore(params, *lay(prompts, batch), batch["response_mask"])
+  def run(params, prompts: list[str], batch: Mapping[str, Any], start):
+    return rescore(params, *lay(prompts, batch, start=start), batch["response_mask"],
+                   parallel.shard_batch(np.asarray(start, np.int32), s.mesh))
 
   return run
 
@@ -1094,8 +1127,9 @@ def _build_alt_context_pass(s: Setup, wanted: frozenset) -> Produce:
           tok, ctx.host["tokens"], ctx.host["response_mask"])
       reward = parallel.to_host(batch["reward"])
       mistakes = _group_mistakes(texts, reward, G, 1.0, mistake_len)
+    start = response_starts(ctx)
     return {f: rescore(state.params, [fill(p, e, m) for e, m in zip(examples, mistakes)],
-                       batch)
+                       batch, start)
             for f, p in prefixes.items()}
 
   return produce
@@ -1122,8 +1156,10 @@ def _build_interventions_pass(s: Setup, wanted: frozenset) -> Produce:
     if any(len(r) != M for r in rows):
       raise ValueError(f"task {task.name!r} gave {sorted({len(r) for r in rows})} "
                        f"interventions; the run's M is {M}")
+    start = response_starts(ctx)
     return {"logprob_interventions": jnp.stack(
-        [rescore(state.params, [r[m] for r in rows], batch) for m in range(M)], axis=-1)}
+        [rescore(state.params, [r[m] for r in rows], batch, start) for m in range(M)],
+        axis=-1)}
 
   return produce
 
@@ -1196,21 +1232,24 @@ def check_teacher_files(c: ml_collections.ConfigDict) -> None:
                      f"{student_vocab} (same tokenizer, different embedding tables)")
 
 
-def _teacher_scorer(graphdef, rest, chunk: int | None, top_k: int, width: int, P: int,
+def _teacher_scorer(graphdef, rest, chunk: int | None, top_k: int, width: int | None,
                     names: tuple[str, ...]) -> Callable:
-  """jitted fn(params, seq, attn, response_mask) -> the wanted teacher fields, aligned to
-  the rollout: `seq` is a prompt of `width` columns then the rollout's columns [P, T)."""
+  """jitted fn(params, seq, attn, response_mask, start) -> the wanted teacher fields,
+  aligned to the rollout: `seq` is the rollout itself (`width` None; `start` unused) or
+  re-laid by `response_layout` (a prompt of `width` columns, then each row's response from
+  its rollout column `start`)."""
 
   @jax.jit
-  def run(params, seq, attn, response_mask):
+  def run(params, seq, attn, response_mask, start=None):
     model = train.merge_model(graphdef, params, rest)
     hidden, unembed, mask = scoring.model_hidden(model, seq, attn)
     ts = scoring.teacher_scores_hidden(hidden, unembed, seq, mask, top_k=top_k,
                                        chunk_size=chunk)
 
     def rollout_columns(x, fill):
-      head = jnp.full(x.shape[:1] + (P,) + x.shape[2:], fill, x.dtype)
-      return jnp.concatenate([head, x[:, width:]], axis=1)
+      if width is None:
+        return x
+      return to_rollout(x, start, width, response_mask.shape[1], fill)
 
     out = {"logprob_teacher": jnp.where(response_mask, rollout_columns(ts.logprob, 0.0), 0.0)}
     if top_k:
@@ -1240,8 +1279,7 @@ def _build_teacher_pass(s: Setup, wanted: frozenset) -> Produce:
   teacher, _ = models.from_pretrained(tc.init_from, mesh=s.mesh, param_dtype=tc.param_dtype,
                                       dtype=tc.compute_dtype)
   graphdef, params, rest = train.split_model(teacher)
-  P = s.data.max_prompt_len
-  run = _teacher_scorer(graphdef, rest, s.chunk_size, _teacher_top_k(s, wanted), P, P,
+  run = _teacher_scorer(graphdef, rest, s.chunk_size, _teacher_top_k(s, wanted), None,
                         tuple(sorted(wanted)))
 
   def produce(state, batch, ctx: StepContext) -> dict:
@@ -1321,7 +1359,7 @@ def _build_self_teacher_pass(s: Setup, wanted: frozenset):
                         f"a prompt with its teacher context {c.teacher.prefix!r}")
   lay = response_layout(s, width)
   run = _teacher_scorer(s.graphdef, s.rest, s.chunk_size, _teacher_top_k(s, wanted), width,
-                        s.data.max_prompt_len, tuple(sorted(wanted)))
+                        tuple(sorted(wanted)))
 
   def produce(state, batch, ctx: StepContext) -> dict:
     params = state.params
@@ -1335,8 +1373,10 @@ def _build_self_teacher_pass(s: Setup, wanted: frozenset):
       params = held.params
     prompts = [prompt_of({k: ctx.examples[k][i] for k in ctx.examples})
                for i in range(len(ctx.examples["prompt"]))]
-    seq, attn = lay(prompts, batch, ctx.attn_mask)
-    return run(params, seq, attn, batch["response_mask"])
+    start = response_starts(ctx)
+    seq, attn = lay(prompts, batch, ctx.attn_mask, start=start)
+    return run(params, seq, attn, batch["response_mask"],
+               parallel.shard_batch(start, s.mesh))
 
   return produce, None
 
