@@ -42,7 +42,7 @@ from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_epi
                                  encode_episode)
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import checkpointing, critical, producers, reporting, train
+from experiments import checkpointing, critical, jolt, producers, reporting, train
 
 SetupError = producers.SetupError
 
@@ -396,12 +396,16 @@ def _sft_batches(data: Data, c, rng: np.random.Generator):
   n = min(c.sft_examples, len(data.train)) if c.sft_examples > 0 else len(data.train)
   if getattr(data.task, "multi_turn", False):
     yield from _episode_batches(data, c, rng, n)
+  privileged = jolt.sft_prompter(c, data)  # JOLT: some demonstrations after the context
   while True:
     idx = rng.integers(0, n, size=c.sft_batch_size)
     ex = [data.train[i] for i in idx]
     demos = [data.task.demonstration(e, rng) for e in ex]
-    b = tasks_lib.encode_prompt_response(data.tokenizer, [e["prompt"] for e in ex], demos,
-                                         data.max_prompt_len, data.max_response_len)
+    prompts, width = [e["prompt"] for e in ex], data.max_prompt_len
+    if privileged is not None:
+      prompts, demos, width = privileged(ex, demos)
+    b = tasks_lib.encode_prompt_response(data.tokenizer, prompts, demos, width,
+                                         data.max_response_len)
     yield {"tokens": b["tokens"], "attn_mask": b["prompt_mask"] | b["response_mask"],
            "response_mask": b["response_mask"]}
 
@@ -564,6 +568,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
     raise SetupError("this recipe fine-tunes a loaded checkpoint: set --config.init_from=<HF "
                      "dir> or --config.warm_start_from=<hf_policy/ of a from-scratch run>; "
                      f"{c.requires_checkpoint}")
+  jolt.check(c)  # JOLT's teacher role (c.jolt): its specific refusals come first
   method = check_method(c)
   if method.loss.whole_groups and c.num_minibatches > 1:
     if producers.tree_batch(c):
@@ -581,6 +586,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
     what = "the tree batch" if producers.tree_batch(c) else "prompts_per_step*group_size"
     raise SetupError(f"{what}={B} rows must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
+  jolt.check_rows(c, div)
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
   _check_amft(c, data)
@@ -695,11 +701,17 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   if c.amft.enabled:
     update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)
+  stages = [p.build(prod_setup) for p in method.plan]
+  if jolt.on(c):  # JOLT: a teacher-role stage after the student's; both roles in one update
+    stages.append(jolt.build_stage(prod_setup, method.update_fields))
+    update = jolt.make_update(c, graphdef, rest, tx, loss_spec=method.loss,
+                              loss_fields=method.loss_fields, loss_kwargs=method.loss_kwargs,
+                              chunk_size=chunk, out_shardings=(st_sh, rep))
   div = parallel.batch_divisor(mesh)
   eval_bs = min(128, max(div, len(data.eval)))
   runner = Runner(
       c=c, workdir=workdir, data=data, mesh=mesh, mcfg=mcfg, method=method,
-      setup=prod_setup, stages=[p.build(prod_setup) for p in method.plan], tx=tx,
+      setup=prod_setup, stages=stages, tx=tx,
       trainable=trainable, shardings=st_sh, adv_fn=adv_fn, update=update,
       ckpt=checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       max_to_keep=c.keep_checkpoints),
@@ -815,8 +827,11 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},
                 num_groups=c.prompts_per_step, where=f"{m.estimator.name} advantages, {where}")
-  state, upd = run.update(rs.train.replace(estimator_state=est_state),
-                          dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask))
+  upd_batch = dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask)
+  if jolt.on(c):  # the teacher role's rows join the student's in the one update
+    upd_batch = jolt.update_batch(upd_batch, batch, ctx, num_groups=c.prompts_per_step,
+                                  validate=c.debug_checks or not rs.checked)
+  state, upd = run.update(rs.train.replace(estimator_state=est_state), upd_batch)
   jax.block_until_ready(state.params)
   times["update"] = time.perf_counter() - t0
   for stage in run.stages:  # trained producers learn from this step's targets

@@ -448,3 +448,110 @@ def make_scorer(graphdef, rest, chunk_size: int | None, *,
     return (*out, sum_pi_squared_hidden(hidden, unembed, mask, chunk_size=chunk_size))
 
   return score
+
+
+# --------------------------------------------------------------------------
+# Several roles of one policy in one update (JOLT: student and teacher role).
+# --------------------------------------------------------------------------
+
+
+def make_roles_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *,
+                             epochs: int, num_minibatches: int,
+                             group_sizes: Mapping[str, int | None]) -> Callable:
+  """`make_minibatch_sgd` over a batch of roles: sgd(params, opt_state, batch, key) with
+  batch = {role: [B_role,...] arrays}; the roles may differ in rows and width.
+
+  Each epoch shuffles every role's rows with its own key (`epoch_permutation`, folded from
+  the epoch and the role's index in sorted order; `group_sizes[role]` keeps whole groups
+  together) and takes `num_minibatches` optimiser steps; step m gets the m-th slice of every
+  role, {role: [B_role / num_minibatches, ...]}, so every optimiser step sees every role.
+  `loss_fn(params, {role: minibatch}) -> (loss, metrics)`. Metrics, `loss` and `grad_norm`
+  are averaged over the steps.
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def sgd(params, opt_state, batch, key):
+    roles = sorted(batch)
+
+    def epoch(carry, e):
+      ek = jax.random.fold_in(key, e)
+      shuffled = {}
+      for i, role in enumerate(roles):
+        B = jax.tree.leaves(batch[role])[0].shape[0]
+        perm = epoch_permutation(jax.random.fold_in(ek, i), B,
+                                 num_minibatches=num_minibatches,
+                                 group_size=group_sizes.get(role))
+        shuffled[role] = jax.tree.map(
+            lambda x, p=perm, b=B: x[p].reshape((num_minibatches, b // num_minibatches)
+                                                + x.shape[1:]), dict(batch[role]))
+
+      def roles_step(carry, mb_roles):  # one optimiser step on every role's slice
+        p, o = carry
+        (total, role_metrics), g = grad_fn(p, mb_roles)
+        u, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, u), o), dict(role_metrics, loss=total,
+                                                    grad_norm=optax.tree.norm(g))
+
+      return jax.lax.scan(roles_step, carry, shuffled)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jnp.arange(epochs))
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+  return sgd
+
+
+def make_roles_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
+                         loss_spec: credit.PolicyLossSpec, loss_fields: tuple[str, ...],
+                         loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
+                         entropy_coef: float, ppo_epochs: int, num_minibatches: int,
+                         chunk_size: int | None, role_weights: Mapping[str, float],
+                         metric_prefixes: Mapping[str, str],
+                         group_sizes: Mapping[str, int | None] | None = None) -> Callable:
+  """Returns update(state, batch) -> (state, metrics) for a batch of several roles of the
+  one policy, batch = {role: that role's update batch} (each as `make_rl_update`'s: tokens,
+  attn_mask and the loss's batch fields, in the role's own prompt layout and old log-probs).
+
+  The loss of a minibatch is the weighted sum of the roles' `make_rl_loss` losses, each
+  aggregated over its own role's rows:
+
+      L(θ) = Σ_r w_r · L_r(θ; minibatch_r),
+
+  one gradient and one optimiser step for all roles (`make_roles_minibatch_sgd`). Every
+  batch field (advantages, old and cross-role log-probs) is a constant of the update, so
+  only each role's own re-scored `logprob` carries gradient. Metrics: `loss` (the sum),
+  `grad_norm`, `loss_<role>` (its unweighted loss) and each role's loss metrics under
+  `metric_prefixes[role]` (e.g. "" for the student role's, whose names stay those of a
+  one-role run). `group_sizes[role]`: G of contiguous groups for a `whole_groups` loss.
+  """
+  if set(role_weights) != set(metric_prefixes):
+    raise ValueError(f"roles differ: weights {sorted(role_weights)}, prefixes "
+                     f"{sorted(metric_prefixes)}")
+  group_sizes = dict(group_sizes or {})
+  if loss_spec.whole_groups and num_minibatches > 1 and any(
+      group_sizes.get(r) is None for r in role_weights):
+    raise ValueError(f"policy loss {loss_spec.name!r} needs whole prompt groups in every "
+                     "minibatch: pass group_sizes for every role or use num_minibatches=1")
+  role_loss = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
+                           loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
+                           entropy_coef=entropy_coef, chunk_size=chunk_size)
+  roles = sorted(role_weights)
+
+  def loss_fn(params, mb):
+    total, metrics = 0.0, {}
+    for role in roles:
+      loss, m = role_loss(params, mb[role])
+      total = total + role_weights[role] * loss
+      metrics.update({metric_prefixes[role] + k: v for k, v in m.items()})
+      metrics[f"loss_{role}"] = loss
+    return total, metrics
+
+  sgd = make_roles_minibatch_sgd(
+      loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches,
+      group_sizes=group_sizes if loss_spec.whole_groups else {})
+
+  def update(state: TrainState, batch: Mapping[str, Mapping[str, jax.Array]]):
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+    params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key)
+    return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+  return update

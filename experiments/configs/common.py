@@ -157,6 +157,21 @@ def base_config() -> ml_collections.ConfigDict:
       top_k=16,                   # k of the teacher's top-k distribution (teacher_topk_*, + a
                                   # tail bucket) when a loss needs it (topk_distill, sd_search).
   ))
+  c.jolt = ml_collections.ConfigDict(dict(  # JOLT's two roles of one policy (experiments/jolt.py).
+      teacher_samples=0,          # G_T > 0: each step also samples G_T teacher-role responses per
+                                  # prompt after teacher.prefix (teacher.context) ⊕ prompt, verified
+                                  # by the task, re-scored without the privileged text, and given
+                                  # `jolt_teacher` advantages; their loss is added to the student
+                                  # role's (estimator "jolt", the self-teacher pass) in one update.
+                                  # 0 = off (the student role alone). Single-turn, no trees, no
+                                  # async, no teacher.init_from (JOLT teaches itself).
+      estimator_kwargs=ml_collections.ConfigDict(),  # jolt_teacher's hyperparameters: kl_coef
+                                  # (β of the per-token KL toward the student role, 0.05), eps.
+      loss_coef=1.0,              # weight of the teacher role's loss in the sum (student's: 1).
+      sft_privileged=0.0,         # q: each warm-up demonstration is shown after the privileged
+                                  # prompt with probability q (the model learns to read the
+                                  # context, as a pretrained LLM reads a hint); 0 = plain warm-up.
+  ))
   c.amft = ml_collections.ConfigDict(dict(  # AMFT: a meta-learned SFT/RL balance (credit.losses.amft).
       enabled=False,              # one update per RL step on (1 − μ)∇L_RL + μ∇L_SFT, μ = σ(φ)
                                   # learnt by a look-ahead meta-gradient (needs ppo_epochs =
