@@ -58,6 +58,7 @@ jitted sampler, in the `critical` phase of the step-time table.
 """
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Mapping
 
 import jax
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 
 FIELD = train.AUX_KEY  # the update input this module makes (not a contract field)
 OBJECTIVES = ("dpo", "sft")
+DATA = ("corrections", "successes")
 PROPOSERS = ("policy", "teacher")
 PAIRS, INTERVENTIONS = "critical_pairs", "critical_interventions"  # producer names
 
@@ -92,31 +94,55 @@ def check_config(c: ml_collections.ConfigDict) -> None:
   if k.objective not in OBJECTIVES:
     raise err(f"critical.objective={k.objective!r}; valid: {list(OBJECTIVES)} (dpo: CSO's "
               "verified step pairs, sft: InT's interventions)")
-  if producers.is_multi_turn(c) or producers.tree_batch(c):
-    raise err("critical: single-turn rollouts of G samples per prompt only (no multi-turn "
-              "task, tree.branches or slate.candidates)")
+  if k.data not in DATA:
+    raise err(f"critical.data={k.data!r}; valid: {list(DATA)} (corrections: CSO / InT, "
+              "successes: PROPA's SFT)")
+  if producers.is_multi_turn(c):
+    raise err("critical: single-turn tasks only")
+  if k.data == "successes":
+    if k.objective != "sft":
+      raise err("critical.data='successes' trains by SFT: set critical.objective='sft'")
+    if int(k.max_paths) < 1:
+      raise err(f"critical.max_paths={k.max_paths} must be >= 1")
+    if k.gold_when_none and not producers._task_has("demonstration")(c):
+      raise err("critical.gold_when_none: the task has no demonstration to train on when no "
+                "response of a prompt succeeds; set it False or use a built-in task")
+  elif producers.tree_batch(c):
+    raise err("critical.data='corrections' reads rollouts of G samples per prompt (no "
+              "tree.branches or slate.candidates)")
   if c.amft.enabled:
     raise err("critical and amft both add a second objective to the update; use one")
   if c.async_rollouts:
     raise err("critical: the synchronous runner only (its pipeline samples with the current "
               "policy inside the step)")
+  _check_common(c, k, err)
+  if k.data == "corrections":
+    _check_corrections(c, k, err, producers)
+
+
+def _check_common(c, k, err) -> None:
+  if not (k.beta > 0 and k.weight >= 0 and k.rl_weight >= 0 and k.until >= 0):
+    raise err(f"critical: beta={k.beta} must be > 0 and weight={k.weight}, "
+              f"rl_weight={k.rl_weight}, until={k.until} >= 0")
+  if k.weight == 0 and k.rl_weight == 0:
+    raise err("critical: weight = rl_weight = 0 trains nothing")
+  if int(k.max_items) < 1:
+    raise err(f"critical.max_items={k.max_items} must be >= 1")
+
+
+def _check_corrections(c, k, err, producers) -> None:
   if not producers._task_flags_spans(c):
     raise err("critical: the critical step is the step of the first wrong token, from the "
               "task's flag_chars; built in: arithmetic, chain, countdown")
   if not c.step_delimiters:
     raise err("critical: steps are cut at c.step_delimiters, which is empty")
-  for name in ("proposals", "max_items", "continuations"):
+  for name in ("proposals", "continuations"):
     if int(k[name]) < 1:
       raise err(f"critical.{name}={k[name]} must be >= 1")
   if k.continuations != 1:
     raise err("critical.continuations: one continuation per alternative is implemented")
   if k.train_on not in SFT_TARGETS:
     raise err(f"critical.train_on={k.train_on!r}; valid: {list(SFT_TARGETS)}")
-  if not (k.beta > 0 and k.weight >= 0 and k.rl_weight >= 0 and k.until >= 0):
-    raise err(f"critical: beta={k.beta} must be > 0 and weight={k.weight}, "
-              f"rl_weight={k.rl_weight}, until={k.until} >= 0")
-  if k.weight == 0 and k.rl_weight == 0:
-    raise err("critical: weight = rl_weight = 0 trains nothing")
   if k.proposer not in PROPOSERS:
     raise err(f"critical.proposer={k.proposer!r}; valid: {list(PROPOSERS)}")
   if k.proposer == "teacher":
@@ -202,9 +228,94 @@ def _expert(s: "Setup"):
   return sampler, nnx.merge_state(params, rest)
 
 
+def _empty(rows: int, T: int, objective: str) -> dict:
+  """The host arrays of a critical batch with no item (every row masked)."""
+  a = {"tokens": np.zeros((rows, T), np.int32), "attn_mask": np.zeros((rows, T), bool)}
+  if objective == "dpo":
+    a.update(step_mask=np.zeros((rows, T), bool), logprob_ref=np.zeros((rows, T), np.float32))
+  else:
+    a["loss_mask"] = np.zeros((rows, T), bool)
+  return a
+
+
+def _finish(s: "Setup", arrays: dict, rl_w: float, w: float) -> dict:
+  """{FIELD: the batch}, rows sharded over the mesh, the two weights replicated arrays."""
+  out = dict(parallel.shard_batch(arrays, s.mesh))
+  rep = parallel.replicated(s.mesh)
+  out["rl_weight"] = jax.device_put(jnp.asarray(rl_w, jnp.float32), rep)
+  out["weight"] = jax.device_put(jnp.asarray(w, jnp.float32), rep)
+  return {FIELD: out}
+
+
+def diverse_pair(responses: list[list[int]]) -> list[int]:
+  """Indices of at most two of `responses`: all when there are two or fewer, else the first
+  pair (in `itertools.combinations` order) with the shortest common prefix — PROPA's pick of
+  the two correct leaves whose lowest common ancestor is closest to the root, with the tree's
+  nodes read as tokens."""
+  if len(responses) <= 2:
+    return list(range(len(responses)))
+  best, best_len = [0, 1], None
+  for i, j in itertools.combinations(range(len(responses)), 2):
+    a, b = responses[i], responses[j]
+    n = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if best_len is None or n < best_len:
+      best, best_len = [i, j], n
+  return best
+
+
+def _build_successes(s: "Setup"):
+  """PROPA's interleaved SFT data (`data="successes"`): per prompt group, the responses that
+  succeeded (at most `max_paths`, `diverse_pair` for 2), or the task's demonstration when
+  none did (`gold_when_none`); SFT on each response after its prompt."""
+  c, k, tok, task = s.c, s.c.critical, s.data.tokenizer, s.data.task
+  N, per = s.num_groups, int(k.max_paths)
+  div = parallel.batch_divisor(s.mesh)
+  M = -(-(N * per) // div) * div
+
+  def produce(state, batch, ctx: "StepContext") -> dict:
+    rl_w, w, on = weights(c, int(state.step))
+    host = ctx.host
+    tokens, resp = host["tokens"], host["response_mask"]
+    T = tokens.shape[1]
+    arrays = _empty(M, T, "sft")
+    if not on:
+      ctx.metrics.update(critical_on=0.0)
+      return _finish(s, arrays, rl_w, w)
+    reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
+    valid = host["prompt_mask"] | resp
+    rows, masks, gold = [], [], 0
+    for g in range(N):
+      ok = np.flatnonzero((host["group_id"] == g) & (reward >= k.success))
+      if len(ok):
+        picks = ok[diverse_pair([tokens[b, resp[b]].tolist() for b in ok])][:per]
+        for b in picks:
+          rows.append(tokens[b, valid[b]].tolist())
+          masks.append(int(host["prompt_mask"][b].sum()))
+      elif k.gold_when_none:
+        ex = tasks_lib.as_example({kk: ctx.examples[kk][g] for kk in ctx.examples})
+        p = prompt_ids(tok, ex["prompt"])
+        demo = list(tok.encode(task.demonstration(ex))) + [tok.eos_id]
+        rows.append((p + demo)[:T])
+        masks.append(len(p))
+        gold += 1
+    ctx.metrics.update(critical_on=1.0, critical_items=float(len(rows)),
+                       critical_gold=float(gold))
+    if rows:
+      toks, attn = _pack(rows, T, tok.pad_id)
+      plen = np.asarray(masks)
+      n = len(rows)
+      arrays["tokens"][:n], arrays["attn_mask"][:n] = toks, attn
+      arrays["loss_mask"][:n] = attn & (np.arange(T)[None] >= plen[:, None])
+    return _finish(s, arrays, rl_w, w)
+
+  return produce
+
+
 def build(s: "Setup", wanted: frozenset):
   """The producer: produce(state, batch, ctx) -> {FIELD: the update's critical batch}."""
   from experiments import producers  # pylint: disable=g-import-not-at-top
+  if s.c.critical.data == "successes":
+    return _build_successes(s)
   c, k, tok, task = s.c, s.c.critical, s.data.tokenizer, s.data.task
   K, cap = int(k.proposals), int(k.max_items)
   split = producers.step_splitter(s)
@@ -221,22 +332,8 @@ def build(s: "Setup", wanted: frozenset):
         tok, (producers.privileged_prompt(c, task, e, k.context) for e in s.data.train),
         f"a prompt with critical.context={k.context!r}")
   rng_seed = int(c.seed) + 101
-
-  def empty(T: int) -> dict:
-    a = {"tokens": np.zeros((rows_out, T), np.int32), "attn_mask": np.zeros((rows_out, T), bool)}
-    if k.objective == "dpo":
-      a.update(step_mask=np.zeros((rows_out, T), bool),
-               logprob_ref=np.zeros((rows_out, T), np.float32))
-    else:
-      a["loss_mask"] = np.zeros((rows_out, T), bool)
-    return a
-
-  def finish(arrays: dict, rl_w: float, w: float) -> dict:
-    out = dict(parallel.shard_batch(arrays, s.mesh))
-    rep = parallel.replicated(s.mesh)
-    out["rl_weight"] = jax.device_put(jnp.asarray(rl_w, jnp.float32), rep)
-    out["weight"] = jax.device_put(jnp.asarray(w, jnp.float32), rep)
-    return {FIELD: out}
+  empty = lambda T: _empty(rows_out, T, k.objective)
+  finish = lambda arrays, rl_w, w: _finish(s, arrays, rl_w, w)
 
   def produce(state, batch, ctx: "StepContext") -> dict:
     step = int(state.step)

@@ -1831,7 +1831,9 @@ PRODUCERS: tuple[Producer, ...] = (
              critical.build, "critical",
              "InT's interventions: per failed row, the step of its first wrong token "
              "replaced by a proposed step (optionally under a privileged context) whose "
-             "continuation succeeds; SFT rows prompt -> prefix + intervention",
+             "continuation succeeds; SFT rows prompt -> prefix + intervention (or, with "
+             "critical.data=successes, PROPA's SFT rows: up to 2 successful responses per "
+             "prompt, the demonstration when none succeeded)",
              when=lambda c: critical.critical_on(c) and c.critical.objective != "dpo",
              check=critical.check_config, off_doc="set critical.enabled=True (objective sft)"),
     Producer("step_graph", ("step_key", "step_mask", "anchor_id"), ("tokens", "response_mask"),
@@ -1952,6 +1954,7 @@ assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must 
 # The producers that read rows through `group_id` (or not by prompt at all), so they run on
 # tree batches, whose branch rows follow the roots.
 TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier",
+                            critical.INTERVENTIONS,  # data="successes" only (its check)
                             "sampler_logprob_old", "policy_pass", "reference_pass",
                             "divergence_pass", "step_segments", "task_flags", "answer_parse",
                             "greedy_baseline", "step_completions", "step_graph",

@@ -18,7 +18,7 @@ from credit.tasks import chain
 from credit.tasks.chain import running_sums
 from credit.tasks.char_tokenizer import prompt_ids
 from experiments import critical, loop, producers, train
-from experiments.configs import cso_chain, int_chain
+from experiments.configs import cso_chain, int_chain, propa_chain
 
 
 def test_critical_steps_are_the_steps_of_the_first_wrong_token():
@@ -322,4 +322,68 @@ def test_an_expert_proposer_needs_a_teacher():
   c = cso_chain.get_config("tiny")
   c.critical.proposer = "teacher"
   with pytest.raises(producers.SetupError, match="teacher.init_from"):
+    loop.check_method(c)
+
+
+# --------------------------------------------------------------------------
+# PROPA's interleaved SFT data (data="successes").
+# --------------------------------------------------------------------------
+
+
+def test_diverse_pair_keeps_the_pair_with_the_shortest_common_prefix():
+  assert critical.diverse_pair([[1, 2]]) == [0]
+  assert critical.diverse_pair([[1, 2], [1, 3]]) == [0, 1]
+  assert critical.diverse_pair([[1, 2, 3], [1, 2, 4], [5, 2], [1, 9]]) == [0, 2]
+  assert critical.diverse_pair([[1, 2], [1, 2], [1, 2]]) == [0, 1]  # ties: the first pair
+
+
+def test_successes_are_sft_rows_and_the_demonstration_stands_in_for_none(runner):
+  run, rs = runner
+  task, tok = run.data.task, run.data.tokenizer
+  N, G = run.setup.num_groups, run.setup.group_size
+  ex = run.data.train[:N]
+  golds = [task.demonstration(e) for e in ex]
+  wrong = [_wrong(e["prompt"], 0) for e in ex]
+  # group 0: all wrong; group 1: one success; groups 2..: all right.
+  responses = [[wrong[0]] * G, [wrong[1]] * (G - 1) + [golds[1]]] + [[golds[n]] * G
+                                                                     for n in range(2, N)]
+  ctx, batch, _ = _batch(run, responses)
+  c = propa_chain.get_config("tiny")
+  s = dataclasses.replace(run.setup, c=c)
+  out = critical.build(s, frozenset({critical.FIELD}))(rs.train, batch, ctx)[critical.FIELD]
+  assert ctx.metrics["critical_gold"] == 1
+  assert ctx.metrics["critical_items"] == 1 + 1 + 2 * (N - 2)
+  toks, attn, mask = (np.asarray(out[k]) for k in ("tokens", "attn_mask", "loss_mask"))
+  eos = tok.decode([tok.eos_id])
+  texts = [tok.decode(toks[i][mask[i]]) for i in range(int(ctx.metrics["critical_items"]))]
+  assert texts[0] == golds[0] + eos                     # the demonstration of group 0
+  assert texts[1] == golds[1] + eos                     # group 1's one success
+  assert texts[2:] == [g + eos for g in golds[2:] for _ in range(2)]
+  for i in range(len(texts)):  # the prompt is context only
+    assert tok.decode(toks[i][attn[i] & ~mask[i]]).endswith(ex[min(i, 1) if i < 2 else
+                                                              2 + (i - 2) // 2]["prompt"])
+  assert not attn[len(texts):].any()
+  c.critical.gold_when_none = False
+  out = critical.build(dataclasses.replace(run.setup, c=c), frozenset({critical.FIELD}))(
+      rs.train, batch, ctx)[critical.FIELD]
+  assert ctx.metrics["critical_gold"] == 0 and ctx.metrics["critical_items"] == 1 + 2 * (N - 2)
+
+
+def test_tiny_propa_recipe_runs_sft_with_rl_on_trees(tmp_path):
+  c = propa_chain.get_config("tiny")
+  c.mesh = "data=1"
+  wd = str(tmp_path / "run")
+  loop.run(c, wd)
+  for r in _rows(wd):  # L = L_RL + 1·L_SFT
+    assert r["critical_on"] == 1.0 and r["critical_items"] >= 1
+    np.testing.assert_allclose(r["loss"], r["pg_loss"] + r["critical_loss"], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_successes_need_sft():
+  c = propa_chain.get_config("tiny")
+  c.tree.branches = 0                # flat rollouts: the critical check, not the plan, refuses
+  c.estimator = "grpo"
+  c.critical.objective = "dpo"
+  with pytest.raises(producers.SetupError, match="successes"):
     loop.check_method(c)

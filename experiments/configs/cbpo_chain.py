@@ -26,16 +26,22 @@ from experiments.configs import common
 from experiments.configs.verifree_chain import chain_setting
 
 
-def get_config(arg=None):
-  a = common.parse_arg(arg, tiny=False)
-  c = chain_setting(common.base_config())
-  c.estimator = "cbpo"
+def tree_setting(c, *, tiny: bool):
+  """The chain tree this recipe and propa_chain share: 4 roots per prompt, 2 branch points by
+  entropy with 2 continuations each (2 roots with `tiny`, after `common.apply_tiny`)."""
   c.group_size = 4                      # roots; the tree adds 2 points x 2 branches per prompt
   c.tree.branches = 2
   c.tree.points = 2
   c.tree.depth = 1
   c.tree.criterion = "entropy"
-  if a.tiny:
+  if tiny:
     common.apply_tiny(c)
     c.group_size = 2                    # 2 roots + 2 x 2 branches = 6 rows per prompt
   return c
+
+
+def get_config(arg=None):
+  a = common.parse_arg(arg, tiny=False)
+  c = chain_setting(common.base_config())
+  c.estimator = "cbpo"
+  return tree_setting(c, tiny=a.tiny)

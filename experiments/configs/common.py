@@ -242,7 +242,15 @@ def base_config() -> ml_collections.ConfigDict:
       enabled=False,              # and verified (experiments/critical.py): CSO's step-level DPO
                                   # pairs or InT's intervention SFT, built each step and added to
                                   # the update: rl_weight·L_RL + weight·L_critical.
-      objective="dpo",            # dpo (CSO: verified alternative vs original step) | sft (InT).
+      data="corrections",         # corrections (CSO / InT: failed rows corrected at their first
+                                  # error) | successes (PROPA's interleaved SFT: up to max_paths
+                                  # successful responses per prompt, the task's demonstration
+                                  # when none succeeded; tree batches too).
+      objective="dpo",            # dpo (CSO: verified alternative vs original step) | sft (InT,
+                                  # PROPA).
+      max_paths=2,                # successes: responses per prompt (PROPA's 2, the pair whose
+                                  # common prefix is shortest).
+      gold_when_none=True,        # successes: the demonstration for a prompt without a success.
       proposals=4,                # alternative steps sampled per critical step,
       proposer="policy",          # by: policy (itself) | teacher (the frozen expert of
                                   # teacher.init_from, CSO's expert model),
