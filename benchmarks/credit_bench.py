@@ -5,7 +5,13 @@
 
 On bifurcation tasks (`credit/tasks/bifurcation.py`, `credit/tasks/pivotal.py`) the response
 positions that decide the reward are known, and `credit.bench.true_advantages` computes each
-sampled token's true advantage Q(s,a) − V(s) under the policy that sampled it. Per task:
+sampled token's true advantage Q(s,a) − V(s) under the policy that sampled it. On the
+multi-turn `pivot_turn` (`credit/envs/pivot_turn.py`: K questions over K turns, one of which
+decides the reward) the rollouts are the runner's environment episodes and
+`credit.bench.true_turn_advantages` gives the truth on the policy's tokens (observations get
+none); the turn-level estimators (`Settings.multi_turn_estimators` in --quick, every
+registered one otherwise) are scored there with the fields the runner's producers make (per-turn
+rewards and progress from the environment, the gold pass). Per task:
 
 1. Policy snapshots. A supervised warm-up gives the start; GRPO trains from it, and the
    parameters after 0, `snapshot_steps/2` and `snapshot_steps` RL steps are the early, middle
@@ -26,8 +32,8 @@ sampled token's true advantage Q(s,a) − V(s) under the policy that sampled it.
    greedy accuracy is recorded against steps and wall time; reported: final accuracy, area
    under the curve and steps to `threshold`, each with a bootstrap interval over seeds.
 
-Estimators whose inputs the bench cannot produce on a single-turn task (multi-turn fields,
-tree rollouts, a teacher checkpoint...) are listed in skipped.md with the runner's reason.
+Estimators whose inputs the bench cannot produce on a task (multi-turn fields on a single-turn
+task, tree rollouts, a teacher checkpoint...) are listed in skipped.md with the runner's reason.
 
 Outputs in --out: results.csv (task, estimator, family, part, metric, mean, lo, hi, n),
 table.md (per task, every metric with intervals), summary.md (one line per estimator across
@@ -35,6 +41,8 @@ tasks: the README's table), skipped.md, learning.csv (every eval point of every 
 with intervals), curves_<task>.png (learning curves), heatmap_<task>.png (one batch under each
 estimator next to the truth). `--quick` (one task, a few estimators, 2 snapshots, GRPO's learning
 curve over 3 seeds of a few steps) takes about 2 minutes on 2 CPU cores; notebooks/estimator_gallery.ipynb runs it.
+`--quick --tasks pivot_turn` does the same on the multi-turn task, with igpo, a2tgpo, procredit
+and mapo besides (about 1.5 minutes).
 """
 from __future__ import annotations
 
@@ -70,9 +78,13 @@ TASK_KWARGS = {
     "pivotal_or": {"response_len": 6},
     "distractor": {"response_len": 6},
     "delayed": {},
+    "pivot_turn": {},  # multi-turn: K = 3 questions, one decides (credit/envs/pivot_turn.py)
 }
 REFERENCES = ("oracle", "constant")
 CREDIT_METRICS = ("corr", "pivot_mass", "sign_acc", "zero_tokens", "zero_groups")
+# Multi-turn tasks also score at the turn level: each estimator's per-turn mean advantage
+# against the true turn advantages (`bench.turn_credit_metrics`).
+TURN_METRICS = ("turn_corr", "turn_pivot_mass", "turn_sign_acc")
 LEARN_METRICS = ("final_accuracy", "auc", "steps_to_threshold")
 
 
@@ -97,12 +109,16 @@ class Settings:
   num_layers: int = 2
   learning_rate: float = 3e-4
   teacher_sft_steps: int = 0  # > 0: a teacher (a longer warm-up) for the distillation methods
+  # Scored on multi-turn tasks besides `estimators` (when that is a list): the turn-level
+  # estimators the runner's producers can feed there.
+  multi_turn_estimators: tuple[str, ...] = ()
 
 
 QUICK = Settings(tasks=("pivotal",), estimators=("grpo", "rloo", "dr_grpo", "gae"),
                  learn_estimators=("grpo",), seeds=3, sft_steps=300, snapshot_steps=4,
                  num_snapshots=2, batches=2, num_rollouts=8, learn_steps=4, eval_every=2,
-                 threshold=0.5, prompts_per_step=4, group_size=8, hidden_size=32, num_layers=1)
+                 threshold=0.5, prompts_per_step=4, group_size=8, hidden_size=32, num_layers=1,
+                 multi_turn_estimators=("igpo", "a2tgpo", "procredit", "mapo"))
 FULL = Settings(tasks=tuple(TASK_KWARGS), estimators=None, learn_estimators=None, seeds=3,
                 sft_steps=60, snapshot_steps=40, num_snapshots=3, batches=4, num_rollouts=32,
                 learn_steps=60, eval_every=10, threshold=0.9, teacher_sft_steps=600)
@@ -122,7 +138,14 @@ def base_config(task: str, s: Settings, seed: int = 0) -> ml_collections.ConfigD
   c.model.head_dim = s.hidden_size // 4
   c.prompts_per_step, c.group_size = s.prompts_per_step, s.group_size
   c.num_train_examples, c.num_eval_examples = 2000, 64
-  c.max_new_tokens = tasks_lib.get_task(task, **c.task_kwargs).max_response_chars + 2
+  t = tasks_lib.get_task(task, **c.task_kwargs)
+  c.max_new_tokens = t.max_response_chars + 2
+  if getattr(t, "multi_turn", False):  # every turn fits, and the budget never cuts an episode
+    c.max_turns = t.max_turns
+    c.max_action_tokens = t.max_action_chars + 1
+    c.max_observation_tokens = t.max_observation_chars
+    c.max_new_tokens = c.max_turns * (c.max_action_tokens + c.max_observation_tokens)
+    c.gold_template = getattr(t, "gold_template", c.gold_template)
   c.sft_steps = s.sft_steps
   c.learning_rate = s.learning_rate
   c.steps = s.snapshot_steps
@@ -207,15 +230,30 @@ def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
       host = {n: np.asarray(jax.device_get(batch[n]))
               for n in ("tokens", "response_mask", "group_id", "reward")}
       host["prompt_mask"] = np.asarray(ctx.host["prompt_mask"])
+      if getattr(data.task, "multi_turn", False):  # environment episodes
+        host["obs_mask"] = np.asarray(ctx.host["obs_mask"])
+        host["turn_id"] = np.asarray(ctx.host["turn_id"])
       truth = true_advantages(run, params, ex, host, key, s)
       out.append(Batch(step, params, snaps[0][1], args, host, truth))
   return out
 
 
 def true_advantages(run, params, examples, host: dict, key, s: Settings):
-  """The exact per-token advantages of a batch under the policy that sampled it."""
+  """The exact per-token advantages of a batch under the policy that sampled it
+  (`bench.true_turn_advantages` on a multi-turn batch)."""
   G = run.setup.group_size
   rows = [{k: v[i // G] for k, v in examples.items()} for i in range(host["tokens"].shape[0])]
+  if "turn_id" in host:  # a multi-turn batch (rollout_batches)
+    rows = [tasks_lib.as_example(r) for r in rows]
+    return bench.true_turn_advantages(
+        run.setup.sampler, run.setup.model_state(params), task=run.data.task,
+        tokenizer=run.data.tokenizer, examples=rows, tokens=host["tokens"],
+        response_mask=host["response_mask"], obs_mask=host["obs_mask"],
+        prompt_mask=host["prompt_mask"], turn_id=host["turn_id"],
+        layout=loop.turn_layout(run.c, run.data),
+        limits=producers.env_limits(run.c, run.data.tokenizer),
+        key=jax.random.fold_in(key, 99), num_rollouts=s.num_rollouts,
+        temperature=float(run.c.temperature), top_k=int(run.c.top_k), top_p=float(run.c.top_p))
   return bench.true_advantages(
       run.setup.sampler, run.setup.model_state(params), task=run.data.task,
       tokenizer=run.data.tokenizer, examples=rows, tokens=host["tokens"],
@@ -253,7 +291,8 @@ def estimator_fn(run, name: str, teacher: str = ""):
     raise Skip(str(e).split(" (it can make")[0].split("; add a producer")[0]) from None
   base = run.setup
   ps = producers.Setup(c, base.data, base.mesh, base.graphdef, base.rest, base.sampler,
-                       base.chunk_size, base.num_groups, base.group_size)
+                       base.chunk_size, base.num_groups, base.group_size,
+                       multi_sampler=base.multi_sampler)
   try:
     stages = [p.build(ps) for p in method.plan]
   except (ValueError, KeyError) as e:
@@ -290,8 +329,12 @@ def reference_advantages(name: str, b: Batch) -> np.ndarray:
 
 
 def score(adv: np.ndarray, b: Batch) -> dict[str, float]:
-  return bench.credit_metrics(adv, np.asarray(b.truth.advantage), b.host["response_mask"],
-                              np.asarray(b.truth.pivot_mask), b.host["group_id"])
+  m = bench.credit_metrics(adv, np.asarray(b.truth.advantage), b.host["response_mask"],
+                           np.asarray(b.truth.pivot_mask), b.host["group_id"])
+  if isinstance(b.truth, bench.TurnTrueAdvantages):
+    m.update(bench.turn_credit_metrics(adv, b.truth, b.host["response_mask"],
+                                       b.host["turn_id"], b.host["group_id"]))
+  return m
 
 
 # --------------------------------------------------------------------------
@@ -373,6 +416,8 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
   say(f"[{task}] warm-up, {len(snaps)} snapshots and {len(batches)} batches with true "
       f"advantages: {time.perf_counter() - t0:.0f}s")
   names = list(s.estimators) if s.estimators is not None else credit.list_estimators()
+  if s.estimators is not None and getattr(run.data.task, "multi_turn", False):
+    names += [n for n in s.multi_turn_estimators if n not in names]
   rows, skipped, scored, heat = [], {}, [], {}
   for name in list(REFERENCES) + names:
     t1 = time.perf_counter()
@@ -464,12 +509,14 @@ def _cell(r: Row | None, digits: int = 2) -> str:
 
 
 def markdown_table(rows: list[Row], command: str, wall: float) -> str:
-  """One table per task: an estimator per line, credit metrics then learning metrics (mean
-  [95% bootstrap interval])."""
-  cols = [("credit", m) for m in CREDIT_METRICS] + [("learning", m) for m in LEARN_METRICS]
+  """One table per task: an estimator per line, credit metrics (on a multi-turn task the
+  turn-level ones too) then learning metrics (mean [95% bootstrap interval])."""
   out = [f"Command: `{command}` ({wall / 60:.1f} min)\n"]
   for task in dict.fromkeys(r.task for r in rows):
     table = {(r.estimator, r.part, r.metric): r for r in rows if r.task == task}
+    turn = [m for m in TURN_METRICS if any(k[2] == m for k in table)]
+    cols = ([("credit", m) for m in CREDIT_METRICS + tuple(turn)]
+            + [("learning", m) for m in LEARN_METRICS])
     names = list(dict.fromkeys(r.estimator for r in rows if r.task == task))
     chance = next((r for r in rows if r.task == task and r.metric == "chance"), None)
     truth = next((r for r in rows if r.task == task and r.metric == "pivot_mass_true"), None)
@@ -524,7 +571,8 @@ def plot_bars(path: str, rows: list[Row], task: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  metrics = [m for m in CREDIT_METRICS + LEARN_METRICS if any(r.metric == m for r in rows)]
+  metrics = [m for m in CREDIT_METRICS + TURN_METRICS + LEARN_METRICS
+             if any(r.metric == m for r in rows)]
   names = list(dict.fromkeys(r.estimator for r in rows))
   fig, axes = plt.subplots(len(metrics), 1, figsize=(max(6, 0.35 * len(names) + 2),
                                                      2.2 * len(metrics)), squeeze=False)
@@ -602,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     unknown = [n for n in only if n not in credit.list_estimators() and n not in REFERENCES]
     if unknown:
       raise SystemExit(f"unknown estimators {unknown}; known: {credit.list_estimators()}")
-    s = dataclasses.replace(s, estimators=only, learn_estimators=None)
+    s = dataclasses.replace(s, estimators=only, learn_estimators=None, multi_turn_estimators=())
   if a.tasks:
     s = dataclasses.replace(s, tasks=tuple(x.strip() for x in a.tasks.split(",") if x.strip()))
   if a.seeds:

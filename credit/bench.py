@@ -28,6 +28,16 @@ before response token t:
   `exact=True` enumerates every continuation instead (small cases; refused past
   `max_enumeration` sequences) — the Monte-Carlo mode is tested against it.
 
+**Multi-turn** (`true_turn_advantages`): on a pivotal-turn task (`credit/envs/pivot_turn.py`:
+`pivot_turns(example)`, and `decided_at_turn(example)` = (k_d, i_d), the decisive token i_d of
+turn k_d's action) the same definitions hold over episodes that interleave policy turns with
+environment observations: V(s_t) before each policy token (s_t holds every earlier action and
+observation), exact at the decisive token, Monte-Carlo before it — continuations finish the
+turn, the environment (replayed from the rollout's actions) answers, the next turns follow, one
+sampler call per turn for every continuation at once — and 0 after it. Observation tokens get
+no advantage. Per turn: `turn_value` (the success probability after the turn prefix) and
+`turn_advantage` (the change over the turn).
+
 **Metrics** (`credit_metrics`, over response tokens): `corr` (Pearson, 0 when either side is
 constant), `pivot_mass` = Σ|Â| on pivotal tokens / Σ|Â| (with `chance` = the pivotal share of
 tokens and `pivot_mass_true` = the same for the true advantages), `sign_acc` = balanced sign
@@ -422,6 +432,35 @@ def credit_metrics(est, true, response_mask, pivot_mask, group_id, *,
   }
 
 
+def turn_means(adv, response_mask, turn_id, num_turns: int) -> tuple[np.ndarray, np.ndarray]:
+  """([B,K] mean of `adv` over each turn's policy tokens, [B,K] bool: the turn has one).
+
+  The turn-level reading of token advantages: a turn-level estimator broadcasts one value to
+  every token of a turn, and the mean recovers it.
+  """
+  adv = np.asarray(adv, np.float64)
+  resp, tid = np.asarray(response_mask, bool), np.asarray(turn_id)
+  if adv.ndim != 2 or adv.shape != resp.shape or adv.shape != tid.shape:
+    raise ValueError(f"adv {adv.shape}, response_mask {resp.shape} and turn_id {tid.shape} "
+                     "must be the same [B,T]")
+  onehot = resp[:, :, None] & (tid[:, :, None] == np.arange(num_turns)[None, None, :])
+  count = onehot.sum(1)
+  total = np.einsum("bt,btk->bk", np.where(resp, adv, 0.0), onehot)
+  return np.where(count > 0, total / np.maximum(count, 1), 0.0), count > 0
+
+
+def turn_credit_metrics(est, truth: TurnTrueAdvantages, response_mask, turn_id, group_id, *,
+                        eps: float = 1e-6) -> dict[str, float]:
+  """`credit_metrics` at the turn level, as `turn_<name>`: the estimator's per-turn means
+  (`turn_means`) against the true turn advantages, over the turns that were played, the
+  pivotal turns as the pivot set."""
+  K = truth.turn_advantage.shape[1]
+  est_k, played = turn_means(est, response_mask, turn_id, K)
+  m = credit_metrics(est_k, truth.turn_advantage, played, truth.pivot_turn_mask, group_id,
+                     eps=eps)
+  return {f"turn_{k}": v for k, v in m.items()}
+
+
 def aggregate(per_batch: Sequence[Mapping[str, float]]) -> dict[str, tuple[float, float]]:
   """{metric: (mean, std)} over resampled batches (the variance across batches).
 
@@ -479,3 +518,400 @@ def bootstrap_ci(samples: Sequence[float], num_resamples: int = 1000, level: flo
   means = x[rng.integers(0, x.size, size=(num_resamples, x.size))].mean(axis=1)
   lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
   return float(min(lo, x.mean())), float(max(hi, x.mean()))
+
+
+# --------------------------------------------------------------------------
+# Multi-turn: true advantages on a pivotal-turn task.
+# --------------------------------------------------------------------------
+
+
+class TurnTrueAdvantages(NamedTuple):
+  """True advantages of a multi-turn rollout batch (`true_turn_advantages`).
+
+  Per token [B,T] (0 / False outside the policy's tokens; observation tokens get 0):
+    value, advantage, stderr, pivot_mask, decided_mask: as `TrueAdvantages`, over the policy
+      tokens in episode order; `pivot_mask` marks every policy token of the pivotal turns,
+      `decided_mask` the decisive token (`decided_at_turn`).
+  Per turn [B,K] (0 / False where the turn was not played):
+    turn_value: V before the turn's first token (the success probability after the turn
+      prefix: prompt, the earlier turns and their observations).
+    turn_advantage: V after the turn (before the next turn's first token; the reward after the
+      last) minus `turn_value` — the sum of the turn's token advantages.
+    turn_stderr: its Monte-Carlo standard error.
+    pivot_turn_mask: bool, the turns of `pivot_turns`.
+  """
+  value: np.ndarray
+  advantage: np.ndarray
+  stderr: np.ndarray
+  pivot_mask: np.ndarray
+  decided_mask: np.ndarray
+  turn_value: np.ndarray
+  turn_advantage: np.ndarray
+  turn_stderr: np.ndarray
+  pivot_turn_mask: np.ndarray
+
+
+class _Item(NamedTuple):
+  """A partial episode: context ids (prompt, earlier actions and observations), the
+  environment's snapshot before turn `k`, the action texts of turns < k, the tokens of turn k
+  drawn so far."""
+  b: int
+  ctx: tuple
+  snap: Any
+  texts: tuple
+  k: int
+  partial: tuple
+
+
+def _check_turn_task(task: Any) -> None:
+  missing = [m for m in ("make_env", "pivot_turns", "decided_at_turn") if not hasattr(task, m)]
+  if missing:
+    raise TypeError(f"task {getattr(task, 'name', task)!r} has no {missing}: multi-turn true "
+                    "advantages need a pivotal-turn task (credit/envs/pivot_turn.py)")
+
+
+def _split_episodes(tokens, response_mask, obs_mask, prompt_mask, turn_id):
+  """Per row: (prompt ids, [(turn k, action ids, action columns, observation ids after it)])."""
+  out = []
+  B, T = tokens.shape
+  for b in range(B):
+    prompt = tokens[b][prompt_mask[b]].tolist()
+    turns = []
+    ks = sorted(set(turn_id[b][response_mask[b]].tolist()))
+    if ks != list(range(len(ks))):
+      raise ValueError(f"row {b}: turn ids {ks} are not 0..n-1")
+    for k in ks:
+      cols = np.flatnonzero(response_mask[b] & (turn_id[b] == k))
+      if np.any(np.diff(cols) != 1):
+        raise ValueError(f"row {b}: turn {k}'s policy tokens are not contiguous")
+      nxt = np.flatnonzero(response_mask[b] & (turn_id[b] == k + 1))
+      end = nxt[0] if nxt.size else T
+      obs_cols = np.flatnonzero(obs_mask[b, cols[-1] + 1:end]) + cols[-1] + 1
+      turns.append((k, tokens[b, cols].tolist(), cols, tokens[b, obs_cols].tolist()))
+    out.append((prompt, turns))
+  return out
+
+
+def true_turn_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
+                         examples: Sequence[Mapping[str, Any]], tokens: np.ndarray,
+                         response_mask: np.ndarray, obs_mask: np.ndarray,
+                         prompt_mask: np.ndarray, turn_id: np.ndarray, layout: Any,
+                         key: jax.Array, limits: Any = None, num_rollouts: int = 32,
+                         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                         min_p: float = 0.0, exact: bool = False,
+                         max_enumeration: int = 200_000, chunk_rows: int = 1024
+                         ) -> TurnTrueAdvantages:
+  """The true advantage of every policy token of multi-turn episodes, and of every turn.
+
+  The single-turn definitions (module docstring) carried over to episodes that interleave
+  policy turns with environment observations (`credit.envs.rollout.MultiTurnSampler`). With
+  s_t the state before policy token t (the prompt, every earlier action and observation):
+
+    V(s_t) = P(reward = 1 | s_t) under π and the (deterministic) environment,
+    A_t = V(s_{t+1}) − V(s_t), where s_{t+1} includes the observation when y_t ends a turn.
+
+  A pivotal-turn task (`credit.envs.pivot_turn`) names its decisive token (k_d, i_d) =
+  `decided_at_turn(example)`: character i_d of turn k_d's action; the outcome is known once
+  turn k_d is played and equals that of the turn cut after i_d. So
+
+    after (k_d, i_d):  A_t = 0 (V = r);
+    at (k_d, i_d):     V = Σ_a π(a | s) · R(a), R(a) the outcome after the environment plays
+                       turn k_d's action text ended by a — exact, one forward pass; A = r − V;
+    before it:         V = E[W] over continuations: the policy finishes the current turn (a
+                       stop token or `max_action_tokens` ends it), the environment answers,
+                       the next turns follow, until the decisive token, where W is the exact
+                       last step above (Rao-Blackwellised), or the outcome when the episode
+                       ends first (the environment says done, or K turns). Monte-Carlo with
+                       `num_rollouts` continuations per prefix, all prefixes advanced together
+                       one turn per sampler call (per-row budgets, so one compiled program per
+                       shape); `stderr` is the standard error. Q(s_t, y_t) = V(s_{t+1}).
+  `exact=True` enumerates every continuation token by token instead (small cases, e.g. under
+  top-k; refused past `max_enumeration` sequences) — the Monte-Carlo mode is tested against it.
+  Per turn: `turn_value[b, k]` = V at the turn's first token (the success probability after
+  the turn prefix), `turn_advantage[b, k]` = V after the turn − V before it.
+
+  Continuations replay the rollout's actions in a fresh environment of each row
+  (`task.make_env(example, limits)`; the replayed observations must equal the rollout's) and
+  encode observations as the rollout engine does (cut to `max_observation_tokens`); the
+  episode's token budget must not cut episodes (`layout.budget` = K · (W_a + W_o)). Tokens that
+  decode to no character (pad, bos) are read as the text they decode to, as the environment
+  reads them.
+
+  Args:
+    sampler: a `credit.sampling.Sampler` of the policy (its stop tokens end turns).
+    model_state: the policy's `nnx.State`.
+    task: a pivotal-turn task (`make_env`, `pivot_turns`, `decided_at_turn`).
+    tokenizer: the character tokenizer of the rollout (`encode`, `decode`, `pad_id`).
+    examples: [B] the example of each row.
+    tokens, response_mask, obs_mask, prompt_mask, turn_id: [B,T] a multi-turn rollout batch
+      (`MultiTurnOutput` / the runner's env_rollout host arrays).
+    layout: the rollout's `credit.envs.rollout.TurnLayout`.
+    key: PRNG key of the Monte-Carlo continuations.
+    limits: the environments' `credit.envs.Limits` (None: the task's defaults).
+    num_rollouts, temperature, top_k, top_p, min_p, exact, max_enumeration, chunk_rows: as
+      `true_advantages`.
+
+  Returns:
+    `TurnTrueAdvantages` of numpy arrays ([B,T] per token, [B,K] per turn, K =
+    `layout.max_turns`).
+
+  Raises:
+    TypeError: the task has no pivotal-turn interface.
+    ValueError: shapes, overlapping or empty masks, turns that are not contiguous, a budget
+      that can cut episodes, an environment that does not replay the rollout, a bad rollout
+      count or sampling parameter, or an enumeration over `max_enumeration`.
+  """
+  _check_turn_task(task)
+  tokens = np.asarray(tokens)
+  response_mask, obs_mask = np.asarray(response_mask, bool), np.asarray(obs_mask, bool)
+  prompt_mask, turn_id = np.asarray(prompt_mask, bool), np.asarray(turn_id)
+  if tokens.ndim != 2 or any(x.shape != tokens.shape for x in (response_mask, obs_mask,
+                                                                prompt_mask, turn_id)):
+    raise ValueError(f"tokens {tokens.shape}, response_mask {response_mask.shape}, obs_mask "
+                     f"{obs_mask.shape}, prompt_mask {prompt_mask.shape} and turn_id "
+                     f"{turn_id.shape} must be the same [B,T]")
+  B, T = tokens.shape
+  K, W_a, W_o = layout.max_turns, layout.max_action_tokens, layout.max_observation_tokens
+  if len(examples) != B:
+    raise ValueError(f"{len(examples)} examples for {B} rows")
+  if not response_mask.any():
+    raise ValueError("response_mask selects no token")
+  if np.any(response_mask & prompt_mask) or np.any(response_mask & obs_mask) or np.any(
+      obs_mask & prompt_mask):
+    raise ValueError("response_mask, obs_mask and prompt_mask overlap")
+  if layout.budget < K * layout.turn_width:
+    raise ValueError(f"the episode budget {layout.budget} can cut episodes (K·(W_a+W_o) = "
+                     f"{K * layout.turn_width}); the continuations assume it never does")
+  if num_rollouts < 1:
+    raise ValueError(f"num_rollouts={num_rollouts} must be >= 1")
+  if chunk_rows < 1:
+    raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+  stops = set(int(s) for s in sampler.stop_tokens)
+  pad, V = int(tokenizer.pad_id), int(sampler.vocab_size)
+  sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+  params = sampling_params(**sampling, vocab_size=V)  # raises on bad values, before tracing
+  policy = _Policy(sampler.graphdef, model_state, params, chunk_rows)
+  episodes = _split_episodes(tokens, response_mask, obs_mask, prompt_mask, turn_id)
+  envs = [task.make_env(examples[b], limits) for b in range(B)]
+  decided = [tuple(int(x) for x in task.decided_at_turn(examples[b])) for b in range(B)]
+
+  def play(b: int, snap: Any, text: str):
+    env = envs[b]
+    env.restore(snap)
+    res = env.step(text)
+    return res, env.snapshot(), float(env.outcome()), bool(env.done)
+
+  # Replay each row's actions: the environment states before every turn, and a check that the
+  # replayed observations are the rollout's.
+  starts = []  # starts[b][k] = (snapshot before turn k, action texts of turns < k)
+  reward = np.zeros(B)
+  for b, (_, turns) in enumerate(episodes):
+    env = envs[b]
+    env.reset()
+    snaps, texts = [], ()
+    for k, ids, _, obs in turns:
+      snaps.append((env.snapshot(), texts))
+      text = tokenizer.decode(ids)
+      res, _, _, done = play(b, env.snapshot(), text)
+      texts += (text,)
+      want = [] if (done or k == K - 1) else list(tokenizer.encode(res.observation))[:W_o]
+      if list(obs) != want:
+        raise ValueError(f"row {b}, turn {k}: the environment replays observation {want} but "
+                         f"the rollout has {list(obs)} (other limits or layout?)")
+    starts.append(snaps)
+    reward[b] = env.outcome()
+
+  def at_decision(it: _Item) -> bool:
+    kd, i_d = decided[it.b]
+    return it.k == kd and len(it.partial) == i_d < W_a  # (a decision past W_a never comes)
+
+  def advance(it: _Item, new: Sequence[int]):
+    """The item after `new` tokens of its turn: ("decide", item) at the decisive token,
+    ("end", W) when the episode's outcome is known, else ("go", item)."""
+    partial = it.partial + tuple(int(a) for a in new)
+    it = it._replace(partial=partial)
+    stopped = any(int(a) in stops for a in new)
+    if not stopped and at_decision(it):
+      return "decide", it
+    if not (stopped or len(partial) >= W_a):
+      return "go", it  # mid-turn
+    text = tokenizer.decode(list(partial))
+    res, snap, outcome, done = play(it.b, it.snap, text)
+    if done or it.k >= decided[it.b][0] or it.k == K - 1:
+      return "end", outcome
+    obs = tuple(tokenizer.encode(res.observation))[:W_o]
+    if not obs:
+      raise ValueError(f"row {it.b}: an empty observation for a continuing episode")
+    it = _Item(it.b, it.ctx + partial + obs, snap, it.texts + (text,), it.k + 1, ())
+    return ("decide", it) if at_decision(it) else ("go", it)
+
+  cand_cache: dict = {}
+
+  def last_step(items: Sequence[_Item]) -> np.ndarray:
+    """Σ_a π(a | item) R(a) for items at their decisive token."""
+    if not items:
+      return np.zeros(0)
+    lp = policy([list(it.ctx + it.partial) for it in items], pad)
+    rew = []
+    for it in items:
+      ck = (it.b, it.texts, it.partial)
+      if ck not in cand_cache:
+        cand_cache[ck] = np.asarray(
+            [play(it.b, it.snap, tokenizer.decode(list(it.partial) + [a]))[2]
+             for a in range(V)], np.float64)
+      rew.append(cand_cache[ck])
+    return np.sum(np.exp(lp.astype(np.float64)) * np.stack(rew), axis=1)
+
+  # Policy tokens of each row in episode order, and the prefixes that need V.
+  order = []  # order[b] = [(k, i, column)]
+  need, items0 = [], []
+  decide_items = {}
+  for b, (prompt, turns) in enumerate(episodes):
+    row, ctx = [], tuple(prompt)
+    kd, i_d = decided[b]
+    for k, ids, cols, obs in turns:
+      snap, texts = starts[b][k]
+      for i, c in enumerate(cols):
+        row.append((k, i, int(c)))
+        it = _Item(b, ctx, snap, texts, k, tuple(ids[:i]))
+        if (k, i) < (kd, i_d):
+          need.append((b, len(row) - 1))
+          items0.append(it)
+        elif (k, i) == (kd, i_d):
+          decide_items[b] = it
+      ctx = ctx + tuple(ids) + tuple(obs)
+    order.append(row)
+  bs = list(decide_items)
+  v_d = dict(zip(bs, last_step([decide_items[b] for b in bs])))
+  if exact:
+    v_mc = _enumerate_turns(items0, policy, pad, advance, last_step, at_decision,
+                            max_enumeration)
+    e_mc = np.zeros(len(items0))
+  else:
+    v_mc, e_mc = _monte_carlo_turns(items0, sampler, model_state, key, num_rollouts, sampling,
+                                    advance, last_step, stops, pad, W_a, decided)
+  vals = dict(zip(need, v_mc))
+  errs = dict(zip(need, e_mc))
+
+  value = np.zeros((B, T), np.float32)
+  adv = np.zeros((B, T), np.float32)
+  err = np.zeros((B, T), np.float32)
+  pivot = np.zeros((B, T), bool)
+  decided_mask = np.zeros((B, T), bool)
+  turn_value = np.zeros((B, K), np.float32)
+  turn_adv = np.zeros((B, K), np.float32)
+  turn_err = np.zeros((B, K), np.float32)
+  pivot_turn = np.zeros((B, K), bool)
+  for b in range(B):
+    row, r, kd_id = order[b], reward[b], decided[b]
+    pivots = set(int(p) for p in task.pivot_turns(examples[b]))
+    for p in pivots:
+      if 0 <= p < K:
+        pivot_turn[b, p] = True
+    v_row, e_row = [], []
+    for idx, (k, i, c) in enumerate(row):
+      pivot[b, c] = k in pivots
+      if (k, i) > kd_id:
+        v, e = r, 0.0
+      elif (k, i) == kd_id:
+        v, e = v_d[b], 0.0
+        decided_mask[b, c] = True
+      else:
+        v, e = vals[(b, idx)], errs[(b, idx)]
+      v_row.append(v)
+      e_row.append(e)
+    v_row.append(r)   # after the last token: the reward
+    e_row.append(0.0)
+    for idx, (k, i, c) in enumerate(row):
+      value[b, c] = v_row[idx]
+      adv[b, c] = v_row[idx + 1] - v_row[idx]
+      err[b, c] = np.sqrt(e_row[idx] ** 2 + e_row[idx + 1] ** 2)
+    firsts = [idx for idx, (k, i, _) in enumerate(row) if i == 0] + [len(row)]
+    for j in range(len(firsts) - 1):
+      k = row[firsts[j]][0]
+      s, nx = firsts[j], firsts[j + 1]
+      turn_value[b, k] = v_row[s]
+      turn_adv[b, k] = v_row[nx] - v_row[s]
+      turn_err[b, k] = np.sqrt(e_row[s] ** 2 + e_row[nx] ** 2)
+  return TurnTrueAdvantages(value, adv, err, pivot, decided_mask, turn_value, turn_adv,
+                            turn_err, pivot_turn)
+
+
+def _monte_carlo_turns(items, sampler, model_state, key, R, sampling, advance, last_step,
+                       stops, pad, W_a, decided):
+  """[n] mean W, [n] standard errors from R continuations of each item, advanced one turn per
+  sampler call (every active continuation in one call; per-row token budgets)."""
+  n = len(items)
+  if not n:
+    return np.zeros(0), np.zeros(0)
+  w = np.zeros((n, R))
+  active = [(i, j, it) for i, it in enumerate(items) for j in range(R)]
+  finish = []
+  rnd = 0
+  while active:
+    # Rows and the widest context padded to powers of two: few shapes, few compiles.
+    rows = 1 << max(3, (len(active) - 1).bit_length())
+    width = 1 << max(3, (max(len(it.ctx) + len(it.partial) for _, _, it in active) - 1
+                         ).bit_length())
+    toks = np.full((rows, width), pad, np.int32)
+    mask = np.zeros((rows, width), bool)
+    budget = np.ones(rows, np.int32)
+    for r, (_, _, it) in enumerate(active):
+      row = it.ctx + it.partial
+      toks[r, :len(row)], mask[r, :len(row)] = row, True
+      kd, i_d = decided[it.b]
+      budget[r] = min(i_d if it.k == kd else W_a, W_a) - len(it.partial)
+    toks[len(active):, 0], mask[len(active):, 0] = toks[0, 0], True  # filler rows
+    out = sampler(model_state, prompt_tokens=toks, prompt_mask=mask,
+                  key=jax.random.fold_in(key, rnd), max_new_tokens=W_a,
+                  max_new_tokens_per_row=budget, **sampling)
+    o_tok, o_resp = np.asarray(out.tokens), np.asarray(out.response_mask)
+    nxt = []
+    for r, (i, j, it) in enumerate(active):
+      new = o_tok[r][o_resp[r]].tolist()
+      cut = next((m + 1 for m, a in enumerate(new) if a in stops), len(new))
+      status, x = advance(it, new[:cut])
+      if status == "end":
+        w[i, j] = x
+      elif status == "decide":
+        finish.append((i, j, x))
+      else:
+        nxt.append((i, j, x))
+    active = nxt
+    rnd += 1
+  vals = last_step([it for _, _, it in finish])
+  for (i, j, _), v in zip(finish, vals):
+    w[i, j] = v
+  se = w.std(axis=1, ddof=1) / np.sqrt(R) if R > 1 else np.zeros(n)
+  return w.mean(axis=1), se
+
+
+def _enumerate_turns(items, policy, pad, advance, last_step, at_decision, limit):
+  """[n] V of each item by expanding every continuation token by token."""
+  out = np.zeros(len(items))
+  for n, it0 in enumerate(items):
+    frontier, total, value = [(it0, 1.0)], 0, 0.0
+    while frontier:
+      here = [(it, p) for it, p in frontier if at_decision(it)]
+      rest = [(it, p) for it, p in frontier if not at_decision(it)]
+      if here:
+        value += float(np.dot(last_step([it for it, _ in here]), [p for _, p in here]))
+      if not rest:
+        break
+      lp = policy([list(it.ctx + it.partial) for it, _ in rest], pad)
+      nxt = []
+      for (it, p), row_lp in zip(rest, lp):
+        probs = np.exp(row_lp.astype(np.float64))
+        for a in np.flatnonzero(probs > 0.0):
+          status, x = advance(it, [int(a)])
+          if status == "end":
+            value += p * probs[a] * x
+          else:
+            nxt.append((x, p * probs[a]))
+      total += len(nxt)
+      if total > limit:
+        raise ValueError(f"exact enumeration needs more than max_enumeration={limit} "
+                         f"sequences (row {it0.b}); use Monte-Carlo")
+      frontier = nxt
+    out[n] = value
+  return out

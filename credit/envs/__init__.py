@@ -6,7 +6,9 @@ contract fields) and `run_episode`. `tools`: `ToolFormat`, `parse_action`, `Acti
 Tasks (registered, so `credit.tasks.get_task("lookup")` works once this package is
 imported): `lookup` (multi-hop search over a hidden knowledge base), `calculator`
 (one arithmetic operation per turn with a calculator tool), `multidoc` (multi-hop QA over
-several hidden documents read with `read(d)`; dispatch turns role 0, the answer role 1).
+several hidden documents read with `read(d)`; dispatch turns role 0, the answer role 1),
+`pivot_turn` (K questions over K turns, only the one named in the prompt decides the reward:
+the credit benchmark's multi-turn bifurcation task).
 """
 from credit.envs.base import (Environment, Episode, EpisodeDoneError, EnvBatch, Limits,
                               MultiTurnTask, StepResult, TextEnv, Turn, run_episode,
@@ -14,11 +16,12 @@ from credit.envs.base import (Environment, Episode, EpisodeDoneError, EnvBatch, 
 from credit.envs.calculator import Calculator, CalculatorEnv
 from credit.envs.lookup import Lookup, LookupEnv
 from credit.envs.multidoc import MultiDoc, MultiDocEnv
+from credit.envs.pivot_turn import PivotTurn, PivotTurnEnv
 from credit.envs.tools import Action, ToolFormat, parse_action, query_chars
 
 __all__ = [
     "Action", "Calculator", "CalculatorEnv", "EnvBatch", "Environment", "Episode",
     "EpisodeDoneError", "Limits", "Lookup", "LookupEnv", "MultiDoc", "MultiDocEnv",
-    "MultiTurnTask", "StepResult", "TextEnv", "ToolFormat", "Turn", "parse_action",
-    "query_chars", "run_episode", "task_limits",
+    "MultiTurnTask", "PivotTurn", "PivotTurnEnv", "StepResult", "TextEnv", "ToolFormat",
+    "Turn", "parse_action", "query_chars", "run_episode", "task_limits",
 ]

@@ -86,7 +86,8 @@ class Builder(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = [make_config(name) for name in ("arithmetic", "countdown", "pivotal",
                                                     "program", "pivotal_and", "pivotal_or",
-                                                    "distractor", "delayed")]
+                                                    "distractor", "delayed",
+                                                    "pivot_turn")]
 
   def _info(self) -> tfds.core.DatasetInfo:
     task = self.builder_config.make_task()
