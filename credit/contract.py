@@ -78,6 +78,9 @@ CONTRACT: dict[str, Field] = {
     "logprob_old": Field("BT", "f", "behaviour policy log-prob of the sampled token", True),
     "logprob_ref": Field("BT", "f", "frozen reference model log-prob", True),
     "logprob_teacher": Field("BT", "f", "teacher model log-prob of the student's token", True),
+    "evidence_nuisance": Field("BT", "f", "the part of the evidence-conditioned log-prob shift "
+                               "along the batch's evidence-presence direction (VERPO's FEC, "
+                               "from hidden states)", True),
     "logprob_sampler": Field("BT", "f", "log-prob reported by the rollout engine", True),
     "logprob_alt": Field("BT", "f", "the same tokens scored under another context "
                          "(answer-conditioned, counterfactual, privileged)", True),

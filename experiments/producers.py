@@ -1381,6 +1381,42 @@ def _build_self_teacher_pass(s: Setup, wanted: frozenset):
   return produce, None
 
 
+def _build_evidence_pass(s: Setup, wanted: frozenset) -> Produce:
+  """VERPO's Fisher Evidence Contrast: `evidence_nuisance` from the current policy's hidden
+  states without (the rollout) and with the privileged context (`c.teacher.context` after
+  `c.teacher.prefix`, as the self-teacher pass lays it out), by
+  `credit.advantages.distill.verpo.evidence_nuisance` (λ = `c.teacher.fec_lambda`)."""
+  from credit.advantages.distill.verpo import evidence_nuisance  # pylint: disable=g-import-not-at-top
+  c, tok, task = s.c, s.data.tokenizer, s.data.task
+  kind = c.teacher.context
+  width = _prompt_width(tok, (privileged_prompt(c, task, e, kind) for e in s.data.train),
+                        f"a prompt with its teacher context {c.teacher.prefix!r}")
+  lay = response_layout(s, width)
+
+  @jax.jit
+  def run(params, tokens, attn, seq, seq_attn, response_mask, start):
+    model = train.merge_model(s.graphdef, params, s.rest)
+    h0, unembed, m0 = scoring.model_hidden(model, tokens, attn)
+    he, _, me = scoring.model_hidden(model, seq, seq_attn)
+    h0, _ = scoring.next_token_hidden(h0, m0)
+    he, _ = scoring.next_token_hidden(he, me)
+    he = to_rollout(he, start, width, tokens.shape[1], 0.0)
+    return evidence_nuisance(hidden_plain=h0, hidden_evidence=he, unembed=unembed,
+                             tokens=tokens, mask=response_mask, fec_lambda=c.teacher.fec_lambda,
+                             chunk_size=s.chunk_size)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    prompts = [privileged_prompt(c, task, {k: ctx.examples[k][i] for k in ctx.examples}, kind)
+               for i in range(len(ctx.examples["prompt"]))]
+    start = response_starts(ctx)
+    seq, seq_attn = lay(prompts, batch, ctx.attn_mask, start=start)
+    return {"evidence_nuisance": run(state.params, batch["tokens"], ctx.attn_mask, seq,
+                                     seq_attn, batch["response_mask"],
+                                     parallel.shard_batch(start, s.mesh))}
+
+  return produce
+
+
 # --------------------------------------------------------------------------
 # Response structure: steps, queries, parsed answers.
 # --------------------------------------------------------------------------
@@ -1420,7 +1456,7 @@ def stable_hash31(data: bytes) -> int:
 def _steps_of(s: Setup, ctx: StepContext, split) -> np.ndarray:
   """[B,T] step of every response token: turns of multi-turn rows, else `split`'s steps."""
   resp = ctx.host["response_mask"]
-  if "turn_id" in ctx.host:
+  if is_multi_turn(s.c):  # not `"turn_id" in ctx.host`: the single-turn rollout has one turn
     return np.where(resp, ctx.host["turn_id"], -1).astype(np.int32)
   return split(ctx.host["tokens"], resp)
 
@@ -1541,7 +1577,7 @@ def _build_query_mask(s: Setup, wanted: frozenset) -> Produce:
 
   def produce(state, batch, ctx: StepContext) -> dict:
     resp = ctx.host["response_mask"]
-    if "turn_id" not in ctx.host:
+    if not is_multi_turn(s.c):  # the single-turn rollout's host has a turn_id too (one turn)
       return {"query_mask": parallel.shard_batch(resp.copy(), s.mesh)}
     tokens, turn = ctx.host["tokens"], ctx.host["turn_id"]
     out = np.zeros(resp.shape, bool)
@@ -1807,6 +1843,13 @@ PRODUCERS: tuple[Producer, ...] = (
              "context (c.teacher.context: answer | a task's hint...) before the prompt, by the "
              "current or a lagged copy of the parameters (c.teacher.lag)",
              when=_self_teacher_on, check=_check_self_teacher, init=_init_self_teacher,
+             off_doc="set teacher.context (answer | hint | ...) without teacher.init_from"),
+    Producer("evidence_pass", ("evidence_nuisance",), ("tokens", "response_mask"),
+             _build_evidence_pass, "teacher",
+             "VERPO's Fisher Evidence Contrast: the current policy's hidden states without and "
+             "with the privileged context (c.teacher.context), the part of each token's "
+             "log-prob shift along the batch's evidence-presence direction",
+             when=_self_teacher_on, check=_check_self_teacher,
              off_doc="set teacher.context (answer | hint | ...) without teacher.init_from"),
     Producer("step_segments", ("step_id",), ("tokens", "response_mask"), _build_step_segments,
              "reward", "reasoning steps: the turns of multi-turn rollouts, else the response cut "

@@ -59,3 +59,44 @@ def test_a_rescored_response_is_scored_after_the_other_prompt(countdown):
     want = np.asarray(lp)[0, -len(resp):]
     np.testing.assert_allclose(got[b, h["response_mask"][b]], want, rtol=1e-4, atol=1e-5)
     assert not got[b, ~h["response_mask"][b]].any()
+
+
+def test_evidence_nuisance_of_the_runner_matches_unpadded_passes(tmp_path):
+  """VERPO's FEC field (`evidence_pass`) on countdown's variable-length prompts equals
+  `evidence_nuisance` of hidden states computed row by row without padding."""
+  from credit import scoring
+  from credit.advantages.distill.verpo import evidence_nuisance
+  from experiments import train
+  c = rloo_countdown.get_config("tiny")
+  c.mesh = "data=1"
+  c.estimator = "verpo"
+  c.estimator_kwargs = {"fec": True}
+  c.teacher.context = "answer"
+  run, rs = loop.setup(c, str(tmp_path / "w"))
+  assert "evidence_pass" in [st.name for st in run.stages]
+  ctx = loop._context(run, rs)  # pylint: disable=protected-access
+  batch = {}
+  for stage in run.stages:
+    batch.update(stage(rs.train, batch, ctx))
+  got = np.asarray(batch["evidence_nuisance"])
+  h = ctx.host
+  tok, s = run.data.tokenizer, run.setup
+  model = train.merge_model(s.graphdef, rs.train.params, s.rest)
+  B, T = h["tokens"].shape
+  h0 = np.zeros((B, T, model.config.hidden_size), np.float32)
+  he = np.zeros_like(h0)
+  for b in range(B):
+    resp_cols = np.flatnonzero(h["response_mask"][b])
+    resp = h["tokens"][b, resp_cols].tolist()
+    ex = {k: ctx.examples[k][b // s.group_size] for k in ctx.examples}
+    for out, prompt in ((h0, ex["prompt"]),
+                        (he, producers.privileged_prompt(c, run.data.task, ex, "answer"))):
+      ids = jnp.asarray([prompt_ids(tok, prompt) + resp], jnp.int32)
+      hid, _, m = scoring.model_hidden(model, ids, jnp.ones(ids.shape, bool))
+      pred, _ = scoring.next_token_hidden(hid, m)
+      out[b, resp_cols] = np.asarray(pred)[0, -len(resp):]
+  want = evidence_nuisance(hidden_plain=h0, hidden_evidence=he, unembed=model.unembedding(),
+                           tokens=h["tokens"], mask=h["response_mask"],
+                           fec_lambda=c.teacher.fec_lambda)
+  np.testing.assert_allclose(got, np.asarray(want), rtol=2e-3, atol=2e-5)
+  assert np.any(got != 0)

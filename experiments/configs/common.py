@@ -156,6 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
                                   # copy refreshed every n steps (checkpointed).
       top_k=16,                   # k of the teacher's top-k distribution (teacher_topk_*, + a
                                   # tail bucket) when a loss needs it (topk_distill, sd_search).
+      fec_lambda=1e-2,            # λ of VERPO's Fisher Evidence Contrast (evidence_nuisance):
+                                  # κ = ‖m‖²/(‖m‖² + λ) of the evidence-presence direction m.
   ))
   c.jolt = ml_collections.ConfigDict(dict(  # JOLT's two roles of one policy (experiments/jolt.py).
       teacher_samples=0,          # G_T > 0: each step also samples G_T teacher-role responses per

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -13,7 +14,7 @@ from credit.registry import register_estimator
 
 Array = jax.Array
 
-__all__ = ["verpo_advantages"]
+__all__ = ["verpo_advantages", "evidence_nuisance"]
 
 _PAPER = ("VERPO: evidence-conditioned guidance with a Fisher Evidence Contrast, arXiv "
           "preprint (abstract only; id not retrieved)")
@@ -26,15 +27,80 @@ _kept_per_row = jax.jit(lambda score_BT, accepted_BT, k_B: jax.vmap(ops.smallest
     -score_BT, k_B, accepted_BT))
 
 
+def evidence_nuisance(*, hidden_plain: ArrayLike, hidden_evidence: ArrayLike,
+                      unembed: ArrayLike, tokens: ArrayLike, mask: ArrayLike,
+                      fec_lambda: ArrayLike = 1e-2, chunk_size: int | None = None) -> Array:
+  """[B,T] the part of each token's evidence-induced log-prob shift that lies along the
+  batch's evidence-presence direction (VERPO's Fisher Evidence Contrast, FEC).
+
+  Confidence: inferred. The abstract says only that FEC "attenuates nuisance shifts along an
+  estimated evidence-presence direction through a regularized projection"; no equations or
+  code were found. Our construction, from the hidden states h⁰_t / hᴱ_t that predict token
+  y_t without / with the evidence in the context (`credit.scoring.next_token_hidden`):
+
+  .. math::
+    u_t = hᴱ_t − h⁰_t,   m = mean_{t ∈ mask} u_t,   v = m / ‖m‖,   κ = ‖m‖² / (‖m‖² + λ)
+    g_t = W_{y_t} − Σ_y p⁰_t(y) W_y = ∂ log p(y_t | h) / ∂h at h⁰_t
+    n_t = κ (g_t · v)(u_t · v)
+
+  m, the shift every token shares, estimates the direction of "evidence present" (style,
+  confidence: the nuisance); g_t maps a hidden-state shift to the first-order change of the
+  token's log-prob (its Fisher score), so n_t is the part of the log-prob correction
+  ℓᴱ_t − ℓ⁰_t carried by that direction; κ regularises the projection (a weakly estimated
+  direction is removed less; λ = `fec_lambda`). `verpo_advantages(fec=True)` subtracts it
+  from the correction.
+
+  Args:
+    hidden_plain, hidden_evidence: [B,T,D] predicting hidden states, aligned to tokens.
+    unembed: [D,V] the output embedding.
+    tokens: [B,T] int the sampled tokens y_t. mask: [B,T] bool the tokens taken into account
+      (the response; 0 elsewhere in the output).
+    fec_lambda: λ ≥ 0. chunk_size: static positions per chunk of the [B,·,V] softmax (None:
+      all at once).
+
+  Returns:
+    [B,T] float32 n_t (no gradient), 0 outside `mask`.
+  """
+  h0 = jnp.asarray(hidden_plain, jnp.float32)
+  he = jnp.asarray(hidden_evidence, jnp.float32)
+  w = jnp.asarray(unembed, jnp.float32)
+  tok = jnp.asarray(tokens)
+  m_BT = jnp.asarray(mask).astype(bool)
+  chex.assert_rank([h0, he, w], [3, 3, 2])
+  chex.assert_equal_shape([h0, he])
+  chex.assert_shape([tok, m_BT], h0.shape[:2])
+  u = jnp.where(m_BT[..., None], he - h0, 0.0)
+  n = jnp.maximum(jnp.sum(m_BT.astype(jnp.float32)), 1.0)
+  mean = jnp.sum(u, axis=(0, 1)) / n
+  sq = jnp.sum(mean * mean)
+  v = mean / jnp.sqrt(jnp.maximum(sq, 1e-30))
+  kappa = sq / (sq + jnp.asarray(fec_lambda, jnp.float32))
+  u_v = u @ v                                        # [B,T]
+  w_v = v @ w                                        # [V]: each token's embedding along v
+  T = h0.shape[1]
+  c = T if chunk_size is None else max(1, min(int(chunk_size), T))
+  pad = (-T) % c
+  h_c = jnp.pad(h0, ((0, 0), (0, pad), (0, 0))).reshape(h0.shape[0], -1, c, h0.shape[2])
+
+  def expected_wv(h_BCD):  # Σ_y p(y) (W_y · v) at each position of a chunk
+    return jax.nn.softmax(h_BCD @ w, axis=-1) @ w_v
+
+  ew = jax.lax.map(expected_wv, jnp.moveaxis(h_c, 1, 0))       # [chunks, B, c]
+  ew = jnp.moveaxis(ew, 0, 1).reshape(h0.shape[0], -1)[:, :T]
+  g_v = w_v[jnp.clip(tok, 0, w.shape[1] - 1)] - ew
+  return jax.lax.stop_gradient(jnp.where(m_BT, kappa * g_v * u_v, 0.0))
+
+
 @register_estimator(
     "verpo", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher"),
     paper=_PAPER, static_argnames=("num_groups", "group_size", "use_alt_reference",
-                                   "group_std"),
-    optional_needs={"logprob_alt": "use_alt_reference"})
+                                   "group_std", "fec"),
+    optional_needs={"logprob_alt": "use_alt_reference", "evidence_nuisance": "fec"})
 def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                      logprob_old: ArrayLike, logprob_teacher: ArrayLike, num_groups: int,
                      group_size: int | None = None, logprob_alt: ArrayLike | None = None,
-                     use_alt_reference: bool = False, rho: ArrayLike = 0.2,
+                     use_alt_reference: bool = False, evidence_nuisance: ArrayLike | None = None,
+                     fec: bool = False, rho: ArrayLike = 0.2,
                      lambda_fisher: ArrayLike = 1.0, gamma0: ArrayLike = 0.0,
                      gamma1: ArrayLike = 1.0,
                      group_std: Literal["unbiased", "population", "none"] = "unbiased",
@@ -64,10 +130,11 @@ def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_
   scoring the tokens under the teacher prompt without the evidence). The cost scale uses
   the Fisher information p(1 − p) of a categorical logit as the cost of moving the token.
 
-  Out of scope: the paper's Fisher Evidence Contrast projects updates in representation /
-  gradient space along an "evidence presence" direction; it needs hidden states or
-  per-token gradients, not log-probs of sampled tokens, so it is a model-side hook and not
-  an array function of this contract.
+  Fisher Evidence Contrast (`fec=True`): the correction loses its component along the
+  batch's evidence-presence direction, e_t ← e_t − n_t with n = `evidence_nuisance`
+  (`evidence_nuisance(...)` above: computed from hidden states, which the runner's
+  `evidence_pass` producer makes; inferred, see there), before acceptance, localisation and
+  scaling.
 
   Choices (ours): ρ = 0.2, λ_F = 1, γ₀ = 0, γ₁ = 1; the "local direction" is the sign of
   the row's GRPO advantage; localisation by `credit.ops.smallest_k_mask` on −|e| per row
@@ -87,6 +154,8 @@ def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_
     logprob_alt: [B,T] float evidence-free teacher log-prob ℓ⁰; read only with
       `use_alt_reference`.
     use_alt_reference: static, ℓ⁰ = `logprob_alt` instead of ℓˢ.
+    evidence_nuisance: [B,T] float n_t; read only with `fec`.
+    fec: static, subtract `evidence_nuisance` from the correction (FEC).
     rho: ρ, fraction of a row's tokens that may carry a correction (at least one).
     lambda_fisher: λ_F. gamma0, gamma1: γ₀, γ₁.
     group_std: static, "unbiased" | "population" | "none".
@@ -106,6 +175,8 @@ def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_
   """
   if use_alt_reference and logprob_alt is None:
     raise ValueError("verpo_advantages: use_alt_reference=True needs `logprob_alt`")
+  if fec and evidence_nuisance is None:
+    raise ValueError("verpo_advantages: fec=True needs `evidence_nuisance`")
   rows, adv_B = grpo_rows("verpo_advantages", reward, group_id, response_mask, num_groups,
                           group_size, group_std, eps)
   if use_alt_reference:
@@ -116,6 +187,10 @@ def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_
     l0_BT = ls_BT
   ref_BT = l0_BT - ls_BT
   e_BT = le_BT - l0_BT
+  if fec:
+    nuis_BT = jnp.asarray(evidence_nuisance, jnp.float32)
+    chex.assert_equal_shape([nuis_BT, e_BT])
+    e_BT = e_BT - jnp.where(mask_BT & jnp.isfinite(nuis_BT), nuis_BT, 0.0)
   adv_BT = adv_B[:, None]
   accepted_BT = mask_BT & (jnp.sign(e_BT) == jnp.sign(adv_BT)) & (adv_BT != 0)
   n_B = ops.sequence_lengths(mask_BT)

@@ -118,3 +118,53 @@ def test_shape_mismatch_raises():
     call(verpo.verpo_advantages, **dict(pick(b, *FIELDS),
                                         logprob_teacher=np.zeros((B, T + 1), np.float32)),
          num_groups=N)
+
+
+# --------------------------------------------------------------------------
+# Fisher Evidence Contrast (evidence_nuisance, fec=True).
+# --------------------------------------------------------------------------
+
+
+def _np_nuisance(h0, he, w, tok, mask, lam):
+  u = np.where(mask[..., None], he - h0, 0.0)
+  m = u.sum((0, 1)) / max(mask.sum(), 1)
+  v = m / np.linalg.norm(m)
+  kappa = (m @ m) / (m @ m + lam)
+  logits = h0 @ w
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  g = w.T[tok] - p @ w.T                      # [B,T,D]: ∂ log p(y_t) / ∂h
+  return np.where(mask, kappa * (g @ v) * (u @ v), 0.0)
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_evidence_nuisance_matches_numpy(chunk):
+  rng = np.random.default_rng(0)
+  Bn, Tn, D, V = 3, 7, 5, 11
+  h0 = rng.normal(size=(Bn, Tn, D)).astype(np.float32)
+  he = (h0 + rng.normal(size=(Bn, Tn, D)) * 0.3 + np.arange(D) * 0.2).astype(np.float32)
+  w = rng.normal(size=(D, V)).astype(np.float32)
+  tok = rng.integers(0, V, size=(Bn, Tn))
+  mask = rng.random((Bn, Tn)) < 0.7
+  got = verpo.evidence_nuisance(hidden_plain=h0, hidden_evidence=he, unembed=w, tokens=tok,
+                                mask=mask, fec_lambda=0.5, chunk_size=chunk)
+  np.testing.assert_allclose(np.asarray(got), _np_nuisance(h0, he, w, tok, mask, 0.5),
+                             rtol=1e-4, atol=1e-5)
+  same = verpo.evidence_nuisance(hidden_plain=h0, hidden_evidence=h0, unembed=w, tokens=tok,
+                                 mask=mask)
+  assert np.all(np.asarray(same) == 0.0)      # no evidence shift: nothing to remove
+
+
+def test_fec_subtracts_the_nuisance_from_the_correction():
+  b = make_batch(0)
+  n = np.where(b["response_mask"], np.random.default_rng(1).normal(size=(B, T)), 0.0)
+  fields = _fields(b, {})
+  with_fec = verpo.verpo_advantages(**fields, num_groups=N, fec=True,
+                                    evidence_nuisance=n.astype(np.float32))
+  shifted = dict(fields, logprob_teacher=np.where(b["response_mask"],
+                                                  b["logprob_teacher"] - n, 0.0))
+  np.testing.assert_allclose(np.asarray(with_fec),
+                             np.asarray(verpo.verpo_advantages(**shifted, num_groups=N)),
+                             rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="evidence_nuisance"):
+    verpo.verpo_advantages(**fields, num_groups=N, fec=True)
