@@ -28,12 +28,26 @@ per-test results (`test_pass [U]` for VeRPO's difficulty-weighted dense reward, 
 runner's `unit_tests` producer).
 
 Target functions (a family per `family`): "linear" a·x + b (a in [1, max_coef], b in
-[0, max_const]); "quadratic" x·x + a·x + b; "mixed" either. The demonstration writes
-the canonical expression ("2*x+1", "x*x+3", "x*x+2*x+1").
+[0, max_const]); "quadratic" x·x + a·x + b (a in [0, max_coef]); "mixed" either. The
+demonstration writes the canonical expression ("2*x+1", "x*x+3", "x*x+2*x+1").
+
+Held-out functions (`eval_function_fraction` φ, default 0.2): the family's target functions
+are split once, by a fixed rule that no seed enters, into train and eval functions;
+`generate` draws only train functions and `generate_eval` (the runner's eval split) only
+eval functions, so held-out accuracy asks for functions the policy never trained on. The
+rule, per kind (linear, quadratic) with n functions: order them by the SHA-256 of their
+canonical expression and hold out the first round(φ·n) (half to even), at least 1 and at
+most n − 1. A function's side therefore does not depend on the family: "mixed" holds out
+exactly the held-out functions of "linear" and of "quadratic" (defaults: 6 of 30 linear, 8
+of 40 quadratic). φ = 0 is the former shared draw (train and eval from every function).
+The tfds builder (`credit_tasks`) draws both of its splits with `generate`, i.e. train
+functions.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -41,6 +55,8 @@ import numpy as np
 from credit.tasks.base import register_task, text_field
 
 FAMILIES = ("linear", "quadratic", "mixed")
+# A target function: f(x) = (x·x if quad) + a·x + b.
+Function = tuple[int, int, bool]
 
 
 class RunResult(NamedTuple):
@@ -219,6 +235,8 @@ class Program:
     test_inputs: the unit tests' inputs, the same for every example (U = len); shown
       first, then held out.
     max_steps, max_call_depth: the interpreter's limits per test (see `run_program`).
+    eval_function_fraction: φ in [0, 1), the share of each kind's target functions held out
+      for `generate_eval` (module docstring); 0 = train and eval draw from every function.
   """
   family: str = "linear"
   max_coef: int = 3
@@ -227,6 +245,7 @@ class Program:
   test_inputs: tuple[int, ...] = (1, 2, 3, 0, 7)
   max_steps: int = 2000
   max_call_depth: int = 32
+  eval_function_fraction: float = 0.2
   name = "program"
 
   def __post_init__(self):
@@ -243,6 +262,34 @@ class Program:
       raise ValueError(f"test_inputs must lie in [0, 99], got {self.test_inputs}")
     if self.max_steps < 1 or self.max_call_depth < 1:
       raise ValueError("max_steps and max_call_depth must be >= 1")
+    frac = self.eval_function_fraction
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
+      raise ValueError(f"eval_function_fraction must be a number in [0, 1), got {frac!r}")
+    if frac > 0:
+      for quad in self._kinds:
+        n = len(_all_functions(self.max_coef, self.max_const, quad))
+        if n < 2:
+          raise ValueError(
+              f"eval_function_fraction={frac} needs >= 2 {'quadratic' if quad else 'linear'} "
+              f"functions to split, but max_coef={self.max_coef}, max_const="
+              f"{self.max_const} give {n}; raise them or set eval_function_fraction=0")
+
+  @property
+  def _kinds(self) -> tuple[bool, ...]:
+    """The kinds of the family as `quad` flags (linear False, quadratic True)."""
+    return {"linear": (False,), "quadratic": (True,), "mixed": (False, True)}[self.family]
+
+  def functions(self, split: str = "all") -> tuple[Function, ...]:
+    """The family's target functions (a, b, quad) on one side of the split, in the fixed
+    order of the rule: "train", "eval" or "all" (train then eval, per kind)."""
+    if split not in ("train", "eval", "all"):
+      raise ValueError(f"split must be 'train', 'eval' or 'all', got {split!r}")
+    out: list[Function] = []
+    for quad in self._kinds:
+      train, held = _split_functions(self.max_coef, self.max_const, quad,
+                                     float(self.eval_function_fraction))
+      out += (train if split == "train" else held if split == "eval" else train + held)
+    return tuple(out)
 
   @property
   def num_tests(self) -> int:
@@ -267,17 +314,37 @@ class Program:
   def max_response_chars(self) -> int:
     return len(f"x*x+{self.max_coef}*x+{self.max_const}")
 
+  def _example(self, a: int, b: int, quad: bool) -> dict:
+    ys = [self._f(a, b, quad, v) for v in self.test_inputs]
+    shown = ",".join(f"f({v})={y}" for v, y in list(zip(self.test_inputs, ys))[:self.shown])
+    return {"prompt": shown + ";f(x)=", "answer": _canonical(a, b, quad), "outputs": ys}
+
   def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
+    """`n` examples of train functions: the kind by a fair coin ("mixed"), then a function
+    of that kind uniformly (φ = 0: a uniform in its range, b uniform in [0, max_const])."""
     out = []
     for _ in range(n):
       quad = (self.family == "quadratic"
               or (self.family == "mixed" and bool(rng.integers(2))))
-      a = int(rng.integers(0 if quad else 1, self.max_coef + 1))
-      b = int(rng.integers(0, self.max_const + 1))
-      ys = [self._f(a, b, quad, v) for v in self.test_inputs]
-      shown = ",".join(f"f({v})={y}" for v, y in list(zip(self.test_inputs, ys))[:self.shown])
-      out.append({"prompt": shown + ";f(x)=", "answer": _canonical(a, b, quad),
-                  "outputs": ys})
+      if self.eval_function_fraction == 0:  # the former draw, stream for stream
+        a = int(rng.integers(0 if quad else 1, self.max_coef + 1))
+        b = int(rng.integers(0, self.max_const + 1))
+      else:
+        pool = _split_functions(self.max_coef, self.max_const, quad,
+                                float(self.eval_function_fraction))[0]
+        a, b, _ = pool[int(rng.integers(len(pool)))]
+      out.append(self._example(a, b, quad))
+    return out
+
+  def generate_eval(self, rng: np.random.Generator, n: int) -> list[dict]:
+    """`n` held-out examples: the eval functions, each pass over them in a fresh random
+    order (so each is asked equally often, ±1); φ = 0: `generate`."""
+    if self.eval_function_fraction == 0:
+      return self.generate(rng, n)
+    held = self.functions("eval")
+    out: list[dict] = []
+    while len(out) < n:
+      out += [self._example(*held[i]) for i in rng.permutation(len(held))[:n - len(out)]]
     return out
 
   def run_tests(self, example: Mapping[str, Any], response: str) -> list[RunResult]:
@@ -306,6 +373,27 @@ def _canonical(a: int, b: int, quad: bool) -> str:
   if b or not terms:
     terms.append(str(b))
   return "+".join(terms)
+
+
+@functools.lru_cache(maxsize=None)
+def _all_functions(max_coef: int, max_const: int, quad: bool) -> tuple[Function, ...]:
+  """Every target function of one kind, a ascending then b ascending."""
+  return tuple((a, b, quad) for a in range(0 if quad else 1, max_coef + 1)
+               for b in range(max_const + 1))
+
+
+def _split_key(fn: Function) -> bytes:
+  return hashlib.sha256(("program:" + _canonical(*fn)).encode()).digest()
+
+
+@functools.lru_cache(maxsize=None)
+def _split_functions(max_coef: int, max_const: int, quad: bool, fraction: float
+                     ) -> tuple[tuple[Function, ...], tuple[Function, ...]]:
+  """(train, eval) functions of one kind: ordered by the SHA-256 of the canonical expression,
+  the first round(fraction·n) (clipped to [1, n − 1]; none at fraction 0) are held out."""
+  fns = sorted(_all_functions(max_coef, max_const, quad), key=_split_key)
+  k = 0 if fraction == 0 else min(max(int(round(fraction * len(fns))), 1), len(fns) - 1)
+  return tuple(fns[k:]), tuple(fns[:k])
 
 
 def pass_table(task: Program, examples: Sequence[Mapping[str, Any]],

@@ -13,6 +13,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice, check_int
+from credit.advantages.outcome._common import grpo_scalar
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -23,6 +24,7 @@ __all__ = ["VeRPOTestsState", "VeRPOTestsOutput", "verpo_tests_init_state",
 _PAPER = ("VeRPO: dense reward from difficulty-weighted unit tests combined with the global "
           "outcome; arXiv id not given in the seeds")
 _DIFFICULTY = ("group", "ema")
+_SCALES = ("group", "batch", "none")
 # Test columns a state holds by default (`verpo_tests_init_state(P, num_tests=...)`).
 DEFAULT_NUM_TESTS = 32
 
@@ -55,7 +57,8 @@ def verpo_tests_init_state(num_prompts: int,
 @register_estimator("verpo_tests", needs=("test_pass", "test_mask", "group_id",
                                           "response_mask", "prompt_id"),
                     paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "difficulty", "singleton"),
+                    static_argnames=("num_groups", "group_size", "difficulty", "scale",
+                                     "singleton"),
                     returns_output=True, init_state=verpo_tests_init_state)
 def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
                            group_id: ArrayLike, response_mask: ArrayLike,
@@ -64,6 +67,7 @@ def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
                            group_size: int | None = None, alpha: float = 0.5,
                            decay: float = 0.9,
                            difficulty: Literal["group", "ema"] = "group",
+                           scale: Literal["group", "batch", "none"] = "group",
                            eps: float = 1e-6,
                            singleton: Literal["zero", "raw"] = "zero") -> VeRPOTestsOutput:
   """VeRPO: difficulty-weighted fraction of passed unit tests, blended under the outcome.
@@ -80,11 +84,23 @@ def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
     w_{i,u} = (1 − π_{g,u}) / Σ_{u'} (1 − π_{g,u'})   (uniform when the sum is 0)
     d_i     = Σ_u w_{i,u} · pass_{i,u}
     o_i     = Π_u pass_{i,u}                     (all tests pass, for 0/1 results)
-    R_i     = o_i + (1 − o_i) · α · d_i,    A = GRPO(R)
+    R_i     = o_i + (1 − o_i) · α · d_i
+    A_i     = (R_i − μ_g) / (σ_g + ε)            (scale="group", GRPO; the default)
+            = (R_i − μ_g) / (σ_B + ε)            (scale="batch")
+            = R_i − μ_g                          (scale="none", Dr. GRPO)
 
   Sums and products run over the row's valid tests (`test_mask`); π over the valid rows of
   the group having the test. A row with no valid test gets o = d = R = 0 (nothing was
-  verified). Then GRPO as `grpo_advantages` (unbiased σ, ε on σ, `singleton`).
+  verified). Then GRPO as `grpo_advantages` with the same `scale` (μ_g, σ_g: mean and
+  unbiased std of R over the group's valid rows; σ_B: unbiased std of R over every valid row
+  of the batch; ε on σ; `singleton`).
+
+  Why `scale="none"` (Dr. GRPO, Liu et al., arXiv 2503.20783, drop the σ division): in a
+  group where no row passes every test, the R differ only by partial credit, α·d ≤ α, and on
+  small polynomial tasks d often rewards chance agreement on a test; the σ division blows
+  those differences up to unit size, as large as a pass/fail group's. Without it they keep
+  their size (|A| ≤ α there), while a group with passing and failing rows keeps differences
+  of about 1. Not in the VeRPO proposal; an option of ours.
 
   State (optional; `verpo_tests_init_state(P, num_tests)`; `state=None` skips it): per
   prompt slot `prompt_id` and test u, the EMA of π with `decay`: the first batch that has a
@@ -103,13 +119,15 @@ def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
     alpha: weight α of the partial credit (< 1 keeps a failed row below a passing one).
     decay: EMA decay of the pass rates in the state.
     difficulty: static "group" | "ema".
-    eps: added to σ. singleton: static "zero" | "raw".
+    scale: static "group" (÷ group σ, default) | "batch" (÷ batch σ) | "none" (no division).
+    eps: added to σ (unused by "none"). singleton: static "zero" | "raw".
 
   Returns:
     VeRPOTestsOutput(advantages [B,T] float32, state VeRPOTestsState or None).
   """
   fn = "verpo_tests_advantages"
   check_choice(fn, "difficulty", difficulty, _DIFFICULTY)
+  check_choice(fn, "scale", scale, _SCALES)
   check_choice(fn, "singleton", singleton, ops.SINGLETONS)
   if difficulty == "ema" and state is None:
     raise ValueError(f"{fn}: difficulty='ema' needs a state (verpo_tests_init_state)")
@@ -175,6 +193,6 @@ def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
   outcome_B = jnp.prod(jnp.where(ok_BU, pass_BU, 1.0), axis=1)
   outcome_B = jnp.where(n_tests_B > 0, outcome_B, 0.0)
   reward_B = outcome_B + (1.0 - outcome_B) * alpha * dense_B
-  adv_B = ops.group_normalize(reward_B, gid_B, num_groups, valid=valid_B, eps=eps,
-                              singleton=singleton, group_size=group_size)
+  adv_B = grpo_scalar(reward_B, gid_B, valid_B, num_groups, group_size, scale, eps, singleton)
+  adv_B = jnp.where(valid_B, adv_B, 0.0)
   return VeRPOTestsOutput(advantages=ops.broadcast_to_tokens(adv_B, mask_BT), state=new_state)

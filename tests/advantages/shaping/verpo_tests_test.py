@@ -7,8 +7,8 @@ import pytest
 
 from credit.advantages.shaping import (VeRPOTestsState, verpo_tests_advantages,
                                        verpo_tests_init_state)
-from tests.advantages.outcome._harness import (N, NUM_PROMPTS, Case, fixed_batch,
-                                               reference_test, row0, valid_groups)
+from tests.advantages.outcome._harness import (N, NUM_PROMPTS, Case, bt, fixed_batch,
+                                               grpo_rows, reference_test, row0, valid_groups)
 from tests.advantages.shaping._harness_a import grpo_on, jcall, one_group
 
 FIELDS = ("test_pass", "test_mask", "group_id", "response_mask")
@@ -40,14 +40,20 @@ def shaped_reward(b, alpha=0.5, rate=None):
   return R
 
 
-def ref_verpo_tests(b, alpha=0.5, singleton="zero"):
-  return (grpo_on(b, shaped_reward(b, alpha), singleton=singleton),)
+def ref_verpo_tests(b, alpha=0.5, singleton="zero", scale="group"):
+  R = shaped_reward(b, alpha)
+  if scale == "group":
+    return (grpo_on(b, R, singleton=singleton),)
+  return (bt(grpo_rows(b, R, scale, singleton=singleton), b),)   # batch σ, or no division
 
 
 CASES = [
     Case("verpo_tests", "verpo_tests", FIELDS, ref_verpo_tests),
     Case("verpo_tests_raw", "verpo_tests", FIELDS, ref_verpo_tests,
          (("alpha", 0.8), ("singleton", "raw"))),
+    Case("verpo_tests_none", "verpo_tests", FIELDS, ref_verpo_tests, (("scale", "none"),)),
+    Case("verpo_tests_batch_raw", "verpo_tests", FIELDS, ref_verpo_tests,
+         (("scale", "batch"), ("singleton", "raw"))),
 ]
 
 test_matches_numpy_reference = reference_test(CASES)
@@ -62,6 +68,28 @@ def test_worked_example():
   want = (R - R.mean()) / (R.std(ddof=1) + 1e-6)
   np.testing.assert_allclose(row0(out.advantages), want, atol=1e-5)
   assert out.state is None
+  # scale="none" (Dr. GRPO): R − mean(R) = R − 0.333333, no σ division.
+  none = jcall(verpo_tests_advantages, test_pass=PASS, test_mask=np.ones((4, 3), bool),
+               scale="none", **one_group(4))
+  np.testing.assert_allclose(row0(none.advantages), [0.666667, -0.083333, -0.25, -0.333333],
+                             atol=1e-5)
+
+
+def test_scale_none_keeps_partial_credit_small():
+  """Two groups of 4: in group 0 nobody passes every test (R ≤ α differ by chance partial
+  credit), in group 1 one row passes all. The σ division makes group 0's spread as large as
+  group 1's; scale="none" keeps it below α while group 1's best row stays near 1."""
+  p = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 0], [0, 0, 0],
+                [1, 1, 1], [1, 0, 0], [0, 0, 0], [0, 0, 0]], np.float32)
+  kw = dict(test_pass=p, test_mask=np.ones((8, 3), bool), group_id=np.repeat([0, 1], 4).astype(
+      np.int32), response_mask=np.ones((8, 2), bool), num_groups=2)
+  std = row0(jcall(verpo_tests_advantages, **kw).advantages)
+  none = row0(jcall(verpo_tests_advantages, **kw, scale="none").advantages)
+  spread = lambda a, g: a[4 * g:4 * g + 4].max() - a[4 * g:4 * g + 4].min()
+  # R: group 0 [.15, .15, 0, 0], group 1 [1, .125, 0, 0] (σ 0.087 and 0.483).
+  assert spread(std, 0) > 0.8 * spread(std, 1)          # chance credit blown up to full size
+  np.testing.assert_allclose([spread(none, 0), spread(none, 1)], [0.15, 1.0], atol=1e-6)
+  np.testing.assert_array_equal(np.sign(std), np.sign(none))   # same direction per row
 
 
 def test_all_pass_gives_uniform_weights_and_no_tests_gives_zero_reward():
@@ -123,6 +151,8 @@ def test_bad_arguments_raise():
   kw = dict(test_pass=PASS, test_mask=np.ones((4, 3), bool), **one_group(4))
   with pytest.raises(ValueError, match="difficulty"):
     verpo_tests_advantages(**kw, difficulty="batch")
+  with pytest.raises(ValueError, match="scale"):
+    verpo_tests_advantages(**kw, scale="std")
   with pytest.raises(ValueError, match="needs a state"):
     verpo_tests_advantages(**kw, difficulty="ema")
   with pytest.raises(ValueError, match="prompt_id"):
