@@ -40,8 +40,7 @@ canonical expression and hold out the first round(φ·n) (half to even), at leas
 most n − 1. A function's side therefore does not depend on the family: "mixed" holds out
 exactly the held-out functions of "linear" and of "quadratic" (defaults: 6 of 30 linear, 8
 of 40 quadratic). φ = 0 is the former shared draw (train and eval from every function).
-The tfds builder (`credit_tasks`) draws both of its splits with `generate`, i.e. train
-functions.
+The tfds builder (`credit_tasks`) draws its test split with `generate_eval` too.
 """
 from __future__ import annotations
 

@@ -7,8 +7,10 @@ metadata directory from that location (`dataset_info_from_configs`).
 
 Splits are generated deterministically: `train` from `np.random.default_rng([seed, 0])`,
 `test` from `np.random.default_rng([seed, 1])`, and stored in generation order
-(`disable_shuffling=True`), so `source[i] == task.generate(rng, n)[i]`. The two
-splits are independent draws: on small task spaces (pivotal has 10·response_len
+(`disable_shuffling=True`), so `source[i] == task.generate(rng, n)[i]` — for `test`,
+`task.generate_eval(rng, n)[i]` when the task defines it (its held-out examples, e.g. the
+program task's held-out target functions; the runner's eval split draws the same way). Other
+tasks' splits are independent draws: on small task spaces (pivotal has 10·response_len
 distinct prompts) test prompts also occur in train.
 
 Features: `prompt`, `answer` (text) and the task's `int_fields` (int64 tensors).
@@ -82,8 +84,10 @@ class Builder(tfds.core.GeneratorBasedBuilder):
   """The built-in credit tasks (arithmetic, countdown, pivotal, program, and the bifurcation
   tasks of the credit benchmark) as a tfds dataset."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release.",
+                   "1.1.0": "test split from the task's generate_eval where it has one "
+                            "(program: held-out target functions)."}
   BUILDER_CONFIGS = [make_config(name) for name in ("arithmetic", "countdown", "pivotal",
                                                     "program", "pivotal_and", "pivotal_or",
                                                     "distractor", "delayed",
@@ -107,5 +111,8 @@ class Builder(tfds.core.GeneratorBasedBuilder):
     cfg = self.builder_config
     task = cfg.make_task()
     rng = np.random.default_rng([cfg.seed, SPLIT_STREAMS[split]])
-    for i, ex in enumerate(task.generate(rng, n)):
+    draw = task.generate
+    if split == "test" and callable(getattr(task, "generate_eval", None)):
+      draw = task.generate_eval  # the task's own held-out examples, as the runner's eval split
+    for i, ex in enumerate(draw(rng, n)):
       yield i, {k: ex[k] for k in ("prompt", "answer", *task.int_fields)}
