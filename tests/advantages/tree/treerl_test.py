@@ -1,12 +1,17 @@
-"""TreeRL (credit/advantages/tree/treerl.py): R(s) = (GA + LA)/√|L(s)| per tree segment.
+"""TreeRL (credit/advantages/tree/treerl.py): per-segment credit from the leaves below.
 
-The numpy reference builds the segment tree explicitly, as the authors' `build_into_tree_format`
-does (a row cut at the columns its branches depart from; a branch's first segment hangs under
-the parent's segment that ends there), and computes leaf means recursively.
+Two numpy references:
+* `ref_treerl_code` transcribes the authors' node recursion (THUDM/TreeRL `tree_node.py`
+  `build_into_tree_format` → `leaf_normalize` → `selected_backpropagate` /
+  `compute_weighted_update`, then `parallel_mcts.py` `path_from_root_to_node` → `fill_in_paths`
+  → `gather_paths` with `use_state_value_reward`) on explicit node objects, path by path;
+* `ref_treerl` builds the same segment tree and computes the paper's (GA + LA)/√|L(s)|.
 """
 from __future__ import annotations
 
+import doctest
 import functools
+import math
 
 import hypothesis
 import hypothesis.strategies as st
@@ -21,6 +26,116 @@ from tests.advantages.tree.cbpo_test import (B, NG, SETTINGS, T, leaf_rows, make
                                              pad_columns, slice_rows)
 
 FIELDS = ("reward", "group_id", "response_mask", "parent_id", "prefix_len")
+OMEGA = {"sqrt": math.sqrt, "uniform": float, "none": lambda n: 1.0}
+
+
+# ---- the code's node recursion, transcribed ------------------------------------------------
+
+
+class Node:
+  """An MCTSNode of `build_into_tree_format`: a run of columns [start, end) of one row."""
+
+  def __init__(self, row, start, end, parent, terminal=False, reward=0.0):
+    self.row, self.start, self.end, self.parent = row, start, end, parent
+    self.children, self.terminal, self.reward = [], terminal, reward
+    self.acc, self.n_term, self.n_sel = 0.0, 0, 0
+
+
+def ref_treerl_code(b, global_weight=1.0, local_weight=1.0, reweight="sqrt", fill_tol=1e-6):
+  r = b["reward"].astype(np.float64)
+  mask, par, pre, g = b["response_mask"], b["parent_id"], b["prefix_len"], b["group_id"]
+  valid = mask.any(1)
+  Bt, Tt = mask.shape
+  kids = {a: [c for c in range(Bt) if par[c] == a] for a in range(Bt)}
+
+  def has_leaf(c):
+    return valid[c] or any(has_leaf(d) for d in kids[c])
+
+  out = np.full(mask.shape, np.nan)
+  for gg in np.unique(g):
+    leaves = []
+
+    def build(a, parent):                     # build_tree_node, on columns of row a
+      ch = sorted((c for c in kids[a] if has_leaf(c)), key=lambda c: pre[c])
+      splits = [int(pre[c]) for c in ch]
+      first = splits[0] if splits else Tt
+      node = Node(a, int(pre[a]), first, parent, terminal=not splits and valid[a],
+                  reward=r[a])
+      cur, i, start = node, 0, first
+      while i < len(ch):
+        group, split = [], splits[i]
+        while i < len(ch) and splits[i] == split:   # the branches departing at one column
+          group.append(ch[i])
+          i += 1
+        nxt = splits[i] if i < len(ch) else Tt
+        seg = Node(a, start, nxt, cur, terminal=i == len(ch) and valid[a], reward=r[a])
+        cur.children.append(seg)
+        for c in group:
+          cur.children.append(build(c, cur))
+        start, cur = nxt, seg
+      return node
+
+    root = Node(-1, 0, 0, None)
+    for a in np.flatnonzero((par < 0) & (g == gg)):
+      if has_leaf(a):
+        root.children.append(build(int(a), root))
+
+    def collect(n):
+      if n.terminal:
+        leaves.append(n)
+      for c in n.children:
+        collect(c)
+
+    collect(root)
+    if not leaves:
+      continue
+    # leaf_normalize (a lone leaf: the code asserts; ours gives 0) + leaf_backpropagate.
+    tot, num = sum(x.reward for x in leaves), len(leaves) - 1
+    for x in leaves:
+      x.acc = x.reward - (tot - x.reward) / num if num else 0.0
+      x.n_term += 1
+      p = x.parent
+      while p is not None:
+        p.n_term += 1
+        p.acc += x.acc
+        p = p.parent
+    # every leaf selected (use_all_terminals): selected_backpropagate, compute_weighted_update.
+    for x in leaves:
+      p = x
+      while p is not None:
+        p.n_sel += 1
+        p = p.parent
+
+    def weight(n):
+      if n.n_sel == 0:
+        return
+      n.acc /= OMEGA[reweight](n.n_sel)
+      for c in n.children:
+        weight(c)
+
+    weight(root)
+    for x in leaves:                          # path_from_root_to_node, fill_in_paths, gather
+      path, n = [], x
+      while n.parent is not None:
+        v = n.acc / n.n_term
+        path.append([n, v - n.parent.acc / n.parent.n_term, v])
+        n = n.parent
+      path = path[::-1]
+      for i in range(1, len(path)):
+        if abs(path[i][1]) < fill_tol:
+          path[i][1] = path[i - 1][1]
+      for n, value, state in path:
+        reward = local_weight * value + global_weight * state
+        cols = np.zeros(Tt, bool)
+        cols[n.start:n.end] = True
+        cols &= mask[n.row]
+        prev = out[n.row, cols]
+        assert np.all(np.isnan(prev) | np.isclose(prev, reward)), "paths disagree on a node"
+        out[n.row, cols] = reward
+  return np.where(np.isnan(out), 0.0, out)
+
+
+# ---- the paper's equation on the same segment tree ------------------------------------------
 
 
 def ref_treerl(b, global_weight=1.0, local_weight=1.0, reweight="sqrt"):
@@ -35,7 +150,6 @@ def ref_treerl(b, global_weight=1.0, local_weight=1.0, reweight="sqrt"):
 
   # Segment nodes: (row, start, end); children lists; leaves (rows) under each.
   segs, parent_of, leaves = [], {}, {}
-  first_seg = {}
 
   def build(a, parent_seg):
     cuts = sorted({int(pre[c]) for c in kids[a] if subtree_has_leaf(c)})
@@ -46,15 +160,13 @@ def ref_treerl(b, global_weight=1.0, local_weight=1.0, reweight="sqrt"):
       segs.append((a, bounds[i], bounds[i + 1]))
       parent_of[sid] = parent_seg if i == 0 else ids[-1]
       ids.append(sid)
-    first_seg[a] = ids[0]
     for c in kids[a]:
       # The parent segment of c's first segment is the one that ends at prefix_len[c].
       end_at = [s for s in ids if segs[s][2] == pre[c]]
       build(c, end_at[0] if end_at else ids[-1])
     return ids
 
-  roots = [a for a in range(Bt) if par[a] < 0]
-  for a in roots:
+  for a in [a for a in range(Bt) if par[a] < 0]:
     build(a, ("root", int(g[a])))
 
   def leaves_of(sid):
@@ -78,12 +190,14 @@ def ref_treerl(b, global_weight=1.0, local_weight=1.0, reweight="sqrt"):
     p = parent_of[sid]
     vp = v_root[int(g[a])] if isinstance(p, tuple) else r[leaves_of(p)].mean()
     x = global_weight * (v - v_root[int(g[a])]) + local_weight * (v - vp)
-    n = len(lv)
-    x = x / {"sqrt": np.sqrt(n), "uniform": n, "none": 1.0}[reweight]
+    x = x / OMEGA[reweight](len(lv))
     sel = np.zeros(Tt, bool)
     sel[s:e] = True
     out[a, sel & mask[a]] = x
   return out
+
+
+REFS = {"code": ref_treerl_code, "paper": ref_treerl}
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,49 +211,120 @@ def run(b, **kw):
 
 def test_registered():
   spec = registry.get_estimator("treerl")
-  assert spec.family == "tree" and spec.confidence == "paper-equation"
+  assert spec.family == "tree" and spec.confidence == "code-verified"
   assert spec.needs == set(FIELDS)
 
 
-
-def test_worked_example():
+def _small_tree():
   # Roots 0 (r=1) and 1 (r=0); row 0 branched at column 3 into rows 2 (r=0) and 3 (r=1).
-  # V(root) = 1/2. Row 0 [1,3): L = {0,2,3}, V = 2/3, GA = LA = 1/6, R = (1/3)/√3.
-  # Row 0 [3,5): L = {0}, V = 1, GA = 1/2, LA = 1/3, R = 5/6. Row 2: V = 0, GA = −1/2,
-  # LA = −2/3 → −7/6. Row 1 (a chain): 2·(0 − 1/2) = −1.
   mask = np.zeros((4, 5), bool)
   mask[:2, 1:] = True
   mask[2:, 3:] = True
-  b = {"reward": np.array([1., 0, 0, 1], np.float32), "group_id": np.zeros(4, np.int32),
-       "response_mask": mask, "parent_id": np.array([-1, -1, 0, 0], np.int32),
-       "prefix_len": np.array([0, 0, 3, 3], np.int32)}
+  return {"reward": np.array([1., 0, 0, 1], np.float32), "group_id": np.zeros(4, np.int32),
+          "response_mask": mask, "parent_id": np.array([-1, -1, 0, 0], np.int32),
+          "prefix_len": np.array([0, 0, 3, 3], np.int32)}
+
+
+def test_worked_example_code():
+  # N = 4, c = r − (2 − r)/3 = ±2/3. Row 0 [0,3): L = {0,2,3}, Σc = 2/3, V = (2/3)/(3√3),
+  # V(root) = 0, R = D + V = 2V. Row 0 [3,5): V = 2/3, R = (2/3 − V₀) + 2/3. Row 2: V = −2/3,
+  # R = (−2/3 − V₀) − 2/3. Row 1 (a chain): R = 2c = −4/3.
+  b = _small_tree()
   a = np.asarray(treerl.treerl_advantages(**b, num_groups=1), np.float64)
-  np.testing.assert_allclose(a[0], [0, 1 / 3 / np.sqrt(3)] * 1 + [1 / 3 / np.sqrt(3), 5 / 6,
-                                                                   5 / 6], atol=1e-5)
+  v0 = (2 / 3) / (3 * np.sqrt(3))
+  np.testing.assert_allclose(a[0], [0, 2 * v0, 2 * v0, 4 / 3 - v0, 4 / 3 - v0], atol=1e-6)
+  np.testing.assert_allclose(a[1], [0, -4 / 3, -4 / 3, -4 / 3, -4 / 3], atol=1e-6)
+  np.testing.assert_allclose(a[2], [0, 0, 0, -4 / 3 - v0, -4 / 3 - v0], atol=1e-6)
+  np.testing.assert_allclose(a[3], a[0] * [0, 0, 0, 1, 1], atol=1e-6)
+  np.testing.assert_allclose(a, ref_treerl_code(b), atol=1e-6)
+
+
+def test_worked_example_code_fill_in():
+  # Rows (r): 0 root (.5), 1 ← 0 at col 2 (1), 2 ← 0 at col 4 (1), 3 ← 2 at col 6 (0),
+  # 4 root (0), 5 ← 0 at col 7 (.5). N = 6, mean .5, c = 1.2·(r − .5) = [0,.6,.6,−.6,−.6,0].
+  # Row 0 [0,2): L = {0,1,2,3,5}, Σc = .6, V₀ = .6/(5√5), top: D = V₀, R = 2V₀.
+  # Row 1: V = .6, R = (.6 − V₀) + .6. Row 0 [2,4): L = {0,2,3,5}, V = 0, D = −V₀, R = −V₀.
+  # Zero D, filled from the parent: row 0 [4,7) (L = {0,5}), row 0 [7,10) and row 5 (a chain
+  # of fills), row 2 [4,6) (L = {2,3}): all R = 0 + (−V₀). Row 2 [6,10): 1.2; row 3: −1.2;
+  # row 4 (root chain): 2c = −1.2.
+  mask = np.zeros((6, 10), bool)
+  for row, (s, e) in enumerate([(1, 10), (2, 9), (4, 10), (6, 8), (1, 6), (7, 9)]):
+    mask[row, s:e] = True
+  b = {"reward": np.array([.5, 1, 1, 0, 0, .5], np.float32), "group_id": np.zeros(6, np.int32),
+       "response_mask": mask, "parent_id": np.array([-1, 0, 0, 2, -1, 0], np.int32),
+       "prefix_len": np.array([0, 2, 4, 6, 0, 7], np.int32)}
+  a = np.asarray(treerl.treerl_advantages(**b, num_groups=1), np.float64)
+  v0 = 0.6 / (5 * np.sqrt(5))
+  want = np.zeros((6, 10))
+  want[0, 1:2], want[0, 2:10] = 2 * v0, -v0
+  want[1, 2:9] = 1.2 - v0
+  want[2, 4:6], want[2, 6:10] = -v0, 1.2
+  want[3, 6:8], want[4, 1:6], want[5, 7:9] = -1.2, -1.2, -v0
+  np.testing.assert_allclose(a, want, atol=1e-6)
+  np.testing.assert_allclose(a, ref_treerl_code(b), atol=1e-6)
+  # Without the fill-in those segments keep D = 0: R = V = 0.
+  off = np.asarray(treerl.treerl_advantages(**b, num_groups=1, fill_tol=0.0), np.float64)
+  want[0, 4:10], want[2, 4:6], want[5, 7:9] = 0, 0, 0
+  np.testing.assert_allclose(off, want, atol=1e-6)
+  np.testing.assert_allclose(off, ref_treerl_code(b, fill_tol=0.0), atol=1e-6)
+
+
+def test_worked_example_paper():
+  # V(root) = 1/2. Row 0 [1,3): L = {0,2,3}, V = 2/3, GA = LA = 1/6, R = (1/3)/√3.
+  # Row 0 [3,5): L = {0}, V = 1, GA = 1/2, LA = 1/3, R = 5/6. Row 2: V = 0, GA = −1/2,
+  # LA = −2/3 → −7/6. Row 1 (a chain): 2·(0 − 1/2) = −1.
+  b = _small_tree()
+  a = np.asarray(treerl.treerl_advantages(**b, num_groups=1, form="paper"), np.float64)
+  x = 1 / 3 / np.sqrt(3)
+  np.testing.assert_allclose(a[0], [0, x, x, 5 / 6, 5 / 6], atol=1e-5)
   np.testing.assert_allclose(a[1], [0, -1, -1, -1, -1], atol=1e-5)
   np.testing.assert_allclose(a[2], [0, 0, 0, -7 / 6, -7 / 6], atol=1e-5)
   np.testing.assert_allclose(a[3], [0, 0, 0, 5 / 6, 5 / 6], atol=1e-5)
   np.testing.assert_allclose(a, ref_treerl(b), atol=1e-6)
 
 
+OPTIONS = [dict(), dict(global_weight=0.0, local_weight=1.0, reweight="uniform"),
+           dict(global_weight=0.5, local_weight=2.0, reweight="none")]
+
+
+@pytest.mark.parametrize("form", ["code", "paper"])
 @pytest.mark.parametrize("seed", range(4))
-def test_matches_numpy_reference(seed):
+def test_matches_numpy_reference(seed, form):
   b = make_tree(seed)
-  np.testing.assert_allclose(run(b), ref_treerl(b), rtol=1e-5, atol=1e-5)
-  kw = dict(global_weight=0.0, local_weight=1.0, reweight="uniform")
-  np.testing.assert_allclose(run(b, **kw), ref_treerl(b, **kw), rtol=1e-5, atol=1e-5)
+  for kw in OPTIONS:
+    np.testing.assert_allclose(run(b, form=form, **kw), REFS[form](b, **kw), rtol=1e-5,
+                               atol=1e-5, err_msg=str(kw))
+
+
+@hypothesis.settings(**SETTINGS)
+@hypothesis.given(seed=st.integers(0, 10_000), rewards=st.sampled_from(
+    [(0.0, 1.0), (0.0, 1.0, 0.5), (0.0, 0.25, 1.0, 2.0)]))
+def test_code_form_matches_the_node_recursion(seed, rewards):
+  b = make_tree(seed, nodes=4, rewards=rewards)
+  np.testing.assert_allclose(run(b), ref_treerl_code(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [21, 30, 32])
+def test_code_form_fill_in_on_random_trees(seed):
+  # Draws where some segment below the top has D = 0 (found by search: about 1 in 10 draws
+  # of this kind), so the fill-in changes the result.
+  b = make_tree(seed, nodes=5, rewards=(0.0, 1.0, 0.5))
+  want = ref_treerl_code(b)
+  assert not np.allclose(want, ref_treerl_code(b, fill_tol=0.0))
+  np.testing.assert_allclose(run(b), want, rtol=1e-5, atol=1e-5)
 
 
 def test_deep_tree_and_masked_parent():
   b = make_tree(11, nodes=5)                   # depth > 1 in this draw
   assert np.any(b["parent_id"][np.maximum(b["parent_id"], 0)] >= 0)
-  np.testing.assert_allclose(run(b), ref_treerl(b), atol=1e-5)
   # A masked parent: its children stay leaves under its (uncredited) tokens.
   a = int(b["parent_id"][b["parent_id"] >= 0][0])
   m = dict(b, response_mask=b["response_mask"] & (np.arange(len(b["reward"])) != a)[:, None])
-  got = run(m)
-  assert np.all(got[a] == 0)
-  np.testing.assert_allclose(got, ref_treerl(m), atol=1e-5)
+  for form in ("code", "paper"):
+    np.testing.assert_allclose(run(b, form=form), REFS[form](b), atol=1e-5)
+    got = run(m, form=form)
+    assert np.all(got[a] == 0)
+    np.testing.assert_allclose(got, REFS[form](m), atol=1e-5)
 
 
 GRPO = jax.jit(functools.partial(grpo_advantages, num_groups=NG, scale="none"))
@@ -147,11 +332,14 @@ GRPO = jax.jit(functools.partial(grpo_advantages, num_groups=NG, scale="none"))
 
 @hypothesis.settings(**SETTINGS)
 @hypothesis.given(r=st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=4, max_size=4))
-def test_flat_batch_is_twice_the_centred_reward(r):
+def test_flat_batch(r):
+  # Paper: 2·(r − μ). Code: 2·c = 2·N/(N−1)·(r − μ), N = 2 rows per group here.
   b = make_tree(0, nodes=0, k=0)
   b = dict(b, reward=np.asarray(r, np.float32))
-  want = GRPO(reward=b["reward"], group_id=b["group_id"], response_mask=b["response_mask"])
-  np.testing.assert_allclose(run(b), 2 * np.asarray(want), rtol=1e-6, atol=1e-6)
+  want = np.asarray(GRPO(reward=b["reward"], group_id=b["group_id"],
+                         response_mask=b["response_mask"]))
+  np.testing.assert_allclose(run(b, form="paper"), 2 * want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(run(b), 4 * want, rtol=1e-6, atol=1e-6)
 
 
 @hypothesis.settings(**SETTINGS)
@@ -160,28 +348,48 @@ def test_masking_a_leaf_row_equals_slicing_it(seed):
   b = make_tree(seed)
   drop = np.zeros(B, bool)
   drop[np.random.default_rng(seed).choice(np.flatnonzero(leaf_rows(b)), 2, replace=False)] = True
-  masked = run(dict(b, response_mask=b["response_mask"] & ~drop[:, None]))
-  assert np.all(masked[drop] == 0)
-  np.testing.assert_allclose(masked[~drop], run(slice_rows(b, drop)), rtol=1e-5, atol=1e-6)
+  for form in ("code", "paper"):
+    masked = run(dict(b, response_mask=b["response_mask"] & ~drop[:, None]), form=form)
+    assert np.all(masked[drop] == 0)
+    np.testing.assert_allclose(masked[~drop], run(slice_rows(b, drop), form=form), rtol=1e-5,
+                               atol=1e-6)
 
 
 @hypothesis.settings(**SETTINGS)
 @hypothesis.given(seed=st.integers(0, 10_000), value=st.sampled_from([0.0, 1.0, 0.3]))
 def test_padding_and_degenerate(seed, value):
   b = make_tree(seed)
-  got = run(pad_columns(b))
-  np.testing.assert_allclose(got[:, :T], run(b), rtol=1e-6, atol=1e-6)
-  assert np.all(got[:, T:] == 0)
-  assert np.all(run(dict(b, reward=np.full(B, value, np.float32))) == 0)
   lone = make_tree(seed, k=1)
-  out = run(lone)
-  assert np.all(np.isfinite(out))
-  np.testing.assert_allclose(out, ref_treerl(lone), atol=1e-5)
+  for form in ("code", "paper"):
+    got = run(pad_columns(b), form=form)
+    np.testing.assert_allclose(got[:, :T], run(b, form=form), rtol=1e-6, atol=1e-6)
+    assert np.all(got[:, T:] == 0)
+    assert np.all(run(dict(b, reward=np.full(B, value, np.float32)), form=form) == 0)
+    out = run(lone, form=form)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, REFS[form](lone), atol=1e-5)
+
+
+def test_lone_leaf_group_is_zero():
+  # The code asserts on a prompt with one leaf; here that group gets exact zeros.
+  b = make_tree(5, nodes=0, k=0)
+  m = b["response_mask"].copy()
+  m[1] = False                                  # group 0 keeps row 0 only
+  got = run(dict(b, response_mask=m, reward=np.array([1., 0, 1, 0], np.float32)))
+  assert np.all(got[:2] == 0) and np.any(got[2:] != 0)
+
+
+def test_docstring_example():
+  assert doctest.testmod(treerl).failed == 0
 
 
 def test_jit_equals_eager_and_bad_choice():
   b = make_tree(3)
-  np.testing.assert_allclose(np.asarray(treerl.treerl_advantages(**b, num_groups=NG)), run(b),
-                             rtol=1e-6, atol=1e-6)
+  for form in ("code", "paper"):
+    np.testing.assert_allclose(
+        np.asarray(treerl.treerl_advantages(**b, num_groups=NG, form=form)), run(b, form=form),
+        rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="reweight"):
     treerl.treerl_advantages(**b, num_groups=NG, reweight="log")
+  with pytest.raises(ValueError, match="form"):
+    treerl.treerl_advantages(**b, num_groups=NG, form="mcts")
