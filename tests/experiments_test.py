@@ -28,8 +28,10 @@ DISTILL_RECIPES = ("opd_arithmetic", "scope_arithmetic", "sft_teacher_arithmetic
 # tree batch end to end here (the update is the same for every tree batch).
 TREE_STEP_RECIPES = ("slate_chain", "tp_grpo_chain")
 # SCRL's one-step batch (subproblem fields and advantages) is checked in producers_test.py; the
-# chain task runs end to end here through verifree_chain and cbpo_chain.
-ONE_STEP_RECIPES = ("scrl_chain",)
+# chain task runs end to end here through verifree_chain and cbpo_chain. The reward-shaping
+# recipes' one-step batches are shaping_recipes_test.py's (with one end-to-end run of the five).
+ONE_STEP_RECIPES = ("scrl_chain", "c_grpo_chain", "searchllm_chain", "atom_searcher_chain",
+                    "prm_transform_chain", "ppr_renorm_chain")
 # grpo_jsonl's tiny run (its own data file, sampled eval) is jsonl_recipe_test.py's;
 # rl_tango_chain's (policy and verifier, with a resume) is verifier_test.py's; beamperl's
 # (LoRA on an exported checkpoint the test makes) is beamperl_recipe_test.py's; cso_chain's,
