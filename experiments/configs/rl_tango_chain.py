@@ -22,12 +22,12 @@ drops the process reward. The verifier's metrics (`verifier_step_acc`,
 `verifier_wrong_step_recall`) score its step verdicts against that judge, and
 `verifier_step_acc_outcome_copy` gives the baseline of copying the outcome onto every step.
 
-Measured (seed 0, 2 shared CPU cores, 2026-12-05; held-out greedy accuracy at steps 25 / 50 /
-75 / 100 from the warm-up's 0.441): this recipe 0.824 / 0.832 / 0.855 / 0.852 (8.9 s per step,
-7.8 of them the verifier; its warm-up 1040 s); with the task's exact judge 0.828 / 0.840 /
-0.859 / 0.855 (3.5 s); GRPO 0.824 / 0.863 / 0.875 / 0.879 (2.9 s). The verifier's final
-verdicts are 91-95% right, its step verdicts no better than copying the outcome (README,
-"A generative verifier trained with the policy").
+Measured (seed 0, 2 CPU cores, 2026-12-05, after the fix of single-turn step ids; held-out
+greedy accuracy at steps 25 / 50 / 75 / 100 from the warm-up's 0.434): this recipe 0.828 /
+0.875 / 0.887 / 0.887 (1.77 s per step, 1.56 of them the verifier; its warm-up 91 s); with the
+task's exact judge 0.836 / 0.859 / 0.867 / 0.871 (0.21 s); GRPO 0.820 / 0.863 / 0.867 / 0.879
+(0.40 s). The verifier's final verdicts are 87-89% right, its step verdicts no better than
+copying the outcome (README, "A generative verifier trained with the policy").
 """
 from experiments.configs import common
 from experiments.configs.verifree_chain import chain_setting
