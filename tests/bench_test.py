@@ -265,3 +265,22 @@ def test_learning_statistics_and_bootstrap():
   with pytest.raises(ValueError, match="finite"):
     bench.credit_metrics(np.full((2, 3), np.nan), np.zeros((2, 3)), np.ones((2, 3), bool),
                          np.zeros((2, 3), bool), np.zeros(2))
+
+
+def test_learning_runs_start_from_their_own_warm_up(tmp_path):
+  """With `learn_sft_steps` the learning part starts from a warm-up of its own (the credit
+  part keeps `sft_steps`): both are exported, and the learning rows are reported."""
+  import dataclasses
+  import os
+  from benchmarks import credit_bench
+  s = dataclasses.replace(credit_bench.QUICK, estimators=("grpo",), learn_estimators=("grpo",),
+                          seeds=1, sft_steps=2, learn_sft_steps=3, snapshot_steps=0,
+                          num_snapshots=1, batches=1, num_rollouts=2, prompts_per_step=2,
+                          group_size=4, learn_steps=2, eval_every=1)
+  rows, skipped, extras = credit_bench.run_task("pivotal", s, str(tmp_path), say=lambda *_: None)
+  assert not skipped
+  for name in ("warmup", "learn_warmup"):
+    assert os.path.exists(os.path.join(tmp_path, name, "hf_policy", "config.json"))
+  learned = {r.metric for r in rows if r.part == "learning" and r.estimator == "grpo"}
+  assert learned == set(credit_bench.LEARN_METRICS)
+  assert len(extras["curves"]["grpo"]) == 1
