@@ -404,32 +404,46 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
   if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
                                  or group_size < 1):
     raise ValueError(f"group_size={group_size!r} must be a positive int or None")
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def sgd(params, opt_state, batch, key, extra=None):
-    B = jax.tree.leaves(batch)[0].shape[0]
-    mb_size = B // num_minibatches
+    def shuffle(epoch_key):
+      return _minibatches(batch, epoch_key, num_minibatches, group_size)
 
-    def epoch(carry, e):
-      perm = epoch_permutation(jax.random.fold_in(key, e), B, num_minibatches=num_minibatches,
-                               group_size=group_size)
-      shuffled = jax.tree.map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]),
-                              dict(batch))
-
-      def minibatch(carry, mb):
-        params, opt_state = carry
-        (loss, metrics), grads = (grad_fn(params, mb) if extra is None
-                                  else grad_fn(params, mb, extra))
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, opt_state), dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-
-      return jax.lax.scan(minibatch, carry, shuffled)
-
-    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jnp.arange(epochs))
-    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+    return _epochs_of_minibatches(loss_fn, tx, params, opt_state, key, epochs, shuffle, extra)
 
   return sgd
+
+
+def _minibatches(batch, key: jax.Array, num_minibatches: int, group_size: int | None):
+  """`batch` ([B,...] arrays) shuffled by `epoch_permutation` and stacked into
+  [num_minibatches, B / num_minibatches, ...]."""
+  B = jax.tree.leaves(batch)[0].shape[0]
+  perm = epoch_permutation(key, B, num_minibatches=num_minibatches, group_size=group_size)
+  return jax.tree.map(
+      lambda x: x[perm].reshape((num_minibatches, B // num_minibatches) + x.shape[1:]),
+      dict(batch))
+
+
+def _epochs_of_minibatches(loss_fn: Callable, tx: optax.GradientTransformation, params,
+                           opt_state, key: jax.Array, epochs: int, shuffle: Callable,
+                           extra=None):
+  """The SGD loop both minibatch updates share: `epochs` scans over `shuffle(fold_in(key, e))`
+  (stacked minibatches), one optimiser step of `loss_fn(params, mb[, extra])` each; metrics
+  (with `loss` and `grad_norm`) averaged over all steps."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def epoch(carry, e):
+    def step(carry, mb):
+      p, o = carry
+      (loss, metrics), g = grad_fn(p, mb) if extra is None else grad_fn(p, mb, extra)
+      u, o = tx.update(g, o, p)
+      return (optax.apply_updates(p, u), o), dict(metrics, loss=loss,
+                                                   grad_norm=optax.tree.norm(g))
+
+    return jax.lax.scan(step, carry, shuffle(jax.random.fold_in(key, e)))
+
+  (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jnp.arange(epochs))
+  return params, opt_state, jax.tree.map(jnp.mean, metrics)
 
 
 def make_scorer(graphdef, rest, chunk_size: int | None, *,
@@ -468,34 +482,15 @@ def make_roles_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation
   `loss_fn(params, {role: minibatch}) -> (loss, metrics)`. Metrics, `loss` and `grad_norm`
   are averaged over the steps.
   """
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
   def sgd(params, opt_state, batch, key):
     roles = sorted(batch)
 
-    def epoch(carry, e):
-      ek = jax.random.fold_in(key, e)
-      shuffled = {}
-      for i, role in enumerate(roles):
-        B = jax.tree.leaves(batch[role])[0].shape[0]
-        perm = epoch_permutation(jax.random.fold_in(ek, i), B,
-                                 num_minibatches=num_minibatches,
-                                 group_size=group_sizes.get(role))
-        shuffled[role] = jax.tree.map(
-            lambda x, p=perm, b=B: x[p].reshape((num_minibatches, b // num_minibatches)
-                                                + x.shape[1:]), dict(batch[role]))
+    def shuffle(epoch_key):  # every optimiser step gets a slice of every role
+      return {role: _minibatches(batch[role], jax.random.fold_in(epoch_key, i),
+                                 num_minibatches, group_sizes.get(role))
+              for i, role in enumerate(roles)}
 
-      def roles_step(carry, mb_roles):  # one optimiser step on every role's slice
-        p, o = carry
-        (total, role_metrics), g = grad_fn(p, mb_roles)
-        u, o = tx.update(g, o, p)
-        return (optax.apply_updates(p, u), o), dict(role_metrics, loss=total,
-                                                    grad_norm=optax.tree.norm(g))
-
-      return jax.lax.scan(roles_step, carry, shuffled)
-
-    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jnp.arange(epochs))
-    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+    return _epochs_of_minibatches(loss_fn, tx, params, opt_state, key, epochs, shuffle)
 
   return sgd
 
