@@ -68,7 +68,7 @@ import numpy as np
 
 from credit import tasks as tasks_lib
 from credit.losses import SFT_TARGETS, intervention_sft_mask
-from credit.tasks.char_tokenizer import prompt_ids
+from credit.tasks.char_tokenizer import pad_rows, prompt_ids
 from credit import parallel
 from experiments import train
 
@@ -179,32 +179,9 @@ def critical_steps(step_id_BT: np.ndarray, first_wrong_B: np.ndarray
   return start, end
 
 
-def first_wrong_columns(tok, task, examples: Mapping[str, Any], tokens_BT: np.ndarray,
-                        resp_BT: np.ndarray, example_of_row: np.ndarray,
-                        rows: np.ndarray) -> np.ndarray:
-  """[B] column of the first token the task flags wrong (`flag_chars`), −1 where none or
-  where the row is not in `rows`."""
-  out = np.full(tokens_BT.shape[0], -1, np.int64)
-  for b in rows:
-    cols = np.flatnonzero(resp_BT[b])
-    ids = tokens_BT[b, cols]
-    ex = tasks_lib.as_example({k: examples[k][example_of_row[b]] for k in examples})
-    flags = tasks_lib.token_flags(tok, ids, task.flag_chars(ex, tok.decode(ids)))
-    if flags.any():
-      out[b] = cols[int(np.argmax(flags))]
-  return out
-
-
 def _pack(rows: list[list[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
   """Right-padded [R, width] tokens and their validity mask."""
-  toks = np.full((len(rows), width), pad, np.int32)
-  mask = np.zeros((len(rows), width), bool)
-  for r, ids in enumerate(rows):
-    if len(ids) > width:
-      raise ValueError(f"a sequence of {len(ids)} tokens exceeds the width {width}")
-    toks[r, :len(ids)] = ids
-    mask[r, :len(ids)] = True
-  return toks, mask
+  return pad_rows(rows, width, pad_id=pad, pad_left=False)
 
 
 def _new_tokens(out) -> list[list[int]]:
@@ -348,7 +325,8 @@ def build(s: "Setup", wanted: frozenset):
     example_of_row = host["group_id"]
     valid = host["prompt_mask"] | resp
     failed = np.flatnonzero(reward < k.success)
-    wrong = first_wrong_columns(tok, task, ctx.examples, tokens, resp, example_of_row, failed)
+    wrong = producers.first_wrong_columns(tok, task, ctx.examples, tokens, resp,
+                                          example_of_row, failed)
     start, end = critical_steps(split(tokens, resp), wrong)
     located = np.flatnonzero(start >= 0)
     rng = np.random.default_rng([rng_seed, step])

@@ -229,17 +229,30 @@ def _tree_batch(s: Setup, ctx: StepContext, tree, **more) -> dict:
       "prefix_len": tree.prefix_len, "logprob_sampler": tree.logprob_sampler, **more}, s.mesh)
 
 
-def first_error_scores(tok, task, examples: Mapping[str, Any], tree) -> np.ndarray:
-  """[B,T] 1 at the first wrong token of each wrong row's path (the task's `flag_chars`: the
-  first character a judge marks wrong), 0 elsewhere; row b answers example `group_id[b]`."""
-  out = np.zeros(tree.tokens.shape, np.float32)
-  for b, g in enumerate(tree.group_id):
-    cols = np.flatnonzero(tree.path_mask[b])
-    ids = tree.tokens[b, cols]
-    example = tasks_lib.as_example({k: examples[k][g] for k in examples})
+def first_wrong_columns(tok, task, examples: Mapping[str, Any], tokens_BT: np.ndarray,
+                        resp_BT: np.ndarray, example_of_row: np.ndarray,
+                        rows: Iterable[int] | None = None) -> np.ndarray:
+  """[B] the column of each row's first token the task flags wrong (`flag_chars`: the first
+  character a judge marks wrong), −1 where none (or the row is not in `rows`; default all);
+  row b answers example `example_of_row[b]` and its response is `resp_BT[b]`."""
+  out = np.full(tokens_BT.shape[0], -1, np.int64)
+  for b in range(tokens_BT.shape[0]) if rows is None else rows:
+    cols = np.flatnonzero(resp_BT[b])
+    ids = tokens_BT[b, cols]
+    example = tasks_lib.as_example({k: examples[k][example_of_row[b]] for k in examples})
     flags = tasks_lib.token_flags(tok, ids, task.flag_chars(example, tok.decode(ids)))
     if flags.any():
-      out[b, cols[np.argmax(flags)]] = 1.0
+      out[b] = cols[int(np.argmax(flags))]
+  return out
+
+
+def first_error_scores(tok, task, examples: Mapping[str, Any], tree) -> np.ndarray:
+  """[B,T] 1 at the first wrong token of each wrong row's path (`first_wrong_columns`), 0
+  elsewhere; row b answers example `group_id[b]`."""
+  col = first_wrong_columns(tok, task, examples, tree.tokens, tree.path_mask, tree.group_id)
+  out = np.zeros(tree.tokens.shape, np.float32)
+  rows = np.flatnonzero(col >= 0)
+  out[rows, col[rows]] = 1.0
   return out
 
 
