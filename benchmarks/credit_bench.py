@@ -2,6 +2,7 @@
 
   python -m benchmarks.credit_bench [--quick] [--only grpo,rloo] [--tasks pivotal,distractor]
                                     [--out credit_bench] [--seeds 3] [--no-learning]
+                                    [--workdir DIR] [--resume]
 
 On bifurcation tasks (`credit/tasks/bifurcation.py`, `credit/tasks/pivotal.py`) the response
 positions that decide the reward are known, and `credit.bench.true_advantages` computes each
@@ -38,7 +39,9 @@ task, tree rollouts, a teacher checkpoint...) are listed in skipped.md with the 
 
 Outputs in --out: results.csv (task, estimator, family, part, metric, mean, lo, hi, n),
 table.md (per task, every metric with intervals), summary.md (one line per estimator across
-tasks: the README's table), skipped.md, learning.csv (every eval point of every run), bars_<task>.png (metrics
+tasks: the README's table), skipped.md, learning.csv (every eval point of every run, written
+after each finished run; `--resume` keeps the finished ones, so the hours-long full learning
+part can be run in pieces: same --out, same settings), bars_<task>.png (metrics
 with intervals), curves_<task>.png (learning curves), heatmap_<task>.png (one batch under each
 estimator next to the truth). `--quick` (one task, a few estimators, 2 snapshots, GRPO's learning
 curve over 3 seeds of a few steps) takes about 2 minutes on 2 CPU cores; notebooks/estimator_gallery.ipynb runs it.
@@ -50,7 +53,9 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -82,6 +87,10 @@ TASK_KWARGS = {
     "pivot_turn": {},  # multi-turn: K = 3 questions, one decides (credit/envs/pivot_turn.py)
 }
 REFERENCES = ("oracle", "constant")
+# Tree estimators (parent_id / prefix_len) are scored on tree batches of the same snapshots;
+# these are scored there too, named with the suffix, as their baselines.
+TREE = "@tree"
+TREE_BASELINES = ("oracle", "grpo")
 CREDIT_METRICS = ("corr", "pivot_mass", "sign_acc", "zero_tokens", "zero_groups")
 # Multi-turn tasks also score at the turn level: each estimator's per-turn mean advantage
 # against the true turn advantages (`bench.turn_credit_metrics`).
@@ -113,6 +122,10 @@ class Settings:
   # > 0: the learning runs start from a warm-up of their own with this many SFT steps (the
   # credit part keeps `sft_steps`): a start that leaves RL room to learn and shows it.
   learn_sft_steps: int = 0
+  # > 0: estimators that need branch fields are scored on tree batches (`tree_config`):
+  # G/2 roots, `tree_points` branch points per prompt with `tree_branches` continuations each.
+  tree_branches: int = 2
+  tree_points: int = 2
   # Scored on multi-turn tasks besides `estimators` (when that is a list): the turn-level
   # estimators the runner's producers can feed there.
   multi_turn_estimators: tuple[str, ...] = ()
@@ -242,7 +255,11 @@ def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
       if getattr(data.task, "multi_turn", False):  # environment episodes
         host["obs_mask"] = np.asarray(ctx.host["obs_mask"])
         host["turn_id"] = np.asarray(ctx.host["turn_id"])
-      truth = true_advantages(run, params, ex, host, key, s)
+      # A tree row's loss tokens are its own segment; its truth is computed along its whole
+      # path (the shared prefix it continues), whose tokens belong to an ancestor row.
+      path = np.asarray(ctx.host["response_mask"]) if "own_mask" in ctx.host else None
+      truth = true_advantages(run, params, ex, host if path is None
+                              else {**host, "response_mask": path}, key, s)
       out.append(Batch(step, params, snaps[0][1], args, host, truth))
   return out
 
@@ -250,8 +267,7 @@ def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
 def true_advantages(run, params, examples, host: dict, key, s: Settings):
   """The exact per-token advantages of a batch under the policy that sampled it
   (`bench.true_turn_advantages` on a multi-turn batch)."""
-  G = run.setup.group_size
-  rows = [{k: v[i // G] for k, v in examples.items()} for i in range(host["tokens"].shape[0])]
+  rows = [{k: v[g] for k, v in examples.items()} for g in host["group_id"]]
   if "turn_id" in host:  # a multi-turn batch (rollout_batches)
     rows = [tasks_lib.as_example(r) for r in rows]
     return bench.true_turn_advantages(
@@ -351,18 +367,81 @@ def score(adv: np.ndarray, b: Batch) -> dict[str, float]:
 # --------------------------------------------------------------------------
 
 
+class LearningLog:
+  """The learning part's record, kept as it grows: `learning.csv` rows (task, estimator, seed,
+  step, wall_time, eval_accuracy) appended after every finished run, so a long full run can be
+  stopped and resumed (`--resume`) without redoing a finished (task, estimator, seed). A run
+  counts as finished when its last eval is at `learn_steps`. `settings.json` beside it must
+  match the settings of the run that resumes (a different setting would mix curves)."""
+
+  HEADER = ["task", "estimator", "seed", "step", "wall_time", "eval_accuracy"]
+
+  def __init__(self, out: str, s: Settings, resume: bool):
+    os.makedirs(out, exist_ok=True)
+    self.path = os.path.join(out, "learning.csv")
+    self.learn_steps = s.learn_steps
+    fingerprint = {k: v for k, v in dataclasses.asdict(s).items()
+                   if k not in ("tasks", "estimators", "learn_estimators", "seeds",
+                                "multi_turn_estimators")}
+    spath = os.path.join(out, "settings.json")
+    self.done: dict[tuple[str, str, int], list[dict]] = {}
+    if resume and os.path.exists(self.path):
+      old = json.load(open(spath)) if os.path.exists(spath) else None
+      if old != fingerprint:
+        raise SystemExit(f"--resume: {spath} holds other settings ({old}) than this run's "
+                         f"({fingerprint}); use another --out or drop --resume")
+      runs: dict[tuple[str, str, int], list[dict]] = {}
+      with open(self.path, newline="") as f:
+        for r in csv.DictReader(f):
+          runs.setdefault((r["task"], r["estimator"], int(r["seed"])), []).append(
+              {"step": int(r["step"]), "wall_time": float(r["wall_time"]),
+               "eval_accuracy": float(r["eval_accuracy"])})
+      self.done = {k: v for k, v in runs.items() if v and v[-1]["step"] == s.learn_steps}
+    with open(self.path, "w", newline="") as f:  # finished runs only (a partial one is redone)
+      csv.writer(f).writerow(self.HEADER)
+    for (task, name, seed), rows in self.done.items():
+      self._write(task, name, seed, rows)
+    json.dump(fingerprint, open(spath, "w"), indent=1)
+
+  def _write(self, task: str, name: str, seed: int, rows: list[dict]) -> None:
+    with open(self.path, "a", newline="") as f:
+      w = csv.writer(f)
+      for r in rows:
+        w.writerow([task, name, seed, r["step"], f"{r.get('wall_time', float('nan')):.3f}",
+                    f"{r['eval_accuracy']:.4f}"])
+
+  def get(self, task: str, name: str, seed: int) -> list[dict] | None:
+    return self.done.get((task, name, seed))
+
+  def add(self, task: str, name: str, seed: int, rows: list[dict]) -> None:
+    self.done[(task, name, seed)] = rows
+    self._write(task, name, seed, rows)
+
+
 def learning_runs(task: str, name: str, s: Settings, hf_dir: str, workdir: str,
-                  teacher: str = "") -> list[list[dict]]:
-  """Per seed, the eval rows (step, wall_time, eval_accuracy) of a run from the warm-up."""
+                  teacher: str = "", log: LearningLog | None = None,
+                  tree: bool = False) -> list[list[dict]]:
+  """Per seed, the eval rows (step, wall_time, eval_accuracy) of a run from the warm-up
+  (taken from `log` when it holds the finished run, else run and added to it); `tree`: on
+  tree batches (`tree_config`), for the estimators that need them."""
   out = []
   for seed in range(s.seeds):
-    c = estimator_config(from_warm_start(base_config(task, s, seed), hf_dir), name, teacher)
-    c.steps, c.eval_every, c.export_hf = s.learn_steps, s.eval_every, False
-    c.checkpoint_every = 0
-    wd = os.path.join(workdir, "learn", f"{name}_seed{seed}")
-    loop.run(c, wd)
-    rows = [r for r in reporting.read_metrics(os.path.join(wd, "metrics.jsonl"))
-            if "eval_accuracy" in r]
+    rows = log.get(task, name, seed) if log is not None else None
+    if rows is None:
+      c = estimator_config(from_warm_start(base_config(task, s, seed), hf_dir), name, teacher)
+      if tree:
+        c = tree_config(c, s)
+      c.steps, c.eval_every, c.export_hf = s.learn_steps, s.eval_every, False
+      c.checkpoint_every = 0
+      wd = os.path.join(workdir, "learn", f"{name}_seed{seed}")
+      if os.path.exists(wd):  # an interrupted run: start it again, not from its checkpoint
+        shutil.rmtree(wd)
+      loop.run(c, wd)
+      rows = [{k: r[k] for k in ("step", "wall_time", "eval_accuracy") if k in r}
+              for r in reporting.read_metrics(os.path.join(wd, "metrics.jsonl"))
+              if "eval_accuracy" in r]
+      if log is not None:
+        log.add(task, name, seed, rows)
     out.append(rows)
   return out
 
@@ -413,26 +492,40 @@ def _family(name: str) -> str:
   return "reference" if name in REFERENCES else credit.get_estimator(name).family
 
 
-def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
-             say=print) -> tuple[list[Row], dict[str, str], dict]:
-  """(rows, skipped {estimator: reason}, extras for plots) of one task."""
-  t0 = time.perf_counter()
-  hf_dir = warm_up(task, s, workdir)
-  teacher = (warm_up(task, s, workdir, "teacher", s.teacher_sft_steps)
-             if s.teacher_sft_steps else "")
-  run, snaps = snapshots(task, s, hf_dir, workdir)
-  batches = rollout_batches(run, snaps, s)
-  say(f"[{task}] warm-up, {len(snaps)} snapshots and {len(batches)} batches with true "
-      f"advantages: {time.perf_counter() - t0:.0f}s")
-  names = list(s.estimators) if s.estimators is not None else credit.list_estimators()
-  if s.estimators is not None and getattr(run.data.task, "multi_turn", False):
-    names += [n for n in s.multi_turn_estimators if n not in names]
+def needs_tree(why: str) -> bool:
+  """A skip reason that a tree rollout would remove (branch fields no other producer makes)."""
+  return "needs [" in why and ("'parent_id'" in why or "'prefix_len'" in why)
+
+
+def tree_config(c: ml_collections.ConfigDict, s: Settings) -> ml_collections.ConfigDict:
+  """The runner config on tree batches: G/2 roots per prompt grown by branch sampling at
+  `tree_points` high-entropy positions with `tree_branches` continuations each (depth 1), so
+  a prompt has as many rows as in the plain batches when points·branches = G/2."""
+  c.group_size = max(s.group_size // 2, 2)
+  c.tree.branches, c.tree.points, c.tree.depth = s.tree_branches, s.tree_points, 1
+  c.tree.criterion = "entropy"
+  return c
+
+
+def tree_runner(task: str, s: Settings, hf_dir: str, workdir: str):
+  """A runner sampling tree batches (`tree_config`) for the same snapshots' parameters."""
+  c = tree_config(from_warm_start(base_config(task, s), hf_dir), s)
+  run, _ = loop.setup(c, os.path.join(workdir, "tree_runner"))
+  return run
+
+
+def score_estimators(task: str, run, batches: list[Batch], names: Sequence[str], teacher: str,
+                     say=print) -> tuple[list[Row], dict[str, str], list[str], dict]:
+  """(rows, skipped {name: reason}, scored names, {name: last batch's advantages}) of every
+  estimator in `names` (REFERENCES too) on `batches`; a name ending in TREE is that estimator
+  (or reference) scored again on tree batches, as a baseline for the tree estimators."""
   rows, skipped, scored, heat = [], {}, [], {}
-  for name in list(REFERENCES) + names:
+  for name in names:
+    base = name[:-len(TREE)] if name.endswith(TREE) else name
     t1 = time.perf_counter()
     try:
-      fn = ((lambda b, n=name: reference_advantages(n, b)) if name in REFERENCES
-            else estimator_fn(run, name, teacher))
+      fn = ((lambda b, n=base: reference_advantages(n, b)) if base in REFERENCES
+            else estimator_fn(run, base, teacher))
       advs = [fn(b) for b in batches]
     except Skip as e:
       skipped[name] = str(e)
@@ -446,13 +539,47 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
       vals = [p[m] for p in per if np.isfinite(p[m])]  # sign_acc: undefined on some batches
       if vals:
         mean, lo, hi = _interval(vals)
-        rows.append(Row(task, name, _family(name), "credit", m, mean, lo, hi, len(vals)))
+        rows.append(Row(task, name, _family(base), "credit", m, mean, lo, hi, len(vals)))
     heat[name] = advs[-1]
-    if name not in REFERENCES:
+    if base not in REFERENCES:
       scored.append(name)
     say(f"[{task}] {name}: corr {np.mean([p['corr'] for p in per]):+.2f}, "
         f"pivot mass {np.mean([p['pivot_mass'] for p in per]):.2f} "
         f"({time.perf_counter() - t1:.1f}s)")
+  return rows, skipped, scored, heat
+
+
+def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
+             say=print, log: LearningLog | None = None) -> tuple[list[Row], dict[str, str], dict]:
+  """(rows, skipped {estimator: reason}, extras for plots) of one task."""
+  t0 = time.perf_counter()
+  hf_dir = warm_up(task, s, workdir)
+  teacher = (warm_up(task, s, workdir, "teacher", s.teacher_sft_steps)
+             if s.teacher_sft_steps else "")
+  run, snaps = snapshots(task, s, hf_dir, workdir)
+  batches = rollout_batches(run, snaps, s)
+  say(f"[{task}] warm-up, {len(snaps)} snapshots and {len(batches)} batches with true "
+      f"advantages: {time.perf_counter() - t0:.0f}s")
+  names = list(s.estimators) if s.estimators is not None else credit.list_estimators()
+  if s.estimators is not None and getattr(run.data.task, "multi_turn", False):
+    names += [n for n in s.multi_turn_estimators if n not in names]
+  rows, skipped, scored, heat = score_estimators(task, run, batches, list(REFERENCES) + names,
+                                                 teacher, say)
+  tree_names = [n for n, why in skipped.items() if needs_tree(why)]
+  if tree_names and s.tree_branches and not getattr(run.data.task, "multi_turn", False):
+    t1 = time.perf_counter()
+    trun = tree_runner(task, s, hf_dir, workdir)
+    tbatches = rollout_batches(trun, snaps, s)
+    say(f"[{task}] tree batches ({trun.c.group_size} roots + {s.tree_points} x "
+        f"{s.tree_branches} branches per prompt) with true advantages: "
+        f"{time.perf_counter() - t1:.0f}s")
+    again = [f"{n}{TREE}" for n in TREE_BASELINES]
+    r2, sk2, sc2, _ = score_estimators(task, trun, tbatches, again + tree_names, teacher, say)
+    for n in tree_names:
+      skipped.pop(n)
+    rows += r2
+    skipped.update(sk2)
+    scored += [n for n in sc2 if not n.endswith(TREE)]
   curves = {}
   if learning:
     learn_dir = (warm_up(task, s, workdir, "learn_warmup", s.learn_sft_steps)
@@ -462,7 +589,8 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
     for name in learn:
       t1 = time.perf_counter()
       try:
-        runs = learning_runs(task, name, s, learn_dir, workdir, teacher)
+        runs = learning_runs(task, name, s, learn_dir, workdir, teacher, log,
+                             tree=name in tree_names)
       except (ValueError, KeyError) as e:
         skipped[f"{name} (learning)"] = str(e)
         continue
@@ -477,7 +605,10 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
 
 
 def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
-                  extras: dict[str, dict], command: str, wall: float) -> None:
+                  extras: dict[str, dict], command: str, wall: float,
+                  learning_csv: bool = True) -> None:
+  """The bench's files in `out` (module docstring); `learning_csv=False` when a LearningLog
+  already keeps learning.csv (it also holds runs of earlier, resumed invocations)."""
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "results.csv"), "w", newline="") as f:
     w = csv.writer(f)
@@ -485,9 +616,10 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
     for r in rows:
       w.writerow([r.task, r.estimator, r.family, r.part, r.metric, f"{r.mean:.6g}",
                   f"{r.lo:.6g}", f"{r.hi:.6g}", r.n])
-  with open(os.path.join(out, "learning.csv"), "w", newline="") as f:
+  with open(os.path.join(out, "learning.csv") if learning_csv else os.devnull, "w",
+            newline="") as f:
     w = csv.writer(f)
-    w.writerow(["task", "estimator", "seed", "step", "wall_time", "eval_accuracy"])
+    w.writerow(LearningLog.HEADER)
     for task, ex in extras.items():
       for name, runs in ex["curves"].items():
         for seed, rr in enumerate(runs):
@@ -654,6 +786,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--workdir", default="", help="runs and warm-ups (default: a temp dir)")
   p.add_argument("--seeds", type=int, default=0)
   p.add_argument("--no-learning", action="store_true")
+  p.add_argument("--resume", action="store_true",
+                 help="keep the finished learning runs in --out/learning.csv (same settings)")
   a = p.parse_args(argv)
   s = QUICK if a.quick else FULL
   if a.only:
@@ -674,14 +808,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
   t0 = time.perf_counter()
   rows, skipped, extras = [], {}, {}
+  log = None if a.no_learning else LearningLog(a.out, s, a.resume)
   for task in s.tasks:
-    r, sk, ex = run_task(task, s, os.path.join(workdir, task), learning=not a.no_learning)
+    r, sk, ex = run_task(task, s, os.path.join(workdir, task), learning=not a.no_learning,
+                         log=log)
     rows += r
     skipped[task], extras[task] = sk, ex
   wall = time.perf_counter() - t0
   command = "python -m benchmarks.credit_bench " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
-  write_outputs(a.out, rows, skipped, extras, command.strip(), wall)
+  write_outputs(a.out, rows, skipped, extras, command.strip(), wall, learning_csv=log is None)
   print(open(os.path.join(a.out, "table.md")).read())
   print(f"wrote {a.out}/results.csv, table.md, skipped.md and plots in {wall:.0f}s")
   return {"rows": rows, "skipped": skipped, "wall": wall, "out": a.out}

@@ -411,6 +411,7 @@ def credit_metrics(est, true, response_mask, pivot_mask, group_id, *,
   """
   est, true, resp, piv, gid = _check_metric_inputs(est, true, response_mask, pivot_mask,
                                                    group_id)
+  piv = piv & resp  # P = R ∩ pivot_mask (a tree row's path may hold a pivot it does not own)
   e, t = est[resp], true[resp]
   accs = []
   for sign in (1.0, -1.0):

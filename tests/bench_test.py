@@ -267,20 +267,61 @@ def test_learning_statistics_and_bootstrap():
                          np.zeros((2, 3), bool), np.zeros(2))
 
 
-def test_learning_runs_start_from_their_own_warm_up(tmp_path):
-  """With `learn_sft_steps` the learning part starts from a warm-up of its own (the credit
-  part keeps `sft_steps`): both are exported, and the learning rows are reported."""
+def test_learning_log_resumes_finished_runs_only(tmp_path):
+  """`--resume` keeps the finished (task, estimator, seed) runs of learning.csv, redoes a
+  partial one, and refuses other settings."""
   import dataclasses
   import os
   from benchmarks import credit_bench
-  s = dataclasses.replace(credit_bench.QUICK, estimators=("grpo",), learn_estimators=("grpo",),
-                          seeds=1, sft_steps=2, learn_sft_steps=3, snapshot_steps=0,
-                          num_snapshots=1, batches=1, num_rollouts=2, prompts_per_step=2,
-                          group_size=4, learn_steps=2, eval_every=1)
-  rows, skipped, extras = credit_bench.run_task("pivotal", s, str(tmp_path), say=lambda *_: None)
-  assert not skipped
+  s = dataclasses.replace(credit_bench.QUICK, learn_steps=20)
+  log = credit_bench.LearningLog(str(tmp_path), s, resume=False)
+  full = [{"step": 0, "wall_time": 0.0, "eval_accuracy": 0.1},
+          {"step": 20, "wall_time": 3.0, "eval_accuracy": 0.5}]
+  log.add("pivotal", "grpo", 0, full)
+  log.add("pivotal", "grpo", 1, full[:1])  # interrupted before its last eval
+  again = credit_bench.LearningLog(str(tmp_path), s, resume=True)
+  assert again.get("pivotal", "grpo", 0) == full
+  assert again.get("pivotal", "grpo", 1) is None
+  with open(os.path.join(tmp_path, "learning.csv")) as f:
+    assert len(f.read().splitlines()) == 3  # the header and the finished run's two evals
+  assert credit_bench.LearningLog(str(tmp_path), s, resume=False).get("pivotal", "grpo", 0) is None
+  log = credit_bench.LearningLog(str(tmp_path), s, resume=False)
+  log.add("pivotal", "grpo", 0, full)
+  with pytest.raises(SystemExit, match="other settings"):
+    credit_bench.LearningLog(str(tmp_path), dataclasses.replace(s, learn_steps=30), resume=True)
+
+
+def test_learning_warm_up_and_tree_estimators(tmp_path):
+  """With `learn_sft_steps` the learning part starts from a warm-up of its own (the credit
+  part keeps `sft_steps`). Estimators that need branch fields are scored (and learn) on tree
+  batches of the same snapshots, next to GRPO and the truth on those batches; a tree row's
+  truth lies along its whole path, and its own tokens are the ones scored."""
+  import dataclasses
+  import os
+  from benchmarks import credit_bench
+  s = dataclasses.replace(credit_bench.QUICK, estimators=("grpo", "cbpo"),
+                          learn_estimators=("grpo", "cbpo"), seeds=1, sft_steps=2,
+                          learn_sft_steps=3, snapshot_steps=0, num_snapshots=1, batches=1,
+                          num_rollouts=2, prompts_per_step=2, group_size=4, learn_steps=1,
+                          eval_every=1, tree_branches=2, tree_points=1)
+  rows, skipped, extras = credit_bench.run_task("pivotal", s, str(tmp_path),
+                                                say=lambda *_: None)
+  assert not skipped, skipped
   for name in ("warmup", "learn_warmup"):
     assert os.path.exists(os.path.join(tmp_path, name, "hf_policy", "config.json"))
-  learned = {r.metric for r in rows if r.part == "learning" and r.estimator == "grpo"}
-  assert learned == set(credit_bench.LEARN_METRICS)
-  assert len(extras["curves"]["grpo"]) == 1
+  got = {(r.estimator, r.part, r.metric): r.mean for r in rows}
+  for name in ("grpo", "cbpo", "grpo@tree", "oracle@tree"):
+    assert (name, "credit", "corr") in got, name
+  assert got[("oracle@tree", "credit", "corr")] == pytest.approx(1.0)
+  for name in ("grpo", "cbpo"):
+    assert {m for (n, p, m) in got if n == name and p == "learning"} == set(
+        credit_bench.LEARN_METRICS)
+    assert len(extras["curves"][name]) == 1
+  c = credit_bench.tree_config(credit_bench.base_config("pivotal", s), s)
+  assert (c.group_size, c.tree.branches, c.tree.points) == (2, 2, 1)
+
+
+def test_tree_skip_reasons_are_recognised():
+  from benchmarks import credit_bench
+  assert credit_bench.needs_tree("estimator 'cbpo' needs ['parent_id', 'prefix_len'], which")
+  assert not credit_bench.needs_tree("estimator 'pica' needs ['step_reward'], which ...")
