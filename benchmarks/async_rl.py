@@ -87,6 +87,9 @@ def summarize(rows: list[dict], mode: str, batch_rows: int) -> dict:
          "turns": float(np.mean([r.get("turns_mean", np.nan) for r in steps]))}
   if mode == "async":
     out["staleness"] = float(np.mean([r["async_staleness_mean"] for r in steps]))
+    # The trainer's CPU while it waits for units (process CPU s per s waited).
+    out["wait_cpu"] = (sum(r.get("async_wait_cpu_s", np.nan) for r in steps)
+                       / max(sum(r["async_wait_s"] for r in steps), 1e-9))
   return out
 
 
@@ -103,6 +106,11 @@ def main(argv=None) -> dict:
                   help="also async runs with these staleness bounds and the M2PO loss against "
                        "the stale behaviour policy (policy_loss=m2po, logprob_old_source=sampler)")
   ap.add_argument("--quick", action="store_true", help="4 steps, one seed, 20 SFT steps")
+  ap.add_argument("--async_flag", action="append", default=[],
+                  help="a flag for the async runs (repeatable, in the = form), e.g. "
+                       "--async_flag=--config.async_rl.poll_s=0.01 "
+                       "--async_flag=--config.async_rl.params_file_mb=-1 (the earlier "
+                       "polling and parameter transfer)")
   a = ap.parse_args(argv)
   if a.quick:
     a.steps, a.seeds, a.sft_steps, a.eval_every = 4, [0], 20, 2
@@ -119,7 +127,8 @@ def main(argv=None) -> dict:
   # label -> (workdir prefix, extra flags)
   modes = {"sync": ("sync", [])} | {
       f"async η={eta}": (f"async_eta{eta}", ["--config.async_rollouts=True",
-                                             f"--config.async_rl.max_staleness={eta}"])
+                                             f"--config.async_rl.max_staleness={eta}",
+                                             *a.async_flag])
       for eta in a.max_staleness}
   modes |= {f"async η={eta} m2po": (f"async_eta{eta}_m2po", [
       "--config.async_rollouts=True", f"--config.async_rl.max_staleness={eta}",
@@ -135,7 +144,9 @@ def main(argv=None) -> dict:
       res = summarize(_metrics(wd), "sync" if mode == "sync" else "async", batch_rows=64)
       results[mode].append(res)
       print(f"{mode:11s} seed {seed}: idle {res['idle_frac']:.2f}, {res['traj_per_s']:.1f} "
-            f"traj/s, {res['s_per_step']:.2f} s/step, accuracy {res['final_accuracy']:.3f}")
+            f"traj/s, {res['s_per_step']:.2f} s/step, accuracy {res['final_accuracy']:.3f}"
+            + (f", trainer CPU while waiting {res['wait_cpu']:.3f} s/s" if "wait_cpu" in res
+               else ""))
   _write(a.out, results)
   return results
 

@@ -131,8 +131,10 @@ CONTRACT: dict[str, Field] = {
     # --- trees and asynchronous rollouts ---
     "parent_id": Field("B", "i", "tree rollouts: the row a branch continues (-1: a root)"),
     "prefix_len": Field("B", "i", "tree rollouts: position where the branch departs"),
-    "policy_version": Field("B", "i", "asynchronous rollouts: parameter version that sampled "
-                            "the row"),
+    "policy_version": Field("B", "i", "version (RL steps done) of the parameters that sampled "
+                            "the row: the current step in a synchronous run; in an "
+                            "asynchronous one the unit's stamp (the oldest version when "
+                            "interrupted rollouts changed parameters between turns)"),
     # --- answers and queries (self-distillation, majority voting) ---
     "query_mask": Field("BT", "b", "policy tokens inside the queries a response issued (the "
                         "arguments of its search / tool calls; SD-Search's distillation "

@@ -23,8 +23,11 @@ with v the trainer's current version (RL steps done). Rows are not filtered by a
 released code; this rule caps how far generation runs ahead. A long episode can still be
 consumed more than η versions after its parameters (others overtake it): with
 `c.async_rl.drop_stale` such units are dropped at consumption and counted as not accepted.
-Each unit is stamped with the version of the parameters that generated it; the metrics
-report the staleness (version at training − version at sampling) of every step.
+Each unit is stamped with the version of the parameters that generated it, and each of its
+rows carries it as the contract field `policy_version`; the metrics report the staleness
+(version at training − `policy_version`) of every step. `loss_kwargs.max_staleness` = η'
+applies the bound per row inside the loss instead (`credit.losses.reduce_policy_loss`: rows
+more than η' versions old leave the loss's mask; metric `stale_row_frac`), with any loss.
 
 Interruptible rollouts (`c.async_rl.interrupt`, on by default, multi-turn tasks). A long
 episode need not finish on the parameters it started with: between turns the worker takes
@@ -40,6 +43,22 @@ log-probs of the behaviour policy, `logprob_sampler`, come with the unit); the t
 the rest on the assembled batch with the current parameters, so `logprob_old` is the
 proximal policy recomputed at train time (the decoupled PPO loss `decoupled_ppo` takes both),
 then the estimator and the update, and publishes the new parameters (version v+1).
+
+Waiting. Nothing polls: the service's one blocking call is a get of a key not yet set, so
+every event is a new key (a ready unit is announced under async/ready/<n>, n from an atomic
+counter; the trainer's n-th state under async/stateseq/<n>) and a waiter blocks on the next
+number — the trainer for units, a worker the staleness gate holds for the next state.
+(`async_rl.poll_s` > 0 polls instead, the earlier way; benchmarks/async_transfer.py measures
+both: 0.04-0.07 CPU s per s waited polling every 10 ms, ~0.001 blocking.)
+
+Parameters. The trainer publishes each version once. Trees of at least
+`async_rl.params_file_mb` MiB (default 1) are written to a safetensors file in
+`async_rl.params_dir` (default <workdir>/async/params; on a cluster a directory every host
+mounts), renamed into place, and the store carries only its path; smaller trees go through
+the store. Files two versions old are deleted (a worker that opened one still reads it).
+benchmarks/async_transfer.py (one machine, two runs): 200 MiB takes 4.9-6.3 s end to end
+through the store and 0.3-0.4 s through a file; 12 MiB 0.15-0.22 s vs 0.015-0.05 s; 1 MiB
+0.014 s vs 0.007 s; at 0.05 MiB (the tests' tiny model) they are equal.
 
 Resume. The trainer's checkpoint holds its state and the ledger: which units were consumed
 and how many were dropped. Units that were sampled or ready but not consumed at the
@@ -109,8 +128,9 @@ def check_async(c: ml_collections.ConfigDict) -> None:
   if c.tree.branches > 0 or c.slate.candidates > 0 or c.amft.enabled:
     raise SetupError("async_rollouts: tree rollouts, SLATE step sampling and AMFT are not "
                      "supported (their batches are not independent prompt groups)")
-  if a.poll_s <= 0 or a.timeout_s <= 0:
-    raise SetupError("async_rl.poll_s and async_rl.timeout_s must be > 0")
+  if a.poll_s < 0 or a.timeout_s <= 0:
+    raise SetupError("async_rl.poll_s must be >= 0 (0: blocking waits) and async_rl.timeout_s "
+                     "> 0")
 
 
 # --------------------------------------------------------------------------
@@ -219,14 +239,34 @@ def unpack(data: bytes) -> tuple[dict[str, np.ndarray], dict]:
   return arrays, head["meta"]
 
 
-def pack_params(params) -> bytes:
-  leaves = jax.tree.leaves(parallel.to_host(params))
-  return pack({f"{i:06d}": np.asarray(x) for i, x in enumerate(leaves)}, {})
+def params_nbytes(params) -> int:
+  """Bytes of a parameter tree (its leaves' sizes; nothing is copied)."""
+  return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(params))
+
+
+def pack_params(params, path: str | None = None) -> bytes:
+  """The store value that publishes `params`: the arrays themselves, or with `path` a
+  pointer to them written once to a safetensors file at `path` (a shared directory on a
+  cluster), complete before it is named: written to `path`.tmp, then renamed."""
+  host = {f"{i:06d}": np.asarray(x)
+          for i, x in enumerate(jax.tree.leaves(parallel.to_host(params)))}
+  if path is None:
+    return pack(host, {})
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  safetensors.numpy.save_file(host, path + ".tmp")
+  os.replace(path + ".tmp", path)
+  return pack({}, {"file": path, "arrays": len(host)})
 
 
 def unpack_params(data: bytes, like):
-  """Parameters with the structure and shardings of `like`."""
-  arrays, _ = unpack(data)
+  """Parameters with the structure and shardings of `like` (read from the file a pointer
+  names; FileNotFoundError when it was deleted meanwhile)."""
+  arrays, meta = unpack(data)
+  if "file" in meta:
+    import safetensors.numpy  # pylint: disable=g-import-not-at-top
+    arrays = safetensors.numpy.load_file(meta["file"])
   leaves = [arrays[k] for k in sorted(arrays)]
   like_leaves, treedef = jax.tree.flatten(like)
   if len(leaves) != len(like_leaves):
@@ -256,6 +296,18 @@ def _split_columns(cols: Mapping[str, Any]) -> tuple[dict, dict]:
 # --------------------------------------------------------------------------
 
 _PLAN, _STATE, _STOP, _CLAIMS = "async/plan", "async/state", "async/stop", "async/claims"
+_NREADY = "async/nready"
+# Waiting. The service has one blocking call, a get of a key not yet set; it cannot wait on a
+# directory or on a new value of a key. So every event a process waits for is a new key: the
+# n-th ready unit is announced under _ready_key(n) (n from an atomic counter, the value the
+# unit index) and the trainer's n-th state under _state_seq_key(n); a waiter blocks on the
+# next number (async_rl.poll_s > 0 polls instead, for comparison).
+_STATE_SEQ_KEPT = 64   # state notices kept (a gated worker waits on the one after its state)
+_GATE_RECHECK_S = 60.0  # a gated worker re-reads the state at least this often
+
+
+def _state_seq_key(n: int) -> str:
+  return f"async/stateseq/{n}"
 
 
 def _params_key(v: int) -> str:
@@ -266,8 +318,8 @@ def _unit_key(s: int) -> str:
   return f"async/unit/{s}"
 
 
-def _ready_key(s: int) -> str:
-  return f"async/ready/{s}"
+def _ready_key(n: int) -> str:
+  return f"async/ready/{n}"
 
 
 # --------------------------------------------------------------------------
@@ -287,10 +339,11 @@ def worker_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 class _Params:
-  """What a worker's stages read of a train state: the parameters."""
+  """What a worker's stages read of a train state: the parameters and their version (the
+  `policy_version` producer reads `step`)."""
 
-  def __init__(self, params):
-    self.params = params
+  def __init__(self, params, step: int):
+    self.params, self.step = params, step
 
 
 @dataclasses.dataclass
@@ -308,11 +361,21 @@ class _Held:
     changed = False
     while state["version"] > self.version:
       raw = self.coord.try_get(_params_key(state["version"]))
-      if raw is not None:
-        self.version, self.params = state["version"], unpack_params(raw, self.like)
+      try:
+        params = None if raw is None else unpack_params(raw, self.like)
+      except FileNotFoundError as e:  # deleted when two newer versions were out, or unseen
+        params, missing = None, e.filename
+      if params is not None:
+        self.version, self.params = state["version"], params
         changed = True
-      else:
-        state = self.coord.get_json(_STATE, self.a.timeout_s)
+        continue
+      newer = self.coord.get_json(_STATE, self.a.timeout_s)
+      if raw is not None and params is None and newer["version"] == state["version"]:
+        raise CoordinationError(
+            f"parameter file {missing} of the current version is not on this host: "
+            "async_rl.params_dir must be a directory every process sees (or "
+            "async_rl.params_file_mb=-1: parameters through the store)")
+      state = newer
     return changed
 
   def refresh(self, turn: int):
@@ -337,16 +400,18 @@ def run_worker(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator) -
     k = coord.increment(_CLAIMS) - 1
     s = nth_free(k, skip)
     t0 = time.perf_counter()
-    state = None
-    while True:  # the staleness gate
-      state = coord.get_json(_STATE, a.timeout_s)
-      if capacity(version=state["version"], launch_version=plan["launch_version"], claims=k,
-                  consumed=state["consumed"], dropped=state["dropped"], units_per_step=B,
-                  max_staleness=a.max_staleness, max_in_flight=a.max_in_flight) > 0:
-        break
-      if coord.try_get(_STOP) is not None:
+    state = coord.get_json(_STATE, a.timeout_s)
+    while capacity(version=state["version"], launch_version=plan["launch_version"], claims=k,
+                   consumed=state["consumed"], dropped=state["dropped"], units_per_step=B,
+                   max_staleness=a.max_staleness, max_in_flight=a.max_in_flight) <= 0:
+      if coord.try_get(_STOP) is not None:  # the staleness gate: wait for the next state
         return _worker_end(coord, a)
-      time.sleep(a.poll_s)
+      try:
+        coord.wait_key(_state_seq_key(state["seq"] + 1), min(a.timeout_s, _GATE_RECHECK_S),
+                       a.poll_s)
+      except CoordinationError:
+        pass  # no new state for a while: read it again (a dead trainer fails the read)
+      state = coord.get_json(_STATE, a.timeout_s)
     wait_s = time.perf_counter() - t0
     held.newest(state)
     version = held.version
@@ -359,9 +424,11 @@ def run_worker(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator) -
     if a.interrupt:
       ctx.extras["refresh"] = held.refresh
     batch, times = {}, {}
-    loop.run_stages(stages, _Params(held.params), batch, ctx, times)
+    loop.run_stages(stages, _Params(held.params, version), batch, ctx, times)
     host = parallel.to_host(batch)
     arrays = {f"f/{n}": np.asarray(v) for n, v in host.items()}
+    # Every row of an interrupted unit carries its oldest version (module docstring).
+    arrays["f/policy_version"] = np.full(len(host["tokens"]), version, np.int32)
     arrays.update({f"h/{n}": np.asarray(v) for n, v in ctx.host.items() if n != "texts"})
     arrays["x/logprob_raw"] = np.asarray(parallel.to_host(ctx.extras["logprob_raw"]))
     arrays["p/tokens"], arrays["p/mask"] = toks, pmask
@@ -373,7 +440,7 @@ def run_worker(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator) -
             "metrics": {k: float(v) for k, v in ctx.metrics.items()},
             "times": times, "gen_s": time.perf_counter() - t0, "wait_s": wait_s}
     coord.set(_unit_key(s), pack(arrays, meta))
-    coord.set(_ready_key(s), b"1")
+    coord.set(_ready_key(coord.increment(_NREADY)), str(s))
   _worker_end(coord, a)
 
 
@@ -397,10 +464,22 @@ class _Feed:
   consumed: int = 0        # since this launch
   dropped: int = 0         # since this launch
   buffer: dict = dataclasses.field(default_factory=dict)  # unit -> (arrays, meta)
+  seen: int = 0            # ready notices taken (since this launch)
+  state_seq: int = 0       # states published (since this launch)
+  params_dir: str = ""     # where parameter files go (async_rl.params_dir resolved)
+
+  def params_file(self, params, version: int) -> str | None:
+    """The file that carries `version`'s parameters, or None when they go through the
+    store (smaller than async_rl.params_file_mb)."""
+    mb = self.a.params_file_mb
+    if mb < 0 or params_nbytes(params) < mb * 2**20:
+      return None
+    return os.path.join(self.params_dir, f"params_{version}.safetensors")
 
   def publish(self, params, version: int) -> None:
     """The parameters of `version`, then the state that names it; older copies deleted."""
-    self.coord.set(_params_key(version), pack_params(params))
+    path = self.params_file(params, version)
+    self.coord.set(_params_key(version), pack_params(params, path))
     self.publish_state(version)
     for old in (version - 2, version - 3):
       if old >= 0:
@@ -408,25 +487,44 @@ class _Feed:
           self.coord.delete(_params_key(old))
         except Exception:  # pylint: disable=broad-except
           pass
+        if path is not None and os.path.exists(p := self.params_file(params, old)):
+          os.remove(p)  # a worker that opened it still reads it (POSIX)
+
+  def remove_files(self) -> None:
+    """The run's parameter files (this launch's and any a killed launch left), once every
+    worker has stopped."""
+    if os.path.isdir(self.params_dir):
+      for name in os.listdir(self.params_dir):
+        if name.startswith("params_") and name.endswith(".safetensors"):
+          os.remove(os.path.join(self.params_dir, name))
 
   def publish_state(self, version: int) -> None:
+    """The state, then its notice (which wakes the workers the staleness gate holds)."""
+    self.state_seq += 1
     self.coord.set_json(_STATE, {"version": version, "consumed": self.consumed,
-                                 "dropped": self.dropped})
+                                 "dropped": self.dropped, "seq": self.state_seq})
+    self.coord.set(_state_seq_key(self.state_seq), b"1")
+    if self.state_seq > _STATE_SEQ_KEPT:
+      self.coord.delete(_state_seq_key(self.state_seq - _STATE_SEQ_KEPT))
+
+  def _arrive(self, notice: bytes) -> None:
+    """The unit a ready notice names, moved from the store into the buffer."""
+    self.seen += 1
+    s = int(notice)
+    self.buffer[s] = unpack(self.coord.get(_unit_key(s), self.a.timeout_s))
+    self.coord.delete(_unit_key(s))
+    self.coord.delete(_ready_key(self.seen))
 
   def poll(self) -> None:
-    """Moves every ready unit from the store into the buffer."""
-    for key in self.coord.keys("async/ready/"):
-      s = int(key.rsplit("/", 1)[1])
-      if s in self.buffer:
-        continue
-      self.buffer[s] = unpack(self.coord.get(_unit_key(s), self.a.timeout_s))
-      self.coord.delete(_unit_key(s))
-      self.coord.delete(key)
+    """Moves every unit announced so far into the buffer (no waiting)."""
+    while (notice := self.coord.try_get(_ready_key(self.seen + 1))) is not None:
+      self._arrive(notice)
 
-  def take(self, version: int, ledger: Ledger) -> tuple[list, float, int]:
+  def take(self, version: int, ledger: Ledger) -> tuple[list, float, int, float]:
     """B units for the step at `version` (lowest unit index first among the ready ones),
-    waiting as long as needed; returns (units, seconds waited, units dropped as stale)."""
-    t0, dropped = time.perf_counter(), 0
+    waiting as long as needed; returns (units, seconds waited, units dropped as stale,
+    the process's CPU seconds while waiting)."""
+    t0, cpu0, dropped = time.perf_counter(), time.process_time(), 0
     chosen: list = []
     while len(chosen) < self.units_per_step:
       self.poll()
@@ -442,12 +540,17 @@ class _Feed:
           continue
         self.consumed += 1
         chosen.append((arrays, meta))
-      if len(chosen) < self.units_per_step:
-        if time.perf_counter() - t0 > self.a.timeout_s:
-          raise CoordinationError(f"no rollout unit arrived for {self.a.timeout_s:.0f}s")
-        time.sleep(self.a.poll_s)
+      if len(chosen) < self.units_per_step:  # block until the next unit is announced
+        left = self.a.timeout_s - (time.perf_counter() - t0)
+        try:
+          if left <= 0:
+            raise CoordinationError("timed out")
+          self._arrive(self.coord.wait_key(_ready_key(self.seen + 1), left, self.a.poll_s))
+        except CoordinationError:
+          raise CoordinationError(
+              f"no rollout unit arrived for {self.a.timeout_s:.0f}s") from None
     self.publish_state(version)
-    return chosen, time.perf_counter() - t0, dropped
+    return chosen, time.perf_counter() - t0, dropped, time.process_time() - cpu0
 
 
 def assemble(run: loop.Runner, rs: loop.RunState, units: list) -> tuple[producers.StepContext,
@@ -504,7 +607,8 @@ def run_trainer(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator,
   rs = loop.restore_or_warm_up(runner, rs)
   warm_up_time = time.perf_counter() - t0
   B = c.prompts_per_step // a.groups_per_rollout
-  feed = _Feed(coord, a, B, launch_version=rs.step)
+  feed = _Feed(coord, a, B, launch_version=rs.step,
+               params_dir=a.params_dir or os.path.join(workdir, "async", "params"))
   coord.set_json(_PLAN, {"launch_version": rs.step, "skip": _ranges(ledger.consumed)})
   feed.publish(rs.train.params, rs.step)
   trainer_stages = [st for st in runner.stages if st.phase not in WORKER_PHASES]
@@ -522,7 +626,7 @@ def run_trainer(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator,
   waited = 0.0
   t_loop = time.perf_counter()
   while rs.step < c.steps:
-    units, wait_s, dropped = feed.take(rs.step, ledger)
+    units, wait_s, dropped, wait_cpu_s = feed.take(rs.step, ledger)
     waited += wait_s
     t_step = time.perf_counter()
     ctx, batch, stamps = assemble(runner, rs, units)
@@ -532,9 +636,10 @@ def run_trainer(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator,
     rs, metrics = loop.learn(runner, rs, ctx, batch, times, t_step)
     t0 = time.perf_counter()
     feed.publish(rs.train.params, rs.step)
-    stale = version - stamps["versions"]
+    stale = version - np.asarray(parallel.to_host(batch["policy_version"]))
     metrics.update(
-        async_wait_s=wait_s, async_publish_s=time.perf_counter() - t0,
+        async_wait_s=wait_s, async_wait_cpu_s=wait_cpu_s,
+        async_publish_s=time.perf_counter() - t0,
         async_staleness_mean=float(stale.mean()), async_staleness_max=float(stale.max()),
         async_interrupted=float(np.mean(stamps["versions_last"] > stamps["versions"])),
         async_dropped=float(dropped), async_buffered=float(len(feed.buffer)),
@@ -544,9 +649,11 @@ def run_trainer(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator,
     loop.record(runner, rs, metrics, out, bar)
   bar.close()
   coord.set(_STOP, b"1")
+  feed.publish_state(rs.step)  # wakes the workers the staleness gate holds
   result = loop.finish(runner, rs, out)
   coord.barrier("async/end", a.timeout_s)
   coord.close()
+  feed.remove_files()
   return result
 
 

@@ -110,15 +110,23 @@ class Coordinator:
     except Exception as e:
       raise CoordinationError(f"barrier {name!r}: {e}") from None
 
-  def wait_for(self, predicate, timeout_s: float, poll_s: float = 0.01) -> float:
-    """Polls `predicate()` until true; returns the seconds waited (CoordinationError after
-    `timeout_s`)."""
+  def wait_key(self, key: str, timeout_s: float, poll_s: float = 0.0) -> bytes:
+    """The value of `key` once it is set, waiting up to `timeout_s` (CoordinationError after).
+
+    poll_s = 0 (default): one blocking get; the service answers when the key is set, so
+    the waiting process uses no CPU (the service offers no wait on a directory or on a
+    change of value, hence the asynchronous runner's sequence-numbered notice keys).
+    poll_s > 0: `try_get` every `poll_s` seconds instead (the earlier busy polling, kept to
+    measure against; benchmarks/async_transfer.py).
+    """
+    if not poll_s:
+      return self.get(key, timeout_s)
     t0 = time.perf_counter()
-    while not predicate():
+    while (raw := self.try_get(key)) is None:
       if time.perf_counter() - t0 > timeout_s:
-        raise CoordinationError(f"timed out after {timeout_s:.0f}s")
+        raise CoordinationError(f"waiting for {key!r}: timed out after {timeout_s:.0f}s")
       time.sleep(poll_s)
-    return time.perf_counter() - t0
+    return raw
 
   def close(self) -> None:
     """Leaves the service (process 0 last: it shuts the service down)."""

@@ -141,8 +141,12 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
   if c.importance_correction and "logprob_sampler" not in loss.params:
     raise SetupError(f"importance_correction: policy loss {loss.name!r} takes no "
                      "`logprob_sampler`")
-  loss_fields = tuple(sorted(loss.needs | ({"logprob_sampler"} if c.importance_correction
-                                           else set())))
+  if "train_version" in loss_kwargs:
+    raise SetupError("loss_kwargs.train_version is passed by the runner (the RL step)")
+  # The row-level staleness bound (reduce_policy_loss) reads each row's policy_version.
+  stale = {"policy_version"} if loss_kwargs.get("max_staleness") is not None else set()
+  loss_fields = tuple(sorted(loss.needs | stale | ({"logprob_sampler"}
+                                                   if c.importance_correction else set())))
   if c.obs_ce_mode not in credit.losses.OBS_CE_MODES:
     raise SetupError(f"obs_ce_mode={c.obs_ce_mode!r}; valid: {list(credit.losses.OBS_CE_MODES)}")
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)

@@ -569,6 +569,18 @@ def _build_sampler_logprob_old(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def _build_policy_version(s: Setup, wanted: frozenset) -> Produce:
+  def produce(state, batch, ctx: StepContext) -> dict:
+    # state.step: the RL steps of the parameters that sampled (an async worker's held version).
+    step = state.step
+    if isinstance(step, jax.Array) and not step.is_fully_addressable:  # replicated
+      step = step.addressable_data(0)
+    v = np.full(batch["tokens"].shape[0], int(np.asarray(step)), np.int32)
+    return {"policy_version": parallel.shard_batch(v, s.mesh)}
+
+  return produce
+
+
 def _build_policy_pass(s: Setup, wanted: frozenset) -> Produce:
   # Σπ² comes from the same model pass as the log-probs, and only when a method uses it.
   names = ("logprob", "entropy") + (("sum_pi_squared",) if "sum_pi_squared" in wanted else ())
@@ -1831,6 +1843,9 @@ PRODUCERS: tuple[Producer, ...] = (
              "behaviour log-probs reported by the sampler (raw model, temperature 1)",
              when=lambda c: c.logprob_old_source == "sampler",
              off_doc="logprob_old_source='sampler'"),
+    Producer("policy_version", ("policy_version",), ("tokens",), _build_policy_version,
+             "sampling", "the version (RL steps) of the parameters that sampled each row: the "
+             "current step in the synchronous loop; asynchronous units stamp their oldest"),
     Producer("policy_pass", ("logprob", "logprob_old", "entropy", "sum_pi_squared"),
              ("tokens",), _build_policy_pass, "scoring",
              "one no-gradient pass of the policy: log-probs (logprob_old recomputed by the "
@@ -2011,7 +2026,8 @@ assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must 
 # tree batches, whose branch rows follow the roots.
 TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier",
                             critical.INTERVENTIONS,  # data="successes" only (its check)
-                            "sampler_logprob_old", "policy_pass", "reference_pass",
+                            "sampler_logprob_old", "policy_version", "policy_pass",
+                            "reference_pass",
                             "divergence_pass", "step_segments", "task_flags", "answer_parse",
                             "greedy_baseline", "step_completions", "step_graph",
                             "format_check", "query_spans", "step_judge"})

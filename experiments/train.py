@@ -196,8 +196,9 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
       logprob_topk = None
     own = {"logprob": logprob, "entropy": jax.lax.stop_gradient(entropy),
            "logprob_topk": logprob_topk}
+    version = {"train_version": mb["train_version"]} if "train_version" in mb else {}
     out = loss_spec.fn(**{f: own[f] if f in UPDATE_FIELDS else mb[f] for f in loss_fields},
-                       **loss_kwargs)
+                       **version, **loss_kwargs)
     loss, metrics = out.loss, dict(out.metrics, pg_loss=out.loss)
     if kl_coef:
       kl = kl_loss(logprob=logprob, logprob_ref=mb["logprob_ref"],
@@ -265,6 +266,8 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
 
   def update(state: TrainState, batch: Mapping[str, jax.Array]):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+    if "policy_version" in batch:  # the staleness bound's reference: the version trained
+      batch = dict(batch, train_version=jnp.full_like(batch["policy_version"], state.step))
     extra = None
     if aux is not None:
       batch = dict(batch)

@@ -425,7 +425,7 @@ def test_vmap_over_a_hyperparameter(name):
 LOSSES = registry.list_policy_losses()
 REDUCTION_ARGS = ("logprob_sampler", "is_level", "is_mode", "is_threshold", "is_threshold_lower",
                   "loss_agg_mode", "num_tokens_global", "num_seqs_global", "norm_constant",
-                  "sample_weight")
+                  "sample_weight", "policy_version", "train_version", "max_staleness")
 
 
 def _loss_fields(seed, *, lengths=None):

@@ -8,7 +8,8 @@ and `@policy_loss(name, paper)` turns it into the registered full loss
 
     fn(*, <the same arguments>, logprob_sampler=None, is_level="token", is_mode="truncate",
        is_threshold=2.0, is_threshold_lower=None, loss_agg_mode=..., num_tokens_global=None,
-       num_seqs_global=None, norm_constant=None, sample_weight=None) -> LossOutput
+       num_seqs_global=None, norm_constant=None, sample_weight=None, policy_version=None,
+       train_version=None, max_staleness=None) -> LossOutput
 
 which is `reduce_policy_loss(xxx_loss(...), ...)`. Conventions shared by every loss:
 
@@ -82,7 +83,10 @@ def reduce_policy_loss(token_loss: TokenLoss, *, logprob: ArrayLike, logprob_old
                        num_tokens_global: ArrayLike | None = None,
                        num_seqs_global: ArrayLike | None = None,
                        norm_constant: ArrayLike | None = None,
-                       sample_weight: ArrayLike | None = None) -> LossOutput:
+                       sample_weight: ArrayLike | None = None,
+                       policy_version: ArrayLike | None = None,
+                       train_version: ArrayLike | None = None,
+                       max_staleness: ArrayLike | None = None) -> LossOutput:
   """Importance correction, per-sample weights, aggregation and metrics of a policy loss.
 
   .. math::
@@ -91,7 +95,7 @@ def reduce_policy_loss(token_loss: TokenLoss, *, logprob: ArrayLike, logprob_old
   with w^{IS} the stop-gradient `importance_correction` weights (1 without a sampler) and
   M' the response mask less the tokens it rejects (``mask`` mode: rejected tokens leave
   the denominators, as in verl's rollout rejection sampling; with global counts the
-  caller's counts are used as given).
+  caller's counts are used as given) and less the rows older than `max_staleness`.
 
   Args:
     token_loss: the per-token term, `TokenLoss(loss [B,T], metrics)`.
@@ -107,6 +111,16 @@ def reduce_policy_loss(token_loss: TokenLoss, *, logprob: ArrayLike, logprob_old
       row's per-token loss. A row of weight 0 contributes 0 but stays in the counts
       (token-mean's N, the seq-mean modes' B'): weights rescale rows, they do not drop
       them (to drop a row, remove it from `response_mask`). Metrics are unweighted.
+    policy_version, train_version, max_staleness: the row-level staleness bound (issue 16,
+      ASearcher / AReaL's "drop samples older than the bound", applied per row inside the
+      loss). With `max_staleness` = η (not None), rows whose parameters are more than η
+      versions older than the ones being trained, train_version − policy_version > η, leave
+      M' like rejected tokens (out of the local denominators; callers' global counts as
+      given). `policy_version` [B] int: the version that sampled each row (the contract
+      field); `train_version`: [] or [B] int, the version being trained (the runner passes
+      its RL step). Both are needed when `max_staleness` is set; metric `stale_row_frac`
+      (fraction of non-empty rows dropped). Inferred (the released code bounds staleness
+      by capping rollouts in flight, not per row).
 
   Returns:
     `LossOutput(loss, metrics)`: float32 scalar loss; metrics `approx_kl`,
@@ -143,12 +157,39 @@ def reduce_policy_loss(token_loss: TokenLoss, *, logprob: ArrayLike, logprob_old
     chex.assert_shape(w_B, m_BT.shape[:1])
     w_B = jnp.where(jnp.any(m_BT, axis=-1), w_B, 0.0)  # empty rows: any weight is harmless
     loss_BT = loss_BT * w_B[:, None]
+  stale_metrics = {}
+  if max_staleness is not None:
+    keep_B, stale_metrics = staleness_mask(m_BT, policy_version, train_version, max_staleness)
+    mask_BT = mask_BT & keep_B[:, None]
   # Metrics are over the valid tokens of `response_mask` (before any rejection).
   metrics = {**token_means(m_BT, token_count(m_BT), token), **scalars,
-             **exp_extrema(m_BT, {"ratio": d}), **is_metrics}
+             **exp_extrema(m_BT, {"ratio": d}), **is_metrics, **stale_metrics}
   loss = aggregate_loss(loss_BT, mask_BT, loss_agg_mode, num_tokens_global=num_tokens_global,
                         num_seqs_global=num_seqs_global, norm_constant=norm_constant)
   return LossOutput(loss, metrics)
+
+
+def staleness_mask(response_mask: ArrayLike, policy_version: ArrayLike | None,
+                   train_version: ArrayLike | None, max_staleness: ArrayLike
+                   ) -> tuple[Array, dict[str, Array]]:
+  """([B] bool rows within the bound, {"stale_row_frac": fraction of non-empty rows
+  outside it}): keep row b iff train_version − policy_version[b] ≤ max_staleness."""
+  if policy_version is None or train_version is None:
+    raise ValueError("max_staleness needs policy_version ([B] int, the version that sampled "
+                     "each row) and train_version (the version being trained)")
+  if (isinstance(max_staleness, (int, float)) and not isinstance(max_staleness, bool)
+      and max_staleness < 0):
+    raise ValueError(f"max_staleness must be >= 0 (versions), got {max_staleness}")
+  m_BT = jnp.asarray(response_mask).astype(bool)
+  pv_B = jnp.asarray(policy_version)
+  chex.assert_shape(pv_B, m_BT.shape[:1])
+  if not jnp.issubdtype(pv_B.dtype, jnp.integer):
+    raise ValueError(f"policy_version must be an integer array, got {pv_B.dtype}")
+  lag_B = jnp.broadcast_to(jnp.asarray(train_version), pv_B.shape) - pv_B
+  keep_B = lag_B <= jnp.asarray(max_staleness)
+  rows_B = jnp.any(m_BT, axis=-1)
+  frac = jnp.sum(rows_B & ~keep_B, dtype=F32) / jnp.maximum(jnp.sum(rows_B, dtype=F32), 1.0)
+  return keep_B, {"stale_row_frac": frac}
 
 
 # The data arguments the per-token term and the reduction share.

@@ -305,7 +305,16 @@ def base_config() -> ml_collections.ConfigDict:
       interrupt=True,             # multi-turn units take newer parameters between turns (AReaL's
                                   # interruptible rollouts); the unit's version is its oldest.
       worker_mesh="data=-1",      # a worker's mesh over its own devices.
-      poll_s=0.01, timeout_s=3600.0, heartbeat_s=20))
+      poll_s=0.0,                 # 0: blocking waits on the coordination service; > 0: poll
+                                  # every poll_s seconds (the earlier way, for comparison).
+      timeout_s=3600.0, heartbeat_s=20,
+      params_file_mb=1.0,         # parameter trees of at least this many MiB reach the workers
+                                  # through a file (safetensors, renamed into place) that the
+                                  # store only names; smaller ones through the store itself;
+                                  # -1: always the store (benchmarks/async_transfer.py).
+      params_dir=""))             # where those files go ("": <workdir>/async/params): this
+                                  # run's own directory (its params_* files are removed at the
+                                  # end); on a cluster, one every host mounts.
   # --- scale ---
   c.mesh = "data=-1"              # mesh axes, e.g. "data=2,fsdp=4"; -1 takes the remaining devices.
   c.scoring_chunk_size = 0        # positions per scoring chunk; 0 = auto (~256 rows of B x chunk).

@@ -15,7 +15,8 @@ from tests.losses.helpers import (B, EXPECTED, NAMES, T, fn_of, make_batch, np_a
 
 REDUCTION_ARGS = ("logprob_sampler", "is_level", "is_mode", "is_threshold",
                   "is_threshold_lower", "loss_agg_mode", "num_tokens_global",
-                  "num_seqs_global", "norm_constant", "sample_weight")
+                  "num_seqs_global", "norm_constant", "sample_weight", "policy_version",
+                  "train_version", "max_staleness")
 SEQ_MEAN_DEFAULT = {"gspo", "luspo", "gmpo", "sapo"}
 
 
