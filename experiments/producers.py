@@ -185,6 +185,8 @@ def tree_rows(c: ml_collections.ConfigDict) -> int:
   candidate rows under SLATE's step-level sampling."""
   if slate_on(c):
     return c.prompts_per_step * c.slate.candidates * c.slate.max_steps
+  if logo_on(c):
+    return c.prompts_per_step * c.group_size + c.logo.branch_rows * c.logo.local_size
   if not tree_on(c):
     return c.prompts_per_step * c.group_size
   t = c.tree
@@ -311,8 +313,9 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
 
 
 def tree_batch(c: ml_collections.ConfigDict) -> bool:
-  """The step's batch is a tree (branch sampling or SLATE), not N contiguous groups of G."""
-  return tree_on(c) or slate_on(c)
+  """The step's batch is a tree (branch sampling, SLATE or LoGo's local re-rollouts), not N
+  contiguous groups of G."""
+  return tree_on(c) or slate_on(c) or logo_on(c)
 
 
 def slate_on(c: ml_collections.ConfigDict) -> bool:
@@ -462,6 +465,94 @@ def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
         "logprob_sampler": out.logprob_sampler, "reward": out.reward,
         "step_reward": out.step_reward, "step_mask": out.step_mask,
         "turn_progress": out.turn_progress, "turn_role": out.turn_role}, s.mesh)
+
+  return produce
+
+
+def logo_on(c: ml_collections.ConfigDict) -> bool:
+  """LoGo's local re-rollouts are on (`c.logo.branch_rows > 0`; multi-turn tasks)."""
+  return c.logo.branch_rows > 0 and is_multi_turn(c)
+
+
+def _check_logo(c: ml_collections.ConfigDict) -> None:
+  lg = c.logo
+  if lg.local_size < 2:
+    raise SetupError(f"logo.local_size={lg.local_size}: a local group needs >= 2 siblings "
+                     "(one alone gets advantage 0)")
+  if lg.branch_rows > c.prompts_per_step * c.group_size:
+    raise SetupError(f"logo.branch_rows={lg.branch_rows} exceeds the "
+                     f"{c.prompts_per_step * c.group_size} episodes of a step (parents are "
+                     "distinct episodes)")
+  if c.max_turns < 2:
+    raise SetupError("logo.branch_rows > 0 needs max_turns >= 2 (a saved state after turn "
+                     "k >= 1 with turns left)")
+  if c.estimator != "logo":
+    from credit import get_estimator  # pylint: disable=g-import-not-at-top
+    why = ("would pool them with the prompt's episodes (it reads no parent_id)"
+           if "parent_id" not in get_estimator(c.estimator).needs else
+           "is a tree estimator of single-turn branches, not tested on them")
+    raise SetupError(f"logo.branch_rows={lg.branch_rows} adds LoGo's local re-rollouts; "
+                     f"estimator {c.estimator!r} {why}: use estimator 'logo' or set "
+                     "logo.branch_rows=0")
+  if c.async_rollouts:
+    raise SetupError("logo.branch_rows > 0: asynchronous rollout workers do not make local "
+                     "re-rollouts")
+
+
+def _build_logo_rollout(s: Setup, wanted: frozenset) -> Produce:
+  """`env_rollout`'s G episodes per prompt, then LoGo's local rows (`credit.envs.branching`):
+  c.logo.local_size continuations from each of c.logo.branch_rows saved intermediate states."""
+  from credit.envs.branching import local_rollouts  # pylint: disable=g-import-not-at-top
+  c, G, task, ms, lg = s.c, s.group_size, s.data.task, s.multi_sampler, s.c.logo
+  group_id = np.repeat(np.arange(s.num_groups, dtype=np.int32), G)
+  limits = env_limits(c, s.data.tokenizer)
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    rows = _examples_rows(ctx.examples)
+    envs = [task.make_env(e, limits) for e in rows for _ in range(G)]
+    model_state = s.model_state(state.params)
+    kw = dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    t0 = time.perf_counter()
+    eps = ms(model_state, envs, key=jax.random.fold_in(ctx.key, 0), group_id=group_id,
+             keep_snapshots=True, **kw)
+    t1 = time.perf_counter()
+    lr = local_rollouts(ms, model_state, eps, lambda b: task.make_env(rows[b // G], limits),
+                        num_parents=lg.branch_rows, local_size=lg.local_size,
+                        key=jax.random.fold_in(ctx.key, 2), **kw)
+    t2 = time.perf_counter()
+    out, B = lr.out, eps.tokens.shape[0]
+    tm = out.timings
+    n_tok = tm["action_tokens"] + tm["observation_tokens"]
+    local = np.arange(out.tokens.shape[0]) >= B
+    real = local & out.response_mask.any(1)
+    ctx.metrics.update(rollout_tokens_per_s=n_tok / max(t2 - t0, 1e-9),
+                       rollout_env_s=tm["env_s"], turns_mean=float(eps.step_mask.sum(1).mean()),
+                       observation_tokens=float(eps.obs_mask.sum(1).mean()),
+                       truncated_frac=float(eps.truncated.mean()),
+                       logo_local_rows=float(lr.num_local), logo_local_s=t2 - t1,
+                       logo_branch_turn=float(lr.branch_turn[real].mean()) if real.any() else 0.0,
+                       logo_local_reward=float(out.reward[real].mean()) if real.any() else 0.0,
+                       episode_reward=float(eps.reward.mean()))
+    gid = out.group_id
+    from credit.advantages.tree.cbpo import validate_tree  # pylint: disable=g-import-not-at-top
+    validate_tree(lr.parent_id, lr.prefix_len, gid, num_tokens=out.tokens.shape[1],
+                  where="logo_rollout")
+    ctx.host.update(tokens=out.tokens, response_mask=out.response_mask,
+                    prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=gid,
+                    turn_id=out.turn_id, step_mask=out.step_mask, parent_id=lr.parent_id,
+                    prefix_len=lr.prefix_len, texts=[transcript(t) for t in out.trajectories])
+    ctx.attn_mask = parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
+                                         s.mesh)
+    ctx.extras["logprob_raw"] = parallel.shard_batch(out.logprob_raw, s.mesh)
+    ctx.extras["trajectories"] = out.trajectories
+    index = np.asarray(ctx.examples["index"], np.int32)
+    return parallel.shard_batch({
+        "tokens": out.tokens, "response_mask": out.response_mask, "group_id": gid,
+        "prompt_id": index[gid], "obs_mask": out.obs_mask, "turn_id": out.turn_id,
+        "logprob_sampler": out.logprob_sampler, "reward": out.reward,
+        "step_reward": out.step_reward, "step_mask": out.step_mask,
+        "turn_progress": out.turn_progress, "turn_role": out.turn_role,
+        "parent_id": lr.parent_id, "prefix_len": lr.prefix_len}, s.mesh)
 
   return produce
 
@@ -1796,6 +1887,17 @@ LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 # The table. Order matters only between producers of the same field: the first enabled
 # one makes it. The first row is the root (every step starts with the rollout).
 PRODUCERS: tuple[Producer, ...] = (
+    Producer("logo_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
+                              "turn_id", "logprob_sampler", "reward", "step_reward",
+                              "step_mask", "turn_progress", "turn_role", "parent_id",
+                              "prefix_len"), (), _build_logo_rollout, "sampling",
+             "env_rollout's G episodes per prompt, then Memory-R2's local re-rollouts: "
+             "c.logo.branch_rows episodes (distinct, >= 2 turns) each restored to its "
+             "environment's snapshot after a turn k >= 1 (uniform) and continued "
+             "c.logo.local_size times from the same token prefix (re-prefilled; the prefix is "
+             "context, the continuation the loss tokens); parent_id = the episode's row, "
+             "reward = each continuation's own outcome", when=logo_on, check=_check_logo,
+             off_doc="set logo.branch_rows > 0 (multi-turn tasks), e.g. the logo_lookup recipe"),
     Producer("env_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                              "turn_id", "logprob_sampler", "reward", "step_reward", "step_mask",
                              "turn_progress", "turn_role"), (), _build_env_rollout, "sampling",
@@ -2024,7 +2126,7 @@ assert len({p.name for p in PRODUCERS}) == len(PRODUCERS), "producer names must 
 
 # The producers that read rows through `group_id` (or not by prompt at all), so they run on
 # tree batches, whose branch rows follow the roots.
-TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "verifier",
+TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "logo_rollout", "verifier",
                             critical.INTERVENTIONS,  # data="successes" only (its check)
                             "sampler_logprob_old", "policy_version", "policy_pass",
                             "reference_pass",

@@ -571,9 +571,9 @@ def test_tool_usage_counts_calls_and_rounds():
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
 # lacks. Everything else must plan on the default recipe (turn-level methods: on the
 # multi-turn `igpo_lookup` recipe), and so run by name.
-NOT_YET_RUNNABLE = {
-    "logo": "parent_id",            # re-rollouts from a saved environment state (Memory-R2)
-}
+NOT_YET_RUNNABLE: dict[str, str] = {}
+# Estimators whose recipe switches on a rollout producer of their own: (recipe, root producer).
+OWN_ROLLOUT_RECIPES = {"logo": ("logo_lookup", "logo_rollout")}  # Memory-R2's local re-rollouts
 # Reward-shaping methods whose structured rewards come from a task: the recipe that has it.
 SHAPING_RECIPES = {"scrl": "scrl_chain", "c_grpo": "scrl_chain", "verpo_tests": "verpo_program",
                    "trace_cost": "igpo_lookup"}
@@ -592,6 +592,8 @@ def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
     turn = tree is None and (family == "turn" or "step_mask" in spec.needs)  # multi-turn
     recipe = SHAPING_RECIPES.get(name) or (tree[0] if tree else "igpo_lookup" if turn
                                            else "grpo_arithmetic")
+    if name in OWN_ROLLOUT_RECIPES:
+      recipe, tree = OWN_ROLLOUT_RECIPES[name][0], OWN_ROLLOUT_RECIPES[name]
     c = tiny(recipe, estimator=name)
     if "reward_components" in spec.needs:  # several reward signals from the task's verifier
       c.reward_components = ("format", "outcome", "brevity")

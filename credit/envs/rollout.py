@@ -36,6 +36,11 @@ tokens, `turn_id` (turn of each policy token, −1 elsewhere), per-turn arrays [
 environments (`step_reward`, `turn_progress`, `turn_role`, `step_mask` = the turn took place),
 `reward` = the environment's outcome, `logprob_sampler`/`logprob_raw` on policy tokens.
 Observation tokens never receive policy gradient: they are outside `response_mask`.
+
+Saved states (Memory-R2's local re-rollouts, `credit.envs.branching`): with
+`keep_snapshots=True` the sampler keeps each environment's `snapshot()` after every turn that
+did not end its episode; `continue_episodes` plays episodes on from such a state, given the
+episode's tokens up to there (re-prefilled as context, then turns k, k+1, ... as above).
 """
 from __future__ import annotations
 
@@ -144,6 +149,9 @@ class MultiTurnOutput(NamedTuple):
     trajectories: per-row `Trajectory` texts and results.
     timings: seconds spent sampling on the device and stepping environments on the host,
       and the token counts.
+    snapshots: with `keep_snapshots=True`, per row the environment's `snapshot()` after each
+      turn that did not end the episode (`snapshots[b][k]`: the state after turns 0..k), the
+      saved states `continue_episodes` re-rolls from; else None.
   """
   tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -162,6 +170,7 @@ class MultiTurnOutput(NamedTuple):
   truncated: np.ndarray
   trajectories: list
   timings: dict
+  snapshots: list | None = None
 
   def rollout(self) -> Rollout:
     """The contract `Rollout` (extras: prompt_mask, logprob_raw)."""
@@ -254,6 +263,10 @@ class MultiTurnSampler:
   at turn granularity). The cache of the earlier turns keeps what the older parameters
   computed; `logprob_sampler` records the distribution each token was actually drawn from,
   which is what a decoupled objective needs as the behaviour policy.
+
+  `keep_snapshots=True` records the environments' snapshots after each continuing turn
+  (`MultiTurnOutput.snapshots`; environments with `snapshot()`); `continue_episodes` re-rolls
+  from them.
   """
 
   def __init__(self, model: nnx.Module, *, tokenizer, layout: TurnLayout,
@@ -316,31 +329,121 @@ class MultiTurnSampler:
   def __call__(self, model_state, envs: Sequence[Any], *, key: Array,
                group_id: Sequence[int] | None = None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-               refresh: Callable[[int], Any] | None = None) -> MultiTurnOutput:
-    if isinstance(model_state, nnx.Module):
-      model_state = nnx.state(model_state)
+               refresh: Callable[[int], Any] | None = None,
+               keep_snapshots: bool = False) -> MultiTurnOutput:
     lay = self.layout
-    B, K, W_a = len(envs), lay.max_turns, lay.max_action_tokens
+    B = len(envs)
     if B == 0:
       raise ValueError("MultiTurnSampler needs at least one environment")
+    t0 = time.perf_counter()
+    prompts = [env.reset() for env in envs]
+    t_env = time.perf_counter() - t0
+    p_tok, p_mask = self._encode_prompts(prompts)
+    return self._play(model_state, envs, prompts, p_tok, p_mask, lay, key=key,
+                      group_id=group_id, sampling_kw=dict(temperature=temperature, top_k=top_k,
+                                                          top_p=top_p, min_p=min_p),
+                      budget_B=np.full(B, lay.budget, np.int64),
+                      turns_B=np.full(B, lay.max_turns, np.int64), width=lay.output_width,
+                      refresh=refresh, keep_snapshots=keep_snapshots, t_env=t_env)
+
+  def continue_episodes(self, model_state, envs: Sequence[Any], prefixes: Sequence[Any],
+                        first_turn: Sequence[int], prompt_len: Sequence[int], *, key: Array,
+                        group_id: Sequence[int] | None = None, temperature: float = 1.0,
+                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                        prompts: Sequence[str] | None = None) -> MultiTurnOutput:
+    """Plays R episodes on from saved intermediate states (Memory-R2's local re-rollouts).
+
+    Row r: `envs[r]` has been restored to the state after its episode's first
+    `first_turn[r]` >= 1 turns (e.g. `env.restore(out.snapshots[b][k - 1])`), and
+    `prefixes[r]` holds the tokens of that episode up to there, as `__call__` returned them
+    (compacted: prompt, actions and observations of turns < k, no pads), of which the first
+    `prompt_len[r]` are the prompt. The prefix is fed again (one prefill of the whole prefix
+    as the context; the first rollout's cache is not kept), then turns k, k+1, ... are played
+    as in `__call__` until the environment says done, turn K−1, or the episode's budget
+    (`max_total_tokens`, counting the prefix's actions and observations) runs out. With the
+    same parameters, the continuation is a draw from the policy's distribution given that
+    prefix: RoPE positions count valid tokens, as in the first rollout.
+
+    Returns a `MultiTurnOutput` of the same width T as `__call__`: tokens = prefix then the
+    continuation; `prompt_mask` covers the whole prefix (context only: no policy or
+    observation token of the prefix is in `response_mask` / `obs_mask`); `turn_id` and the
+    [R,K] arrays use the episode's own turn indices (k, k+1, ...; the prefix's turns are
+    not this row's: `step_mask` False there); `reward` = the environment's outcome.
+    `trajectories` hold the continuation's texts only (prompt: `prompts[r]` or "").
+    """
+    lay = self.layout
+    R, K, T = len(envs), lay.max_turns, lay.output_width
+    if R == 0:
+      raise ValueError("continue_episodes needs at least one environment")
+    if K < 2:
+      raise ValueError("continue_episodes needs max_turns >= 2 (a continuation starts at a "
+                       "turn k >= 1)")
+    first = np.asarray(first_turn, np.int64)
+    plen = np.asarray(prompt_len, np.int64)
+    if first.shape != (R,) or plen.shape != (R,) or len(prefixes) != R:
+      raise ValueError(f"continue_episodes: prefixes, first_turn and prompt_len must have R={R} "
+                       f"entries, got {len(prefixes)}, {first.shape}, {plen.shape}")
+    if ((first < 1) | (first >= K)).any():
+      raise ValueError(f"continue_episodes: first_turn must lie in [1, {K}), got {first}")
+    # The continuation's layout: the prefix (at most T tokens) in the prompt area, K−1 turns.
+    cont = TurnLayout(prompt_width=T, max_turns=K - 1, max_action_tokens=lay.max_action_tokens,
+                      max_observation_tokens=lay.max_observation_tokens)
+    p_tok = np.full((R, T), self.pad_id, np.int32)
+    p_mask = np.zeros((R, T), bool)
+    budget_B = np.zeros(R, np.int64)
+    for r, pre in enumerate(prefixes):
+      pre = np.asarray(pre, np.int32)
+      n = pre.shape[0]
+      if pre.ndim != 1 or not plen[r] < n < T:
+        raise ValueError(f"continue_episodes: prefix {r} has {n} tokens; it must hold its "
+                         f"prompt ({plen[r]}) and at least one turn, and fewer than T={T}")
+      p_tok[r, T - n:] = pre  # right-aligned, as `_encode_prompts` lays prompts
+      p_mask[r, T - n:] = True
+      budget_B[r] = lay.budget - (n - plen[r])
+    if (budget_B <= 0).any():
+      raise ValueError("continue_episodes: a prefix has used the whole episode budget")
+    out = self._play(model_state, envs, list(prompts) if prompts is not None else [""] * R,
+                     p_tok, p_mask, cont, key=key, group_id=group_id,
+                     sampling_kw=dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                      min_p=min_p),
+                     budget_B=budget_B, turns_B=K - first, width=T, refresh=None,
+                     keep_snapshots=False, t_env=0.0)
+    # Local turn j of row r is the episode's turn first[r] + j.
+    cols = first[:, None] + np.arange(K - 1)[None]  # [R, K-1] target turn columns, < K valid
+    rows = np.repeat(np.arange(R), K - 1).reshape(R, K - 1)
+    ok = cols < K
+
+    def shift(x, fill):
+      y = np.full((R, K), fill, x.dtype)
+      y[rows[ok], cols[ok]] = x[ok]
+      return y
+
+    return out._replace(
+        turn_id=np.where(out.turn_id >= 0, out.turn_id + first[:, None].astype(np.int32),
+                         -1).astype(np.int32),
+        step_reward=shift(out.step_reward, 0.0), turn_progress=shift(out.turn_progress, 0.0),
+        turn_role=shift(out.turn_role, 0), step_mask=shift(out.step_mask, False))
+
+  def _play(self, model_state, envs, prompts, p_tok, p_mask, lay: TurnLayout, *, key,
+            group_id, sampling_kw, budget_B, turns_B, width, refresh, keep_snapshots,
+            t_env) -> MultiTurnOutput:
+    """The turn loop of `__call__` / `continue_episodes`: `envs` ready to step, their
+    contexts `p_tok`/`p_mask` [B,P] (right-aligned), per-row token budgets `budget_B` and
+    turn limits `turns_B`; the output compacted to `width` columns."""
+    if isinstance(model_state, nnx.Module):
+      model_state = nnx.state(model_state)
+    B, K, W_a = len(envs), lay.max_turns, lay.max_action_tokens
     gid = np.zeros(B, np.int32) if group_id is None else np.asarray(group_id, np.int32)
     if gid.shape != (B,):
       raise ValueError(f"group_id must have shape ({B},), got {gid.shape}")
-    params = sampling.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p,
-                                      min_p=min_p, stop_tokens=self.stop_tokens,
+    params = sampling.sampling_params(**sampling_kw, stop_tokens=self.stop_tokens,
                                       vocab_size=self.vocab_size)
-    t_env = 0.0
-    t0 = time.perf_counter()
-    prompts = [env.reset() for env in envs]
-    t_env += time.perf_counter() - t0
-    p_tok, p_mask = self._encode_prompts(prompts)
-    budget = lay.budget
     used_B = np.zeros(B, np.int64)  # action + observation tokens so far
-    max_new_B = np.full(B, min(W_a, budget), np.int32)
+    max_new_B = np.minimum(W_a, budget_B).astype(np.int32)
 
     kinds = np.zeros((B, lay.buffer_width), np.int8)
     kinds[:, :lay.prompt_width] = np.where(
-        np.sort(p_mask, axis=1), _PROMPT, _PAD)  # left-aligned, as prefill lays them
+        np.sort(p_mask, axis=1), _PROMPT, _PAD)  # right-aligned, as prefill lays them
     turn_of = np.full((B, lay.buffer_width), -1, np.int32)
     step_reward = np.zeros((B, K), np.float32)
     progress = np.zeros((B, K), np.float32)
@@ -351,6 +454,7 @@ class MultiTurnSampler:
     actions: list[list[str]] = [[] for _ in range(B)]
     observations: list[list[str]] = [[] for _ in range(B)]
     results: list[list[Any]] = [[] for _ in range(B)]
+    snaps: list[list[Any]] | None = [[] for _ in range(B)] if keep_snapshots else None
     n_action_tokens = 0
     n_obs_tokens = 0
 
@@ -382,10 +486,12 @@ class MultiTurnSampler:
         step_reward[b, k] = float(res.reward)
         progress[b, k] = float(getattr(res, "progress", 0.0))
         role[b, k] = int(getattr(res, "role", 0))
-        if res.done or k == K - 1:
+        if res.done or k >= turns_B[b] - 1:
           active[b] = False
           continue
-        if used_B[b] >= budget:
+        if snaps is not None:
+          snaps[b].append(envs[b].snapshot())
+        if used_B[b] >= budget_B[b]:
           active[b], truncated[b] = False, True
           continue
         if not res.observation:
@@ -396,7 +502,7 @@ class MultiTurnSampler:
       t_env += time.perf_counter() - t1
       if not active.any():
         break
-      obs, obs_mask, kept = self._encode_observations(texts, budget - used_B)
+      obs, obs_mask, kept = self._encode_observations(texts, budget_B - used_B)
       o0 = lay.observation_column(k)
       for b in np.flatnonzero(active):
         n = len(kept[b])
@@ -409,7 +515,7 @@ class MultiTurnSampler:
         observations[b].append(self.tokenizer.decode(kept[b]))
       if not active.any():
         break
-      max_new_B = np.minimum(W_a, np.maximum(budget - used_B, 0)).astype(np.int32)
+      max_new_B = np.minimum(W_a, np.maximum(budget_B - used_B, 0)).astype(np.int32)
       if refresh is not None:  # newer parameters from this observation on (async RL)
         newer = refresh(k + 1)
         if newer is not None:
@@ -427,12 +533,13 @@ class MultiTurnSampler:
     lp_r = np.asarray(state.logprob_raw_BL)
     trajs = [Trajectory(prompts[b], actions[b], observations[b], results[b], float(outcome[b]),
                         bool(truncated[b])) for b in range(B)]
-    out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, lay.output_width, self.pad_id)
+    out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, width, self.pad_id)
     timings = {"device_s": t_dev, "env_s": t_env, "action_tokens": n_action_tokens,
                "observation_tokens": n_obs_tokens}
     return MultiTurnOutput(**out, group_id=gid, step_reward=step_reward, turn_progress=progress,
                            turn_role=role, step_mask=step_mask, reward=outcome,
-                           truncated=truncated, trajectories=trajs, timings=timings)
+                           truncated=truncated, trajectories=trajs, timings=timings,
+                           snapshots=snaps)
 
 
 def _compact(kinds, turn_of, tokens_BL, lp_s_BL, lp_r_BL, width: int, pad_id: int) -> dict:

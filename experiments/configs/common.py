@@ -107,6 +107,11 @@ def base_config() -> ml_collections.ConfigDict:
   # (cut at c.step_delimiters) judged by the task's judge_step, one continued by softmax(A/eta),
   # up to `max_steps` steps. 0 candidates = off.
   c.slate = ml_collections.ConfigDict(dict(candidates=0, max_steps=4, eta=0.7, answer_bonus=0.1))
+  # Memory-R2's LoGo local groups (estimator logo; multi-turn tasks): after the N·G episodes,
+  # `branch_rows` of them (distinct, >= 2 turns) are restored to their environment's state
+  # after a turn k >= 1 and continued `local_size` times from the same prefix; the step's batch
+  # is N·G + branch_rows·local_size rows. 0 branch_rows = off.
+  c.logo = ml_collections.ConfigDict(dict(branch_rows=0, local_size=4))
   c.reward_components = ()        # reward_components [B,R] columns (gdpo, searchllm): outcome |
                                   # format | rubric | subproblems | tests | brevity
                                   # (experiments/producers.py REWARD_COMPONENTS).
