@@ -40,9 +40,10 @@ from credit import parallel
 from credit import tasks as tasks_lib
 from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_episode,
                                  encode_episode)
+from credit.envs.subagents import AgentsMultiTurnSampler
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import checkpointing, critical, jolt, producers, reporting, train
+from experiments import checkpointing, critical, jolt, producers, reporting, subagents, train
 
 SetupError = producers.SetupError
 
@@ -357,7 +358,10 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
 def turn_layout(c: ml_collections.ConfigDict, data: Data) -> TurnLayout:
   """The multi-turn rollout sizes of a run: prompt width, K turns, per-turn action and
   observation widths, and the episode's token budget `max_new_tokens`."""
-  return TurnLayout(prompt_width=data.max_prompt_len, max_turns=c.max_turns,
+  width = data.max_prompt_len
+  if getattr(data.task, "subagents", False):  # SPD-RAG: the agents' prompts share the width
+    width = max(width, subagents.agent_prompt_width(data.task, data.tokenizer))
+  return TurnLayout(prompt_width=width, max_turns=c.max_turns,
                     max_action_tokens=c.max_action_tokens,
                     max_observation_tokens=c.max_observation_tokens,
                     max_total_tokens=c.max_new_tokens)
@@ -368,8 +372,11 @@ def multi_turn_sampler(c: ml_collections.ConfigDict, data: Data, model):
   if not getattr(data.task, "multi_turn", False):
     return None
   tok = data.tokenizer
-  return MultiTurnSampler(model, tokenizer=tok, layout=turn_layout(c, data),
-                          stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,))
+  cls, more = MultiTurnSampler, {}
+  if getattr(data.task, "subagents", False):  # SPD-RAG: the policy answers as document agents
+    cls, more = AgentsMultiTurnSampler, subagents.sampler_kwargs(data.task)
+  return cls(model, tokenizer=tok, layout=turn_layout(c, data),
+             stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,), **more)
 
 
 def _episode_batches(data: Data, c, rng: np.random.Generator, n: int):
@@ -385,9 +392,12 @@ def _episode_batches(data: Data, c, rng: np.random.Generator, n: int):
     rows = []
     for i in idx:
       if i not in cache:
-        prompt, acts, obs = demonstration_episode(data.task, data.train[i], limits, rng)
-        cache[i] = encode_episode(data.tokenizer, lay, prompt, acts, obs)
-      rows.append(cache[i])
+        many = getattr(data.task, "demonstration_episodes", None)  # several roles' episodes
+        eps = (many(data.train[i], limits, rng) if many else
+               [demonstration_episode(data.task, data.train[i], limits, rng)])
+        cache[i] = [encode_episode(data.tokenizer, lay, *ep) for ep in eps]
+      rows.append(cache[i][int(rng.integers(len(cache[i])))] if len(cache[i]) > 1 else
+                  cache[i][0])
     b = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
     yield {"tokens": b["tokens"],
            "attn_mask": b["prompt_mask"] | b["response_mask"] | b["obs_mask"],
@@ -573,6 +583,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
                      "dir> or --config.warm_start_from=<hf_policy/ of a from-scratch run>; "
                      f"{c.requires_checkpoint}")
   jolt.check(c)  # JOLT's teacher role (c.jolt): its specific refusals come first
+  subagents.check(c)  # SPD-RAG's document agents (a task with sub-agents)
   method = check_method(c)
   if method.loss.whole_groups and c.num_minibatches > 1:
     if producers.tree_batch(c):
@@ -591,6 +602,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
     raise SetupError(f"{what}={B} rows must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
   jolt.check_rows(c, div)
+  subagents.check_rows(c, div)
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
   _check_amft(c, data)
@@ -711,6 +723,12 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
     update = jolt.make_update(c, graphdef, rest, tx, loss_spec=method.loss,
                               loss_fields=method.loss_fields, loss_kwargs=method.loss_kwargs,
                               chunk_size=chunk, out_shardings=(st_sh, rep))
+  if subagents.on(c):  # SPD-RAG: the document agents' rows join the episodes' in the update
+    stages.append(subagents.build_stage(prod_setup, method.update_fields))
+    update = subagents.make_update(c, graphdef, rest, tx, loss_spec=method.loss,
+                                   loss_fields=method.loss_fields,
+                                   loss_kwargs=method.loss_kwargs, chunk_size=chunk,
+                                   out_shardings=(st_sh, rep))
   div = parallel.batch_divisor(mesh)
   eval_bs = min(128, max(div, len(data.eval)))
   runner = Runner(
@@ -835,6 +853,10 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   if jolt.on(c):  # the teacher role's rows join the student's in the one update
     upd_batch = jolt.update_batch(upd_batch, batch, ctx, num_groups=c.prompts_per_step,
                                   validate=c.debug_checks or not rs.checked)
+  if subagents.on(c):  # the document agents' rows join the episodes' in the one update
+    upd_batch = subagents.update_batch(upd_batch, batch, ctx, update_fields=m.update_fields,
+                                       num_groups=c.prompts_per_step,
+                                       validate=c.debug_checks or not rs.checked)
   state, upd = run.update(rs.train.replace(estimator_state=est_state), upd_batch)
   jax.block_until_ready(state.params)
   times["update"] = time.perf_counter() - t0

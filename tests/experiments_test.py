@@ -36,9 +36,10 @@ ONE_STEP_RECIPES = ("scrl_chain", "c_grpo_chain", "searchllm_chain", "atom_searc
 # rl_tango_chain's (policy and verifier, with a resume) is verifier_test.py's; beamperl's
 # (LoRA on an exported checkpoint the test makes) is beamperl_recipe_test.py's; cso_chain's,
 # int_chain's and propa_chain's (a second objective in the update) are critical_test.py's;
-# jolt_arithmetic's (both roles, on a 2-device mesh) is jolt_runner_test.py's.
+# jolt_arithmetic's (both roles, on a 2-device mesh) is jolt_runner_test.py's;
+# spd_rag_multidoc's (document agents' rows in the update) is spd_rag_runner_test.py's.
 OTHER_FILE_RECIPES = ("grpo_jsonl", "rl_tango_chain", "beamperl_arithmetic", "cso_chain",
-                      "int_chain", "propa_chain", "jolt_arithmetic")
+                      "int_chain", "propa_chain", "jolt_arithmetic", "spd_rag_multidoc")
 RECIPES = [r for r in ALL_RECIPES
            if r not in DISTILL_RECIPES + TREE_STEP_RECIPES + ONE_STEP_RECIPES + OTHER_FILE_RECIPES]
 # One recipe runs with bfloat16 parameters and activations (a run of its own would compile

@@ -22,12 +22,11 @@ from flax import nnx
 import credit
 from credit.envs.branching import choose_branch_points, local_rollouts, turn_tokens
 from credit.envs.rollout import MultiTurnSampler, TurnLayout
-from credit.models import Decoder
-from credit.models.config import tiny_config
 from credit import tasks as tasks_lib
 from credit.tasks import CharTokenizer
 from experiments import loop, producers
 from tests.producers_test import _one_step_batch, tiny
+from tests.tiny_decoder import scaled_tiny_decoder
 
 TOK = CharTokenizer()
 LAYOUT = TurnLayout(prompt_width=8, max_turns=4, max_action_tokens=6, max_observation_tokens=5,
@@ -35,12 +34,8 @@ LAYOUT = TurnLayout(prompt_width=8, max_turns=4, max_action_tokens=6, max_observ
 B, P, L = 6, 3, 3
 
 
-@functools.lru_cache(maxsize=None)
 def _model():
-  model = Decoder(tiny_config("qwen3", vocab_size=TOK.vocab_size), rngs=nnx.Rngs(0))
-  params = nnx.state(model, nnx.Param)
-  nnx.update(model, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
-  return model
+  return scaled_tiny_decoder(TOK.vocab_size)
 
 
 @functools.lru_cache(maxsize=None)

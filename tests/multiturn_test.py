@@ -16,21 +16,16 @@ from flax import nnx
 
 import credit
 from credit.envs.rollout import MultiTurnSampler, TurnLayout, encode_episode
-from credit.models import Decoder
-from credit.models.config import tiny_config
 from credit.tasks import CharTokenizer
+from tests.tiny_decoder import scaled_tiny_decoder
 
 TOK = CharTokenizer()
 LAYOUT = TurnLayout(prompt_width=8, max_turns=4, max_action_tokens=6, max_observation_tokens=5,
                     max_total_tokens=34)
 
 
-@functools.lru_cache(maxsize=None)
 def _model():
-  model = Decoder(tiny_config("qwen3", vocab_size=TOK.vocab_size), rngs=nnx.Rngs(0))
-  params = nnx.state(model, nnx.Param)
-  nnx.update(model, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
-  return model
+  return scaled_tiny_decoder(TOK.vocab_size)
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,6 +7,8 @@ Tasks (registered, so `credit.tasks.get_task("lookup")` works once this package 
 imported): `lookup` (multi-hop search over a hidden knowledge base), `calculator`
 (one arithmetic operation per turn with a calculator tool), `multidoc` (multi-hop QA over
 several hidden documents read with `read(d)`; dispatch turns role 0, the answer role 1),
+`multidoc_agents` (the same questions with SPD-RAG's per-document agents: `ask(d, question)`
+answered by the policy in the document's own context; `subagents`),
 `pivot_turn` (K questions over K turns, only the one named in the prompt decides the reward:
 the credit benchmark's multi-turn bifurcation task).
 """
@@ -17,6 +19,7 @@ from credit.envs.calculator import Calculator, CalculatorEnv
 from credit.envs.lookup import Lookup, LookupEnv
 from credit.envs.multidoc import MultiDoc, MultiDocEnv
 from credit.envs.pivot_turn import PivotTurn, PivotTurnEnv
+from credit.envs.subagents import MultiDocAgents, MultiDocAgentsEnv  # registers multidoc_agents
 from credit.envs.tools import Action, ToolFormat, parse_action, query_chars
 
 __all__ = [

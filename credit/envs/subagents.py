@@ -1,0 +1,288 @@
+"""`multidoc_agents`: SPD-RAG's per-document sub-agents on the `multidoc` task.
+
+SPD-RAG (arXiv 2603.08329; spec distill_and_structure.md C2, an inference-time architecture
+whose abstract only was read) answers a question over many documents with three kinds of
+call of one model: a coordinator that dispatches sub-questions, one agent per document that
+answers a sub-question from its document alone, and a token-bounded synthesis that merges the
+partial answers. Here all three are the same policy under different contexts:
+
+  coordinator  prompt "4 docs. city of boss of ann?"; each turn `ask(d, name relation)`
+               sends a sub-question to the agent of document d (role 0, dispatch);
+  doc agent    a fresh context: `agent_prompt(doc_d, question)` =
+               "doc: ann boss: bob. kim pet: tod. q: ann boss?", one short turn: the answer
+               name, or "none" when the document does not hold it (role 1);
+  coordinator  observes exactly the agent's decoded answer ("bob"; "empty" when the agent
+               wrote nothing, as a continuing episode needs a context token);
+  synthesis    the coordinator's final turn `answer(kim)` (role 2), read after the partial
+               answers; its token bound is the estimator's per-call budget (`spd_rag`'s
+               `token_budget`) and the action width.
+
+The agents never see the coordinator's history, and the coordinator never sees a document:
+only the agents' answers. A demonstration (h + 1 coordinator turns, as multidoc's):
+`ask(3, ann boss)` -> "bob", `ask(2, bob city)` -> "kim", `answer(kim)`.
+
+Who answers an `ask`: the environment's `agent(doc, question) -> (text, record)`. A freshly
+made environment has the oracle (`oracle_answer`: the document's fact, else "none"), which
+the demonstrations and the agents' warm-up targets use; `AgentsMultiTurnSampler` binds the
+policy's agents (`DocAgents`: one sampler call per `ask`, the sampler's log-probs recorded)
+to every environment it plays, for training rollouts and evaluation alike. The `record` of a
+call (its prompt, tokens, masks and sampler log-probs, in the single-turn sampler's layout)
+is the step's `info["agent_call"]`, from which the runner (experiments/subagents.py) builds
+the agents' training rows. An `ask` on the episode's last turn (its answer would never be
+read) calls no agent.
+
+Per turn:
+  reward    1 when the turn's agent revealed a gold hop not revealed before: the gold
+            document of hop i was asked hop i's question ("bob city") and answered its
+            object exactly; else 0;
+  progress  (gold hops revealed so far) / h;
+  info      `doc`, `question`, `agent_answer`, `agent_correct` (equal to the oracle's),
+            `agent_call`, `gold_revealed`, `gold_calls` (the ask of the first unrevealed hop,
+            the answer once all are revealed), `correct`.
+Outcome: exact match of the answered name, as in `multidoc`.
+
+Confidence: inferred. The abstract fixes the roles (coordinator, per-document agents,
+synthesis under a token budget); the tool syntax, the "none" answer, the prompts and the
+oracle-taught warm-up are ours.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from credit.envs.base import Limits, Turn, task_limits
+from credit.envs.lookup import RELATIONS
+from credit.envs.multidoc import MultiDoc, MultiDocEnv
+from credit.envs.rollout import MultiTurnSampler, demonstration_episode
+from credit.envs.tools import ANSWER, Action
+from credit.tasks.base import register_task, text_field
+
+COORDINATOR, DOC_AGENT, SYNTHESIS = 0, 1, 2
+NONE = "none"      # a document agent's answer when its document lacks the fact
+EMPTY = "empty"    # the coordinator's observation of an agent that wrote nothing
+QUESTION_CHARS = 12  # a sub-question "name relation" longer than this is an error
+_AGENT_FOLD = 0x5D0C  # folded into the rollout key for the agents' sampling keys
+
+Agent = Callable[[str, str], tuple[str, Any]]
+
+
+def agent_prompt(doc: str, question: str) -> str:
+  """A document agent's whole context: its document and the sub-question, nothing else."""
+  return f"doc: {doc} q: {question}?"
+
+
+def doc_facts(doc: str) -> dict[str, str]:
+  """{"ann boss": "bob"} of a document text "ann boss: bob. kim pet: tod."."""
+  out = {}
+  for part in doc.split("."):
+    if ":" in part:
+      k, v = part.split(":", 1)
+      out[k.strip()] = v.strip()
+  return out
+
+
+def oracle_answer(doc: str, question: str) -> tuple[str, None]:
+  """The agent that answers from its document without error (no record)."""
+  return doc_facts(doc).get(question.strip(), NONE), None
+
+
+@register_task("multidoc_agents")
+@dataclasses.dataclass(frozen=True)
+class MultiDocAgents(MultiDoc):
+  """`multidoc` with per-document sub-agents (module docstring). MultiDoc's attributes, and
+
+  Attributes:
+    agent_max_tokens: a document agent's answer budget in tokens (eos included).
+  """
+  agent_max_tokens: int = 6
+  name = "multidoc_agents"
+  subagents = True
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.agent_max_tokens < 2:
+      raise ValueError(f"agent_max_tokens must be >= 2, got {self.agent_max_tokens}")
+
+  @property
+  def max_agent_prompt_chars(self) -> int:
+    return len(agent_prompt("x" * self.max_observation_chars, "x" * QUESTION_CHARS))
+
+  @property
+  def max_prompt_chars(self) -> int:
+    """Covers the agents' prompts too, so that one prompt width lays out every role."""
+    return max(super().max_prompt_chars, self.max_agent_prompt_chars)
+
+  @property
+  def max_action_chars(self) -> int:
+    rel = max(len(r) for r in RELATIONS[:self.num_relations])
+    return max(len(self.fmt.call("ask", "9", "xxx " + "x" * rel)), len(self.fmt.answer("xxx")))
+
+  @property
+  def max_response_chars(self) -> int:
+    return self.max_action_chars
+
+  def demonstration_turns(self, example: Mapping[str, Any],
+                          rng: np.random.Generator | None = None) -> list[str]:
+    del rng
+    world, _, where = self._docs_of(example)
+    return [self.fmt.call("ask", str(where[i] + 1), f"{s} {r}")
+            for i, (s, r, _) in enumerate(world.chain)] + [self.fmt.answer(world.answer)]
+
+  def agent_demonstrations(self, example: Mapping[str, Any],
+                           rng: np.random.Generator | None = None) -> list[tuple[str, str]]:
+    """(agent prompt, oracle answer) pairs of the example: each gold hop asked of its gold
+    document, and (with `rng`) one hop asked of a random other document ("none" unless that
+    document holds the same fact)."""
+    world, texts, where = self._docs_of(example)
+    docs = [texts[j][:self.max_observation_chars] for j in range(len(texts))]
+    out = []
+    for i, (s, r, _) in enumerate(world.chain):
+      q = f"{s} {r}"
+      out.append((agent_prompt(docs[where[i]], q), oracle_answer(docs[where[i]], q)[0]))
+    if rng is not None:
+      i = int(rng.integers(len(world.chain)))
+      others = [j for j in range(len(docs)) if j != where[i]]
+      j = others[int(rng.integers(len(others)))]
+      q = " ".join(world.chain[i][:2])
+      out.append((agent_prompt(docs[j], q), oracle_answer(docs[j], q)[0]))
+    return out
+
+  def demonstration_episodes(self, example: Mapping[str, Any], limits: Limits | None = None,
+                             rng: np.random.Generator | None = None
+                             ) -> list[tuple[str, list[str], list[str]]]:
+    """Warm-up episodes (prompt, actions, observations) of every role: the coordinator's
+    demonstration (with the oracle agents) as often as there are agent demonstrations, so
+    half the rows are coordinator episodes, and the agents' one-turn episodes."""
+    coord = demonstration_episode(self, example, limits, rng)
+    agents = [(p, [a], []) for p, a in self.agent_demonstrations(example, rng)]
+    return [coord] * len(agents) + agents
+
+  def make_env(self, example: Mapping[str, Any], limits: Limits | None = None,
+               agent: Agent | None = None) -> "MultiDocAgentsEnv":
+    world, texts, where = self._docs_of(example)
+    env = MultiDocAgentsEnv(text_field(example, "prompt"), world, texts, where,
+                            task_limits(self, limits), self.fmt,
+                            doc_chars=self.max_observation_chars)
+    if agent is not None:
+      env.bind_agent(agent)
+    return env
+
+
+class MultiDocAgentsEnv(MultiDocEnv):
+  """One `multidoc_agents` episode: the coordinator's view; documents are read by agents."""
+  tools = {"ask": 2}
+
+  def __init__(self, prompt, world, docs, where, limits: Limits, fmt, *, doc_chars: int):
+    super().__init__(prompt, world, docs, where, limits, fmt)
+    self.doc_chars = doc_chars
+    self.agent: Agent = oracle_answer
+
+  def bind_agent(self, agent: Agent) -> None:
+    """Who answers the `ask` calls from now on (`DocAgents`, or `oracle_answer`)."""
+    self.agent = agent
+
+  def _role(self, action: Action) -> int:
+    return SYNTHESIS if action.kind == ANSWER else COORDINATOR
+
+  def _gold_calls(self, state: tuple[bool, ...]) -> tuple[str, ...]:
+    for i, seen in enumerate(state):
+      if not seen:
+        s, r, _ = self.world.chain[i]
+        return (self.fmt.call("ask", str(self.where[i] + 1), f"{s} {r}"),)
+    return (self.fmt.answer(self.world.answer),)
+
+  def _act(self, state: tuple[bool, ...], action: Action) -> tuple[Any, Turn]:
+    gold = self._gold_calls(state)
+    if action.kind == ANSWER:
+      ok = action.args[0] == self.world.answer
+      return state, Turn("", correct=ok, outcome=float(ok),
+                         info={"gold_calls": gold, "doc": None, "gold_revealed": (),
+                               "agent_call": None})
+    arg, question = action.args
+    n = len(self.docs)
+    if arg not in [str(i) for i in range(1, n + 1)] or not 0 < len(question) <= QUESTION_CHARS:
+      return state, Turn(f"error: write ask(d, name relation), d in 1..{n}", correct=False,
+                         info={"gold_calls": gold, "doc": None, "gold_revealed": (),
+                               "agent_call": None, "valid": False})
+    d = int(arg) - 1
+    doc = self.docs[d][:self.doc_chars]
+    if self.num_turns + 1 >= self.limits.max_turns:  # nobody would read the answer
+      return state, Turn("", correct=False,
+                         info={"gold_calls": gold, "doc": d + 1, "question": question,
+                               "gold_revealed": (), "agent_call": None})
+    text, record = self.agent(doc, question)
+    expected = oracle_answer(doc, question)[0]
+    hops = tuple(i for i, (s, r, o) in enumerate(self.world.chain)
+                 if self.where[i] == d and not state[i] and question == f"{s} {r}"
+                 and text == o)
+    state = tuple(s or i in hops for i, s in enumerate(state))
+    return state, Turn(text or EMPTY, reward=float(bool(hops)), correct=bool(hops),
+                       info={"gold_calls": gold, "doc": d + 1, "question": question,
+                             "agent_answer": text, "agent_correct": text == expected,
+                             "agent_call": record, "gold_revealed": hops})
+
+
+class DocAgents:
+  """The policy as per-document agents for one rollout: each call samples one short turn
+  after `agent_prompt(doc, question)` (a batch of one; the k-th call's key is
+  fold_in(key, k)) and returns (decoded answer, record). The record holds the row in the
+  single-turn sampler's layout ([P + W] prompt then response, right-padded): `prompt`,
+  `tokens`, `prompt_mask`, `response_mask`, `logprob_sampler`, `logprob_raw` (numpy)."""
+
+  def __init__(self, sampler, tokenizer, model_state, key, *, prompt_width: int,
+               max_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               min_p: float = 0.0):
+    self.sampler, self.tokenizer, self.model_state, self.key = (sampler, tokenizer, model_state,
+                                                                key)
+    self.prompt_width, self.max_tokens = prompt_width, max_tokens
+    self.kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    self.calls = 0
+
+  def __call__(self, doc: str, question: str) -> tuple[str, dict]:
+    from credit import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+    prompt = agent_prompt(doc, question)
+    toks, mask = tasks_lib.encode_prompts(self.tokenizer, [prompt], self.prompt_width)
+    out = self.sampler(self.model_state, prompt_tokens=toks, prompt_mask=mask,
+                       key=jax.random.fold_in(self.key, self.calls),
+                       max_new_tokens=self.max_tokens, **self.kw)
+    self.calls += 1
+    host = {k: np.asarray(getattr(out, k))[0] for k in
+            ("tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw")}
+    text = tasks_lib.decode_responses(self.tokenizer, host["tokens"][None],
+                                      host["response_mask"][None])[0].strip()
+    return text, dict(host, prompt=prompt, answer=text)
+
+
+class AgentsMultiTurnSampler(MultiTurnSampler):
+  """A `MultiTurnSampler` whose environments' `ask` calls are answered by the policy itself:
+  before each rollout it binds one `DocAgents` (the same parameters, sampling settings and a
+  key folded from the rollout's) to every environment that has `bind_agent`. The agents use
+  the parameters the rollout starts with (an asynchronous `refresh` between turns reaches
+  only the coordinator)."""
+
+  def __init__(self, model: nnx.Module, *, tokenizer, layout, agent_max_tokens: int,
+               stop_tokens: Sequence[int] | None = None, **kw):
+    super().__init__(model, tokenizer=tokenizer, layout=layout, stop_tokens=stop_tokens, **kw)
+    from credit.sampling import Sampler  # pylint: disable=g-import-not-at-top
+    self.agent_sampler = Sampler(model, pad_id=self.pad_id, stop_tokens=self.stop_tokens)
+    self.agent_max_tokens = agent_max_tokens
+
+  def agents(self, model_state, key, **sampling_kw) -> DocAgents:
+    return DocAgents(self.agent_sampler, self.tokenizer, model_state,
+                     jax.random.fold_in(key, _AGENT_FOLD), prompt_width=self.layout.prompt_width,
+                     max_tokens=self.agent_max_tokens, **sampling_kw)
+
+  def __call__(self, model_state, envs, *, key, **kw):
+    if isinstance(model_state, nnx.Module):
+      model_state = nnx.state(model_state)
+    agents = self.agents(model_state, key, **{k: kw[k] for k in
+                                              ("temperature", "top_k", "top_p", "min_p")
+                                              if k in kw})
+    for env in envs:
+      if hasattr(env, "bind_agent"):
+        env.bind_agent(agents)
+    return super().__call__(model_state, envs, key=key, **kw)
