@@ -679,8 +679,9 @@ def markdown_table(rows: list[Row], command: str, wall: float) -> str:
 
 def summary_table(rows: list[Row], command: str, wall: float) -> str:
   """One line per estimator across tasks: correlation with the true advantages, pivotal mass
-  and balanced sign accuracy (means over snapshots × batches), and final held-out accuracy
-  when learning ran; sorted by mean correlation. The README's table."""
+  and balanced sign accuracy (means over snapshots × batches), the turn-level correlation on
+  multi-turn tasks, and final held-out accuracy when learning ran; sorted by mean
+  correlation. The README's table."""
   tasks = list(dict.fromkeys(r.task for r in rows))
   get = {(r.task, r.estimator, r.metric): r for r in rows}
   names = list(dict.fromkeys(r.estimator for r in rows))
@@ -690,8 +691,13 @@ def summary_table(rows: list[Row], command: str, wall: float) -> str:
     v = [get[(t, n, "corr")].mean for t in tasks if (t, n, "corr") in get]
     return float(np.mean(v)) if v else -2.0
 
+  # Multi-turn tasks add the turn-level correlation (`turn_corr`).
+  metrics = {t: ("corr", "pivot_mass", "sign_acc") + (
+      ("turn_corr",) if any(r.task == t and r.metric == "turn_corr" for r in rows) else ())
+      for t in tasks}
   head = "| estimator | family | " + " | ".join(
-      f"{t}: corr / pivot mass / sign acc" + (" / final acc" if learn else "") for t in tasks)
+      f"{t}: corr / pivot mass / sign acc" + (" / turn corr" if len(metrics[t]) > 3 else "")
+      + (" / final acc" if learn else "") for t in tasks)
   out = [f"Command: `{command}` ({wall / 60:.1f} min). Chance pivot mass per task: " +
          ", ".join(f"{t} {get[(t, 'constant', 'chance')].mean:.2f}" for t in tasks
                    if (t, "constant", "chance") in get) + ".\n", head + " |",
@@ -699,7 +705,7 @@ def summary_table(rows: list[Row], command: str, wall: float) -> str:
   for n in sorted(names, key=corr, reverse=True):
     cells = []
     for t in tasks:
-      vals = [get.get((t, n, m)) for m in ("corr", "pivot_mass", "sign_acc")]
+      vals = [get.get((t, n, m)) for m in metrics[t]]
       txt = " / ".join("–" if v is None else f"{v.mean:.2f}" for v in vals)
       if learn:
         f = get.get((t, n, "final_accuracy"))

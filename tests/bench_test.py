@@ -325,3 +325,17 @@ def test_tree_skip_reasons_are_recognised():
   from benchmarks import credit_bench
   assert credit_bench.needs_tree("estimator 'cbpo' needs ['parent_id', 'prefix_len'], which")
   assert not credit_bench.needs_tree("estimator 'pica' needs ['step_reward'], which ...")
+
+
+def test_summary_table_adds_turn_corr_on_multi_turn_tasks():
+  from benchmarks import credit_bench as cb
+  R = cb.Row
+  rows = [R("pivotal", "grpo", "outcome", "credit", m, v, v, v, 1)
+          for m, v in (("corr", 0.3), ("pivot_mass", 0.1), ("sign_acc", 0.8))]
+  rows += [R("pivot_turn", "grpo", "outcome", "credit", m, v, v, v, 1)
+           for m, v in (("corr", 0.4), ("pivot_mass", 0.3), ("sign_acc", 1.0),
+                        ("turn_corr", 0.52))]
+  table = cb.summary_table(rows, "cmd", 60.0)
+  assert "| estimator | family | pivotal: corr / pivot mass / sign acc | pivot_turn: corr / " \
+         "pivot mass / sign acc / turn corr |" in table
+  assert "| `grpo` | outcome | 0.30 / 0.10 / 0.80 | 0.40 / 0.30 / 1.00 / 0.52 |" in table
