@@ -450,23 +450,30 @@ def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
                        rollout_env_s=tm["env_s"], turns_mean=float(out.step_mask.sum(1).mean()),
                        observation_tokens=float(out.obs_mask.sum(1).mean()),
                        truncated_frac=float(out.truncated.mean()))
-    ctx.host.update(tokens=out.tokens, response_mask=out.response_mask,
-                    prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=group_id,
-                    turn_id=out.turn_id, step_mask=out.step_mask,
-                    texts=[transcript(t) for t in out.trajectories])
-    ctx.attn_mask = parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
-                                         s.mesh)
-    ctx.extras["logprob_raw"] = parallel.shard_batch(out.logprob_raw, s.mesh)
-    ctx.extras["trajectories"] = out.trajectories
-    return parallel.shard_batch({
-        "tokens": out.tokens, "response_mask": out.response_mask, "group_id": group_id,
-        "prompt_id": np.repeat(np.asarray(ctx.examples["index"], np.int32), G),
-        "obs_mask": out.obs_mask, "turn_id": out.turn_id,
-        "logprob_sampler": out.logprob_sampler, "reward": out.reward,
-        "step_reward": out.step_reward, "step_mask": out.step_mask,
-        "turn_progress": out.turn_progress, "turn_role": out.turn_role}, s.mesh)
+    return _episode_batch(s, ctx, out, group_id)
 
   return produce
+
+
+def _episode_batch(s: Setup, ctx: StepContext, out, group_id: np.ndarray, **more) -> dict:
+  """The contract fields of a batch of environment episodes (`MultiTurnOutput` `out`, rows of
+  prompt group `group_id`), sharded, and the host views, attention mask and extras (log-probs
+  of the raw model, trajectories) the later producers read; `more`: extra fields (host too)."""
+  ctx.host.update(tokens=out.tokens, response_mask=out.response_mask,
+                  prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=group_id,
+                  turn_id=out.turn_id, step_mask=out.step_mask,
+                  texts=[transcript(t) for t in out.trajectories], **more)
+  ctx.attn_mask = parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
+                                       s.mesh)
+  ctx.extras["logprob_raw"] = parallel.shard_batch(out.logprob_raw, s.mesh)
+  ctx.extras["trajectories"] = out.trajectories
+  index = np.asarray(ctx.examples["index"], np.int32)
+  return parallel.shard_batch({
+      "tokens": out.tokens, "response_mask": out.response_mask, "group_id": group_id,
+      "prompt_id": index[group_id], "obs_mask": out.obs_mask, "turn_id": out.turn_id,
+      "logprob_sampler": out.logprob_sampler, "reward": out.reward,
+      "step_reward": out.step_reward, "step_mask": out.step_mask,
+      "turn_progress": out.turn_progress, "turn_role": out.turn_role, **more}, s.mesh)
 
 
 def logo_on(c: ml_collections.ConfigDict) -> bool:
@@ -537,22 +544,7 @@ def _build_logo_rollout(s: Setup, wanted: frozenset) -> Produce:
     from credit.advantages.tree.cbpo import validate_tree  # pylint: disable=g-import-not-at-top
     validate_tree(lr.parent_id, lr.prefix_len, gid, num_tokens=out.tokens.shape[1],
                   where="logo_rollout")
-    ctx.host.update(tokens=out.tokens, response_mask=out.response_mask,
-                    prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=gid,
-                    turn_id=out.turn_id, step_mask=out.step_mask, parent_id=lr.parent_id,
-                    prefix_len=lr.prefix_len, texts=[transcript(t) for t in out.trajectories])
-    ctx.attn_mask = parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
-                                         s.mesh)
-    ctx.extras["logprob_raw"] = parallel.shard_batch(out.logprob_raw, s.mesh)
-    ctx.extras["trajectories"] = out.trajectories
-    index = np.asarray(ctx.examples["index"], np.int32)
-    return parallel.shard_batch({
-        "tokens": out.tokens, "response_mask": out.response_mask, "group_id": gid,
-        "prompt_id": index[gid], "obs_mask": out.obs_mask, "turn_id": out.turn_id,
-        "logprob_sampler": out.logprob_sampler, "reward": out.reward,
-        "step_reward": out.step_reward, "step_mask": out.step_mask,
-        "turn_progress": out.turn_progress, "turn_role": out.turn_role,
-        "parent_id": lr.parent_id, "prefix_len": lr.prefix_len}, s.mesh)
+    return _episode_batch(s, ctx, out, gid, parent_id=lr.parent_id, prefix_len=lr.prefix_len)
 
   return produce
 
