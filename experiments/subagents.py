@@ -194,15 +194,13 @@ def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, sl
 def episode_advantages(adv_BT, resp_BT, episode_R, resp_RT):
   """Each agent row's advantage: its episode's mean advantage over the episode's policy
   tokens, on the agent row's response tokens (0 elsewhere)."""
-  m = resp_BT.astype(jnp.float32)
-  per_B = jnp.sum(adv_BT * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+  per_B = credit.ops.masked_mean(adv_BT, resp_BT, axis=1)
   return jnp.where(resp_RT, per_B[episode_R][:, None], 0.0)
 
 
 def _stats(adv, mask) -> dict:
-  m = mask.astype(jnp.float32)
-  n = jnp.maximum(jnp.sum(m), 1.0)
-  return {"adv_mean": jnp.sum(adv * m) / n, "adv_abs_mean": jnp.sum(jnp.abs(adv) * m) / n}
+  return {"adv_mean": credit.ops.masked_mean(adv, mask),
+          "adv_abs_mean": credit.ops.masked_mean(jnp.abs(adv), mask)}
 
 
 def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers.Stage:
