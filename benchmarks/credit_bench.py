@@ -298,10 +298,34 @@ class Skip(Exception):
 
 def estimator_config(base: ml_collections.ConfigDict, name: str,
                      teacher: str = "") -> ml_collections.ConfigDict:
+  """`base` running estimator `name` (teacher checkpoint `teacher`); per-character steps
+  (`step_config`) when its step rewards come from the task's step judge."""
   c = ml_collections.ConfigDict(base.to_dict())
   c.estimator = name
   c.estimator_kwargs = {}
   c.teacher.init_from = teacher
+  if uses_step_judge(c):
+    c = step_config(c)
+  return c
+
+
+def uses_step_judge(c: ml_collections.ConfigDict) -> bool:
+  """Whether the method's planned producers include the task's step judge (`step_reward` of
+  the step-reward estimators: abseeker, prorag, vpr, ...)."""
+  try:
+    method = loop.check_method(c)
+  except (ValueError, KeyError):
+    return False
+  return any(p.producer.name == "step_judge" for p in method.plan)
+
+
+def step_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Every response character is a step (each character token closes one; the stop token is
+  a step of its own, the response's end), judged by the bifurcation task's exact
+  `judge_step`: a perfect process reward, −1/+1 per character. The step-reward estimators
+  then show how well they turn a right process signal into token credit."""
+  c.step_delimiters = tuple(tasks_lib.CharTokenizer().chars)
+  c.max_steps = c.max_new_tokens
   return c
 
 

@@ -2011,8 +2011,8 @@ PRODUCERS: tuple[Producer, ...] = (
              "the task's step judge (judge_step) on each step of each response: 1 right, 0 "
              "wrong — a verifiable process reward in a PRM's place (ProRAG, SPARK)",
              when=_task_has("judge_step"),
-             off_doc="single-turn built-in tasks with judge_step (chain); multi-turn tasks give "
-                     "per-turn rewards from the environment"),
+             off_doc="single-turn built-in tasks with judge_step (chain, the bifurcation "
+                     "tasks); multi-turn tasks give per-turn rewards from the environment"),
     Producer("format_check", ("format_ok",), ("tokens", "response_mask"), _build_format_check,
              "reward", "the task's format_ok on each response (else: it ended with a stop "
              "token)"),

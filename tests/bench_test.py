@@ -299,7 +299,7 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
   import dataclasses
   import os
   from benchmarks import credit_bench
-  s = dataclasses.replace(credit_bench.QUICK, estimators=("grpo", "cbpo"),
+  s = dataclasses.replace(credit_bench.QUICK, estimators=("grpo", "cbpo", "prm_transform"),
                           learn_estimators=("grpo", "cbpo"), seeds=1, sft_steps=2,
                           learn_sft_steps=3, snapshot_steps=0, num_snapshots=1, batches=1,
                           num_rollouts=2, prompts_per_step=2, group_size=4, learn_steps=1,
@@ -310,7 +310,7 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
   for name in ("warmup", "learn_warmup"):
     assert os.path.exists(os.path.join(tmp_path, name, "hf_policy", "config.json"))
   got = {(r.estimator, r.part, r.metric): r.mean for r in rows}
-  for name in ("grpo", "cbpo", "grpo@tree", "oracle@tree"):
+  for name in ("grpo", "cbpo", "grpo@tree", "oracle@tree", "prm_transform"):
     assert (name, "credit", "corr") in got, name
   assert got[("oracle@tree", "credit", "corr")] == pytest.approx(1.0)
   for name in ("grpo", "cbpo"):
@@ -319,6 +319,19 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
     assert len(extras["curves"][name]) == 1
   c = credit_bench.tree_config(credit_bench.base_config("pivotal", s), s)
   assert (c.group_size, c.tree.branches, c.tree.points) == (2, 2, 1)
+
+
+def test_step_reward_estimators_get_per_character_steps():
+  # The bifurcation tasks' exact step judge feeds step_reward; those estimators (only) run
+  # with every character a step and one more for the stop token.
+  from benchmarks import credit_bench
+  base = credit_bench.base_config("pivotal", credit_bench.QUICK)
+  c = credit_bench.estimator_config(base, "prm_transform")
+  assert credit_bench.uses_step_judge(c) and c.max_steps == c.max_new_tokens
+  assert set("abcdefghij0123456789") <= set(c.step_delimiters)
+  g = credit_bench.estimator_config(base, "grpo")
+  assert not credit_bench.uses_step_judge(g)
+  assert (g.step_delimiters, g.max_steps) == (base.step_delimiters, base.max_steps)
 
 
 def test_tree_skip_reasons_are_recognised():

@@ -69,6 +69,31 @@ def test_each_pivot_can_change_the_reward(name, kw):
         assert task.verify(e, wrong) == 0.0
 
 
+@pytest.mark.parametrize("name,kw", SETTINGS)
+@hypothesis.given(data=st.data())
+def test_step_judge_is_exact_and_independent_of_the_step_split(name, kw, data):
+  # Cut a response into steps anywhere, then its end (""): some step is judged wrong iff the
+  # response fails (AND / single pivot); under OR a failure always has a wrong step and a
+  # response without one succeeds (a wrong pivot may still be saved by a later one).
+  task, ex = _task_examples(name, kw, n=8)
+  e = data.draw(st.sampled_from(ex))
+  r = data.draw(st.text(alphabet=ALPHABET, max_size=task.max_response_chars + 2))
+  if data.draw(st.booleans()):  # often close to the demonstration: pivots right or off by one
+    r = data.draw(st.sampled_from([task.demonstration(e), task.demonstration(e)[:-1]]))
+  wrong = []
+  for cuts in (sorted(data.draw(st.sets(st.integers(1, max(len(r) - 1, 1))))), range(1, len(r))):
+    bounds = [0] + [c for c in cuts if c < len(r)] + [len(r)]
+    steps = [r[a:b] for a, b in zip(bounds, bounds[1:]) if b > a] + [""]
+    verdicts = [task.judge_step(e, steps[:k], s) for k, s in enumerate(steps)]
+    assert all(v[1:] == (0.0, False) and v[0] in (1.0, -1.0) for v in verdicts)
+    wrong.append(any(v[0] < 0 for v in verdicts))
+  assert wrong[0] == wrong[1]
+  ok = task.verify(e, r) == 1.0
+  assert (not ok) <= wrong[0]
+  if name != "pivotal_or":
+    assert ok == (not wrong[0])
+
+
 def test_distractors_are_high_entropy_in_demonstrations_and_never_matter():
   task, ex = _task_examples("distractor", {}, n=50)
   rng = np.random.default_rng(0)

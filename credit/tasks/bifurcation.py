@@ -51,6 +51,36 @@ def _fill(filler: str, n: int, rng: np.random.Generator | None, fixed: Mapping[i
   return "".join(chars)
 
 
+def judge_pivot_step(want: Mapping[int, str], steps_before: list[str], step: str, *,
+                     any_suffices: bool = False) -> tuple[float, float, bool]:
+  """The exact step judge of a bifurcation task: (r, 0.0, False), r = +1 right, −1 wrong.
+
+  `want` maps each pivot (absolute response index) to its digit. `step` is the response's
+  next piece of text after `steps_before` (any length; the steps of `credit`'s step splitter,
+  stop tokens left out); "" is the response's end. A step is wrong when it writes a pivot
+  with the wrong character, or when the response ends before a pivot is written; filler is
+  never wrong. With `any_suffices` (the OR rule) every step after the first right pivot is
+  right (the end too). The verdict is local, as a process judge's: under OR a wrong pivot is
+  wrong even when a later one still saves the outcome. Ground truth for the step-reward estimators in `credit.bench` (a perfect PRM).
+  """
+  start = sum(len(s) for s in steps_before)
+  done = "".join(steps_before)
+  hit = any(q < start and len(done) > q and done[q] == w for q, w in want.items())
+  if any_suffices and hit:
+    return 1.0, 0.0, False
+  if not step:  # the response ends: a pivot never written is an error (OR: unless one hit)
+    return (-1.0 if any(q >= start for q in want) else 1.0), 0.0, False
+  for i, ch in enumerate(step):
+    w = want.get(start + i)
+    if w is None:
+      continue
+    if ch == w and any_suffices:
+      return 1.0, 0.0, False
+    if ch != w:
+      return -1.0, 0.0, False
+  return 1.0, 0.0, False
+
+
 def _check_digits_free(alphabet: str, what: str) -> None:
   if not alphabet or any(c.isdigit() for c in alphabet):
     raise ValueError(f"{what} must be non-empty and digit-free, got {alphabet!r}")
@@ -115,6 +145,13 @@ class _MultiPivot:
   def _hits(self, example: Mapping[str, Any], response: str) -> list[bool]:
     pos, want = self._parse(example)
     return [len(response) > p and response[p] == w for p, w in zip(pos, want)]
+
+  def judge_step(self, example: Mapping[str, Any], steps_before: list[str], step: str
+                 ) -> tuple[float, float, bool]:
+    """Exact step verdict (`judge_pivot_step`; OR: `any_suffices`)."""
+    pos, want = self._parse(example)
+    return judge_pivot_step(dict(zip(pos, want)), steps_before, step,
+                            any_suffices=self.name == "pivotal_or")
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
@@ -184,6 +221,12 @@ class _SinglePivot:
   def verify(self, example: Mapping[str, Any], response: str) -> float:
     p, want = self._parse(example)
     return float(len(response) > p and response[p] == want)
+
+  def judge_step(self, example: Mapping[str, Any], steps_before: list[str], step: str
+                 ) -> tuple[float, float, bool]:
+    """Exact step verdict (`judge_pivot_step`): wrong only at the pivot, or ending before it."""
+    p, want = self._parse(example)
+    return judge_pivot_step({p: want}, steps_before, step)
 
 
 @register_task("distractor")

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from credit.tasks.base import int_field, register_task, text_field
+from credit.tasks.bifurcation import judge_pivot_step
 
 
 @register_task("pivotal")
@@ -95,6 +96,13 @@ class Pivotal:
     """1.0 iff response[p] is the required digit; no stripping (positions are absolute)."""
     p, value = self._pivot(example)
     return float(len(response) > p and response[p] == str(value))
+
+  def judge_step(self, example: Mapping[str, Any], steps_before: list[str], step: str
+                 ) -> tuple[float, float, bool]:
+    """Exact step verdict (`bifurcation.judge_pivot_step`): (−1, 0, False) for a step that
+    writes the pivot wrong or ends the response before it, else (1, 0, False)."""
+    p, value = self._pivot(example)
+    return judge_pivot_step({p: str(value)}, steps_before, step)
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
