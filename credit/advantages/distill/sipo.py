@@ -82,6 +82,14 @@ def sipo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
   statistics (empty, or an out-of-range group id) get 0. All-fail and singleton groups
   keep the contrast term (Â = 0 there). The output carries no gradient.
 
+  Measured (credit bench, `pivotal`, 2026-12-06, seed 0, from 0.39 held-out): at step 150
+  β = 1 gives 0.19 and β = 0.1 gives 0.28, against GRPO's 0.38. The full 750-step runs
+  end at 0.08 over 3 seeds. Almost every group there has a mistake, so the clipped contrast
+  (±κ on every token) reaches nearly all rows. It is larger than the GRPO term of a 1-in-8
+  group (|Â| ≤ 2.5 on one row, 0.35 on the others), and the two alternative contexts are
+  text the small policy never saw in training. So the contrast adds noise, not credit
+  (see the bench's token correlation, 0.24 against GRPO's 0.35).
+
   Args:
     reward: [B] float outcome rewards.
     group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
