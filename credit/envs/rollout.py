@@ -11,7 +11,8 @@ as in `credit.sampling`):
 
     [ prompt P | turn 0: action W_a | obs W_o | turn 1: action W_a | obs W_o | ... ]
 
-with P the (left-aligned) prompt width, W_a = `max_action_tokens`, W_o = `max_observation_tokens`.
+with P the prompt width (prompts right-aligned in it, pads first), W_a = `max_action_tokens`,
+W_o = `max_observation_tokens`.
 A turn's unused action slots and an observation's unused slots stay invalid in the cache, so
 attention skips them, and RoPE positions count only valid tokens (a row's position after its
 prompt, actions and observations is exactly its length in the compacted trajectory). Hence the
@@ -70,7 +71,7 @@ class TurnLayout:
   """Static sizes of a multi-turn rollout (hashable: a jit static argument).
 
   Attributes:
-    prompt_width: P, prompt columns (prompts are left-aligned into them).
+    prompt_width: P, prompt columns (prompts are right-aligned into them).
     max_turns: K, policy turns per episode.
     max_action_tokens: W_a, tokens of one policy turn (stop token included).
     max_observation_tokens: W_o, tokens of one observation (longer ones are truncated).
