@@ -152,14 +152,18 @@ def build_prm(s: "Setup", wanted: frozenset):
             "response_mask": batch["response_mask"], "reward": batch["reward"],
             "logprob_ref": batch["logprob_ref"]}
     key = jax.random.fold_in(ctx.key, 11)
-    if before:
+    # No row left (a group filter dropped every group): no PRM step either, since its
+    # optimiser would still move on momentum alone.
+    learns = bool(np.asarray(ctx.host["response_mask"]).any())
+    if before and learns:
       learner, metrics = trainer.update(learner, data, key)
     logprob, _ = score(learner.params, batch["tokens"], ctx.attn_mask)
     out = {"logprob_prm": jnp.where(batch["response_mask"], logprob, 0.0)}
-    if not before:
+    if not before and learns:
       learner, metrics = trainer.update(learner, data, key)
     ctx.learners["implicit_prm"] = learner
-    ctx.metrics.update(_prefixed("prm_", metrics))
+    if learns:
+      ctx.metrics.update(_prefixed("prm_", metrics))
     return out
 
   return produce, None  # it learns inside the step (before or after scoring)

@@ -43,7 +43,8 @@ from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_epi
 from credit.envs.subagents import AgentsMultiTurnSampler
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import checkpointing, critical, jolt, producers, reporting, subagents, train
+from experiments import (checkpointing, critical, group_filter, jolt, producers, reporting,
+                         subagents, train)
 
 SetupError = producers.SetupError
 
@@ -584,6 +585,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
                      f"{c.requires_checkpoint}")
   jolt.check(c)  # JOLT's teacher role (c.jolt): its specific refusals come first
   subagents.check(c)  # SPD-RAG's document agents (a task with sub-agents)
+  group_filter.check(c)
   method = check_method(c)
   if method.loss.whole_groups and c.num_minibatches > 1:
     if producers.tree_batch(c):
@@ -718,6 +720,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   if c.amft.enabled:
     update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)
   stages = [p.build(prod_setup) for p in method.plan]
+  if group_filter.on(c):  # PRIME's / DAPO's group filter, right after the reward
+    stages = group_filter.insert(stages, prod_setup)
   if jolt.on(c):  # JOLT: a teacher-role stage after the student's; both roles in one update
     stages.append(jolt.build_stage(prod_setup, method.update_fields))
     update = jolt.make_update(c, graphdef, rest, tx, loss_spec=method.loss,
@@ -838,6 +842,12 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   trained producers' `after`, the samples and the metrics."""
   c, m = run.c, run.method
   where = f"batch of step {rs.step + 1}"
+  if group_filter.on(c) and not ctx.host["response_mask"].any():
+    # The filter kept no group: no update this step (as PRIME and DAPO skip such batches).
+    host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
+    metrics = _step_metrics(dict(ctx.metrics, update_skipped=1.0), host, jnp.zeros(()),
+                            time.perf_counter() - t_step, times)
+    return dataclasses.replace(rs, step=rs.step + 1, samples=[], learners=ctx.learners), metrics
   if c.debug_checks or not rs.checked:
     check_batch(batch, num_groups=c.prompts_per_step, where=where)
   t0 = time.perf_counter()
@@ -922,11 +932,13 @@ def _sample_rows(tokenizer, host: dict, adv, examples, step: int, num: int) -> l
 
 
 def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, float]:
-  reward, resp_len = host["reward"], host["response_mask"].sum(-1)
+  reward = host["reward"]
+  resp_len = host.get("sampled_response_mask", host["response_mask"]).sum(-1)
   m = {k: float(v) for k, v in jax.device_get(upd).items()}
   m.update(reward_mean=float(reward.mean()), accuracy=float(np.mean(reward >= 1.0)),
            response_length=float(resp_len.mean()),
-           adv_abs_mean=float(jnp.sum(jnp.abs(adv)) / max(1, int(resp_len.sum()))),
+           adv_abs_mean=float(jnp.sum(jnp.abs(adv))
+                              / max(1, int(host["response_mask"].sum()))),
            step_time=step_time, **{f"time_{k}": v for k, v in times.items()},
            time_overhead=step_time - sum(times.values()))
   return m

@@ -112,6 +112,12 @@ def base_config() -> ml_collections.ConfigDict:
   # after a turn k >= 1 and continued `local_size` times from the same prefix; the step's batch
   # is N·G + branch_rows·local_size rows. 0 branch_rows = off.
   c.logo = ml_collections.ConfigDict(dict(branch_rows=0, local_size=4))
+  # Group filter (experiments/group_filter.py): groups whose accuracy (share of rows with
+  # reward >= success_threshold) lies outside [min_accuracy, max_accuracy], or whose rewards
+  # are all equal with drop_uniform, are dropped from the step after the reward (PRIME:
+  # 0.2 / 0.8; DAPO's dynamic sampling: drop_uniform, without its refill). 0 / 1 / False: off.
+  c.group_filter = ml_collections.ConfigDict(dict(
+      min_accuracy=0.0, max_accuracy=1.0, drop_uniform=False, success_threshold=1.0))
   c.reward_components = ()        # reward_components [B,R] columns (gdpo, searchllm): outcome |
                                   # format | rubric | subproblems | tests | brevity
                                   # (experiments/producers.py REWARD_COMPONENTS).
