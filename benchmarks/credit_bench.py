@@ -322,10 +322,12 @@ def uses_step_judge(c: ml_collections.ConfigDict) -> bool:
 def step_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Every response character is a step (each character token closes one; the stop token is
   a step of its own, the response's end), judged by the bifurcation task's exact
-  `judge_step`: a perfect process reward, −1/+1 per character. The step-reward estimators
-  then show how well they turn a right process signal into token credit."""
+  `judge_step`: a perfect process reward, 0/1 per character; the steps are the turns too
+  (`steps_as_turns`), for the methods that index step rewards by turn. The step-reward
+  estimators then show how well they turn a right process signal into token credit."""
   c.step_delimiters = tuple(tasks_lib.CharTokenizer().chars)
   c.max_steps = c.max_new_tokens
+  c.steps_as_turns = True  # turn-level step methods (pica, vpr...): turn k = step k
   return c
 
 

@@ -150,6 +150,7 @@ class Producer:
 def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
   c, G = s.c, s.group_size
   group_id = np.repeat(np.arange(s.num_groups, dtype=np.int32), G)
+  split = step_splitter(s) if c.steps_as_turns else None
 
   def produce(state, batch, ctx: StepContext) -> dict:
     out = s.sampler(s.model_state(state.params), prompt_tokens=ctx.prompt_tokens,
@@ -160,8 +161,13 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
                              "prompt_mask": out.prompt_mask})
     resp = host["response_mask"]
     # One turn, no observation: the multi-turn fields as the environment rollout has them
-    # (producers such as the gold pass read them from ctx.host on either rollout).
+    # (producers such as the gold pass read them from ctx.host on either rollout). With
+    # c.steps_as_turns each step (`step_splitter`) is a turn, so turn-level estimators
+    # credit the steps of a single-turn response (turn k <-> step k, as step_reward's).
     obs, turn = np.zeros_like(resp), np.where(resp, 0, -1).astype(np.int32)
+    if c.steps_as_turns:
+      turn = np.where(resp, np.minimum(split(host["tokens"], resp), c.max_steps - 1),
+                      -1).astype(np.int32)
     ctx.host.update(host, group_id=group_id, obs_mask=obs, turn_id=turn)
     ctx.attn_mask = parallel.shard_batch(host["prompt_mask"] | resp, s.mesh)
     ctx.extras["logprob_raw"] = out.logprob_raw

@@ -328,10 +328,12 @@ def test_step_reward_estimators_get_per_character_steps():
   base = credit_bench.base_config("pivotal", credit_bench.QUICK)
   c = credit_bench.estimator_config(base, "prm_transform")
   assert credit_bench.uses_step_judge(c) and c.max_steps == c.max_new_tokens
+  assert c.steps_as_turns  # turn-level step methods read step k on turn k
   assert set("abcdefghij0123456789") <= set(c.step_delimiters)
   g = credit_bench.estimator_config(base, "grpo")
   assert not credit_bench.uses_step_judge(g)
-  assert (g.step_delimiters, g.max_steps) == (base.step_delimiters, base.max_steps)
+  assert (g.step_delimiters, g.max_steps, g.steps_as_turns) == (
+      base.step_delimiters, base.max_steps, False)
 
 
 def test_tree_skip_reasons_are_recognised():

@@ -463,6 +463,21 @@ def test_scapo_plans_interventions_and_gives_finite_advantages(tmp_path):
   assert lp.ndim == 3 and np.all(np.isfinite(lp))
 
 
+def test_steps_as_turns_makes_each_step_a_turn_of_a_single_turn_response(tmp_path):
+  # A turn-level step-reward method (vpr) on chain's single-turn responses: turn k is step k
+  # (cut at the step delimiters, the last one merged at max_steps), as step_reward's column k.
+  c = tiny("verifree_chain", estimator="vpr", steps_as_turns=True, max_steps=3)
+  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+  resp = ctx.host["response_mask"]
+  split = producers.step_splitter(run.setup)(ctx.host["tokens"], resp)
+  want = np.where(resp, np.minimum(split, 2), -1)
+  np.testing.assert_array_equal(np.asarray(batch["turn_id"]), want)
+  assert (want.max(axis=1) > 0).any()  # several steps somewhere
+  steps = np.asarray(batch["step_mask"])
+  for b in range(len(want)):
+    np.testing.assert_array_equal(np.flatnonzero(steps[b]), np.unique(want[b][want[b] >= 0]))
+
+
 def test_flag_mask_marks_wrong_rows_only(tmp_path):
   run, rs, ctx, batch = _one_step_batch(tiny(estimator="perceval"), str(tmp_path / "w"))
   flags, resp, reward = (np.asarray(batch[k]) for k in ("flag_mask", "response_mask", "reward"))
