@@ -90,6 +90,11 @@ def test_step_judge_is_exact_and_independent_of_the_step_split(name, kw, data):
   assert wrong[0] == wrong[1]
   ok = task.verify(e, r) == 1.0
   assert (not ok) <= wrong[0]
+  # The flags: none on a success; on a failure, wrong pivots (or the end) only.
+  flags = task.flag_chars(e, r)
+  assert flags.shape == (len(r) + 1,) and flags.any() == (not ok)
+  pos = set(task.pivot_positions(e))
+  assert all(i in pos or i == len(r) for i in np.flatnonzero(flags))
   if name != "pivotal_or":
     assert ok == (not wrong[0])
 

@@ -105,7 +105,7 @@ def test_token_flags_cover_multi_character_tokens():
 
 
 def test_flags_are_refused_at_setup_for_a_task_without_them():
-  c = tiny(estimator="perceval", task="pivotal")
+  c = tiny(estimator="perceval", task="copy_digit")
   c.task_kwargs = {}
   with pytest.raises(loop.SetupError,
                      match=r"estimator 'perceval' needs \['flag_mask'\].*'task_flags'.*off"):

@@ -73,7 +73,7 @@ def test_slate_rollout_batch(tmp_path):
     ("cbpo_chain", {"estimator": "verifree"}, "cannot run on tree rollouts"),
     ("cbpo_chain", {"tree.criterion": "random"}, "tree.criterion"),
     ("cbpo_chain", {"tree.points": 0}, "points"),
-    ("cbpo_chain", {"task": "pivotal", "task_kwargs": {}, "tree.criterion": "first_error"},
+    ("cbpo_chain", {"task": "copy_digit", "task_kwargs": {}, "tree.criterion": "first_error"},
      "flag_chars"),
     ("slate_chain", {"task": "arithmetic", "task_kwargs": {}}, "judge_step"),
     ("slate_chain", {"tree.branches": 2}, "use one of them"),

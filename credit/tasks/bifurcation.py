@@ -81,6 +81,23 @@ def judge_pivot_step(want: Mapping[int, str], steps_before: list[str], step: str
   return 1.0, 0.0, False
 
 
+def pivot_flags(want: Mapping[int, str], response: str, success: bool) -> np.ndarray:
+  """[len(response) + 1] bool: the characters a process judge would mark in a failed
+  response, exactly: each pivot written with the wrong character, and the last entry (the
+  response's end) when it stops before a pivot. A successful response gets no flag. Unlike
+  arithmetic's first-error spans, filler after a wrong pivot is not flagged: it never
+  matters here."""
+  flags = np.zeros(len(response) + 1, bool)
+  if success:
+    return flags
+  for q, w in want.items():
+    if q < len(response):
+      flags[q] = response[q] != w
+    else:
+      flags[-1] = True
+  return flags
+
+
 def _check_digits_free(alphabet: str, what: str) -> None:
   if not alphabet or any(c.isdigit() for c in alphabet):
     raise ValueError(f"{what} must be non-empty and digit-free, got {alphabet!r}")
@@ -152,6 +169,11 @@ class _MultiPivot:
     pos, want = self._parse(example)
     return judge_pivot_step(dict(zip(pos, want)), steps_before, step,
                             any_suffices=self.name == "pivotal_or")
+
+  def flag_chars(self, example: Mapping[str, Any], response: str) -> np.ndarray:
+    """The wrong pivots of a failed response (`pivot_flags`)."""
+    pos, want = self._parse(example)
+    return pivot_flags(dict(zip(pos, want)), response, self.verify(example, response) == 1.0)
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
@@ -227,6 +249,11 @@ class _SinglePivot:
     """Exact step verdict (`judge_pivot_step`): wrong only at the pivot, or ending before it."""
     p, want = self._parse(example)
     return judge_pivot_step({p: want}, steps_before, step)
+
+  def flag_chars(self, example: Mapping[str, Any], response: str) -> np.ndarray:
+    """The wrong pivot of a failed response, or its end when it stops before the pivot."""
+    p, want = self._parse(example)
+    return pivot_flags({p: want}, response, self.verify(example, response) == 1.0)
 
 
 @register_task("distractor")

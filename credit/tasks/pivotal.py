@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from credit.tasks.base import int_field, register_task, text_field
-from credit.tasks.bifurcation import judge_pivot_step
+from credit.tasks.bifurcation import judge_pivot_step, pivot_flags
 
 
 @register_task("pivotal")
@@ -103,6 +103,12 @@ class Pivotal:
     writes the pivot wrong or ends the response before it, else (1, 0, False)."""
     p, value = self._pivot(example)
     return judge_pivot_step({p: str(value)}, steps_before, step)
+
+  def flag_chars(self, example: Mapping[str, Any], response: str) -> np.ndarray:
+    """The wrong pivot of a failed response, or its end when it stops before the pivot
+    (`bifurcation.pivot_flags`)."""
+    p, value = self._pivot(example)
+    return pivot_flags({p: str(value)}, response, self.verify(example, response) == 1.0)
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
