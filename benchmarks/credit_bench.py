@@ -126,6 +126,9 @@ class Settings:
   # G/2 roots, `tree_points` branch points per prompt with `tree_branches` continuations each.
   tree_branches: int = 2
   tree_points: int = 2
+  # Where the branch points go: "entropy" (the highest-entropy positions, as CBPO / TreeRL
+  # branch) or "first_error" (a failed row's first wrong token: its wrong pivot).
+  tree_criterion: str = "entropy"
   # Scored on multi-turn tasks besides `estimators` (when that is a list): the turn-level
   # estimators the runner's producers can feed there.
   multi_turn_estimators: tuple[str, ...] = ()
@@ -413,6 +416,9 @@ class LearningLog:
     self.done: dict[tuple[str, str, int], list[dict]] = {}
     if resume and os.path.exists(self.path):
       old = json.load(open(spath)) if os.path.exists(spath) else None
+      if old is not None:  # a setting added since the file was written counts as its default
+        defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
+        old = {**{k: defaults[k] for k in fingerprint if k not in old}, **old}
       if old != fingerprint:
         raise SystemExit(f"--resume: {spath} holds other settings ({old}) than this run's "
                          f"({fingerprint}); use another --out or drop --resume")
@@ -525,11 +531,12 @@ def needs_tree(why: str) -> bool:
 
 def tree_config(c: ml_collections.ConfigDict, s: Settings) -> ml_collections.ConfigDict:
   """The runner config on tree batches: G/2 roots per prompt grown by branch sampling at
-  `tree_points` high-entropy positions with `tree_branches` continuations each (depth 1), so
-  a prompt has as many rows as in the plain batches when points·branches = G/2."""
+  `tree_points` positions (`tree_criterion`: high-entropy ones, or failed rows' first wrong
+  token) with `tree_branches` continuations each (depth 1), so a prompt has as many rows as
+  in the plain batches when points·branches = G/2."""
   c.group_size = max(s.group_size // 2, 2)
   c.tree.branches, c.tree.points, c.tree.depth = s.tree_branches, s.tree_points, 1
-  c.tree.criterion = "entropy"
+  c.tree.criterion = s.tree_criterion
   return c
 
 
@@ -820,8 +827,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--no-learning", action="store_true")
   p.add_argument("--resume", action="store_true",
                  help="keep the finished learning runs in --out/learning.csv (same settings)")
+  p.add_argument("--tree-criterion", default="entropy", choices=("entropy", "first_error"),
+                 help="branch points of the tree batches (first_error: a failed row's first "
+                      "wrong token)")
   a = p.parse_args(argv)
   s = QUICK if a.quick else FULL
+  s = dataclasses.replace(s, tree_criterion=a.tree_criterion)
   if a.only:
     only = tuple(x.strip() for x in a.only.split(",") if x.strip())
     unknown = [n for n in only if n not in credit.list_estimators() and n not in REFERENCES]

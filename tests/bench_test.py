@@ -289,6 +289,17 @@ def test_learning_log_resumes_finished_runs_only(tmp_path):
   log.add("pivotal", "grpo", 0, full)
   with pytest.raises(SystemExit, match="other settings"):
     credit_bench.LearningLog(str(tmp_path), dataclasses.replace(s, learn_steps=30), resume=True)
+  # A setting added after settings.json was written counts as its default there.
+  import json
+  spath = os.path.join(tmp_path, "settings.json")
+  saved = json.load(open(spath))
+  del saved["tree_criterion"]
+  json.dump(saved, open(spath, "w"))
+  assert credit_bench.LearningLog(str(tmp_path), s, resume=True).get("pivotal", "grpo", 0) == full
+  json.dump(saved, open(spath, "w"))
+  with pytest.raises(SystemExit, match="other settings"):
+    credit_bench.LearningLog(str(tmp_path), dataclasses.replace(s, tree_criterion="first_error"),
+                             resume=True)
 
 
 def test_learning_warm_up_and_tree_estimators(tmp_path):
