@@ -302,14 +302,24 @@ class Skip(Exception):
 def estimator_config(base: ml_collections.ConfigDict, name: str,
                      teacher: str = "") -> ml_collections.ConfigDict:
   """`base` running estimator `name` (teacher checkpoint `teacher`); per-character steps
-  (`step_config`) when its step rewards come from the task's step judge."""
+  (`step_config`) when its step rewards come from the task's step judge; two reward
+  components (the outcome, and whether the response ended by itself) for the multi-reward
+  methods (gdpo, searchllm)."""
   c = ml_collections.ConfigDict(base.to_dict())
   c.estimator = name
   c.estimator_kwargs = {}
   c.teacher.init_from = teacher
+  if name in credit.list_estimators() and "reward_components" in credit.get_estimator(
+      name).needs:
+    c.reward_components = MULTI_REWARD
   if uses_step_judge(c):
     c = step_config(c)
   return c
+
+
+# The reward components of the multi-reward estimators: the task's outcome and the format
+# check (the response ended with its stop token, not at the length limit).
+MULTI_REWARD = ("outcome", "format")
 
 
 def uses_step_judge(c: ml_collections.ConfigDict) -> bool:

@@ -345,6 +345,10 @@ def test_step_reward_estimators_get_per_character_steps():
   assert not credit_bench.uses_step_judge(g)
   assert (g.step_delimiters, g.max_steps, g.steps_as_turns) == (
       base.step_delimiters, base.max_steps, False)
+  # Multi-reward methods get the outcome and the format check as their components.
+  assert tuple(credit_bench.estimator_config(base, "gdpo").reward_components) == (
+      credit_bench.MULTI_REWARD)
+  assert tuple(g.reward_components) == ()
 
 
 def test_tree_skip_reasons_are_recognised():

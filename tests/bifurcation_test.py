@@ -99,6 +99,17 @@ def test_step_judge_is_exact_and_independent_of_the_step_split(name, kw, data):
     assert ok == (not wrong[0])
 
 
+@pytest.mark.parametrize("name", ["pivotal", "distractor", "delayed"])
+def test_interventions_preserve_the_rule(name):
+  task, ex = _task_examples(name, {}, n=10)
+  for e in ex:
+    for prompt in task.interventions(e):
+      assert prompt != e["prompt"]
+      moved = {"prompt": prompt}  # parsed from the rewritten prompt alone
+      assert task.verify(moved, e["answer"]) == 1.0
+      assert task.pivot_positions(moved) == task.pivot_positions(e)
+
+
 def test_distractors_are_high_entropy_in_demonstrations_and_never_matter():
   task, ex = _task_examples("distractor", {}, n=50)
   rng = np.random.default_rng(0)

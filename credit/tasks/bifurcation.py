@@ -98,6 +98,15 @@ def pivot_flags(want: Mapping[int, str], response: str, success: bool) -> np.nda
   return flags
 
 
+def single_pivot_interventions(prompt: str) -> list[str]:
+  """M = 2 answer-preserving rewrites of a "p:d=" prompt (SCAPO's semifactual
+  interventions): a leading zero on the position, then on the digit ("6:3=" ->
+  ["06:3=", "6:03="]). Both parse to the same rule, so the answer is unchanged; they are
+  surface forms the demonstrations never show."""
+  p, d = prompt.rstrip("=").split(":")
+  return [f"0{p}:{d}=", f"{p}:0{d}="]
+
+
 def _check_digits_free(alphabet: str, what: str) -> None:
   if not alphabet or any(c.isdigit() for c in alphabet):
     raise ValueError(f"{what} must be non-empty and digit-free, got {alphabet!r}")
@@ -243,6 +252,10 @@ class _SinglePivot:
   def verify(self, example: Mapping[str, Any], response: str) -> float:
     p, want = self._parse(example)
     return float(len(response) > p and response[p] == want)
+
+  def interventions(self, example: Mapping[str, Any]) -> list[str]:
+    """SCAPO's answer-preserving prompt rewrites (`single_pivot_interventions`)."""
+    return single_pivot_interventions(text_field(example, "prompt"))
 
   def judge_step(self, example: Mapping[str, Any], steps_before: list[str], step: str
                  ) -> tuple[float, float, bool]:

@@ -28,7 +28,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from credit.tasks.base import int_field, register_task, text_field
-from credit.tasks.bifurcation import judge_pivot_step, pivot_flags
+from credit.tasks.bifurcation import (judge_pivot_step, pivot_flags,
+                                       single_pivot_interventions)
 
 
 @register_task("pivotal")
@@ -103,6 +104,10 @@ class Pivotal:
     writes the pivot wrong or ends the response before it, else (1, 0, False)."""
     p, value = self._pivot(example)
     return judge_pivot_step({p: str(value)}, steps_before, step)
+
+  def interventions(self, example: Mapping[str, Any]) -> list[str]:
+    """SCAPO's answer-preserving prompt rewrites (`bifurcation.single_pivot_interventions`)."""
+    return single_pivot_interventions(text_field(example, "prompt"))
 
   def flag_chars(self, example: Mapping[str, Any], response: str) -> np.ndarray:
     """The wrong pivot of a failed response, or its end when it stops before the pivot
