@@ -721,8 +721,9 @@ def markdown_table(rows: list[Row], command: str, wall: float) -> str:
 
 
 def summary_table(rows: list[Row], command: str, wall: float) -> str:
-  """One line per estimator across tasks: correlation with the true advantages, pivotal mass
-  and balanced sign accuracy (means over snapshots × batches), the turn-level correlation on
+  """One line per estimator across tasks: correlation with the true advantages (with its
+  bootstrap interval), pivotal mass and balanced sign accuracy (means over snapshots ×
+  batches), the turn-level correlation on
   multi-turn tasks, and final held-out accuracy when learning ran; sorted by mean
   correlation. The README's table."""
   tasks = list(dict.fromkeys(r.task for r in rows))
@@ -750,6 +751,9 @@ def summary_table(rows: list[Row], command: str, wall: float) -> str:
     for t in tasks:
       vals = [get.get((t, n, m)) for m in metrics[t]]
       txt = " / ".join("–" if v is None else f"{v.mean:.2f}" for v in vals)
+      if vals[0] is not None and vals[0].hi > vals[0].lo:  # the correlation's 95% interval
+        txt = txt.replace(f"{vals[0].mean:.2f}", f"{vals[0].mean:.2f} [{vals[0].lo:.2f}, "
+                          f"{vals[0].hi:.2f}]", 1)
       if learn:
         f = get.get((t, n, "final_accuracy"))
         txt += " / " + ("–" if f is None else f"{f.mean:.2f} [{f.lo:.2f}, {f.hi:.2f}]")

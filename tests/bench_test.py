@@ -365,7 +365,9 @@ def test_summary_table_adds_turn_corr_on_multi_turn_tasks():
   rows += [R("pivot_turn", "grpo", "outcome", "credit", m, v, v, v, 1)
            for m, v in (("corr", 0.4), ("pivot_mass", 0.3), ("sign_acc", 1.0),
                         ("turn_corr", 0.52))]
+  rows[0] = R("pivotal", "grpo", "outcome", "credit", "corr", 0.3, 0.25, 0.36, 12)
   table = cb.summary_table(rows, "cmd", 60.0)
   assert "| estimator | family | pivotal: corr / pivot mass / sign acc | pivot_turn: corr / " \
          "pivot mass / sign acc / turn corr |" in table
-  assert "| `grpo` | outcome | 0.30 / 0.10 / 0.80 | 0.40 / 0.30 / 1.00 / 0.52 |" in table
+  assert ("| `grpo` | outcome | 0.30 [0.25, 0.36] / 0.10 / 0.80 | 0.40 / 0.30 / 1.00 / 0.52 |"
+          in table)
