@@ -2,7 +2,7 @@
 
   python -m benchmarks.credit_bench [--quick] [--only grpo,rloo] [--tasks pivotal,distractor]
                                     [--out credit_bench] [--seeds 3] [--no-learning]
-                                    [--workdir DIR] [--resume]
+                                    [--workdir DIR] [--resume] [--merge OLD/results.csv]
 
 On bifurcation tasks (`credit/tasks/bifurcation.py`, `credit/tasks/pivotal.py`) the response
 positions that decide the reward are known, and `credit.bench.true_advantages` computes each
@@ -302,7 +302,8 @@ class Skip(Exception):
 def estimator_config(base: ml_collections.ConfigDict, name: str,
                      teacher: str = "") -> ml_collections.ConfigDict:
   """`base` running estimator `name` (teacher checkpoint `teacher`); per-character steps
-  (`step_config`) when its step rewards come from the task's step judge; two reward
+  (`step_config`) when its step rewards come from the task's step judge or its turns are the
+  steps (`per_character_steps`); two reward
   components (the outcome, and whether the response ended by itself) for the multi-reward
   methods (gdpo, searchllm)."""
   c = ml_collections.ConfigDict(base.to_dict())
@@ -312,7 +313,7 @@ def estimator_config(base: ml_collections.ConfigDict, name: str,
   if name in credit.list_estimators() and "reward_components" in credit.get_estimator(
       name).needs:
     c.reward_components = MULTI_REWARD
-  if uses_step_judge(c):
+  if per_character_steps(c):
     c = step_config(c)
   return c
 
@@ -320,6 +321,18 @@ def estimator_config(base: ml_collections.ConfigDict, name: str,
 # The reward components of the multi-reward estimators: the task's outcome and the format
 # check (the response ended with its stop token, not at the length limit).
 MULTI_REWARD = ("outcome", "format")
+
+
+def per_character_steps(c: ml_collections.ConfigDict) -> bool:
+  """Whether the bench runs the method with every response character a step (`step_config`):
+  the step-reward methods (their step judge is then exact per character), and the turn-level
+  ones that read `turn_id` with `step_mask` (IGPO, TRACE, SIOP, OPRL, PBSD...), whose turns on
+  a single-turn row are its steps (`producers.turns_are_steps`). With the default delimiters a
+  bifurcation response is one step, so those methods would see one turn and no credit
+  inside the response; per character, their turn signals (information gain of the gold
+  answer, a learned PRM's step score...) can land on the pivot."""
+  return uses_step_judge(c) or (not producers.is_multi_turn(c)
+                                and producers.turns_are_steps(c))
 
 
 def uses_step_judge(c: ml_collections.ConfigDict) -> bool:
@@ -686,6 +699,21 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
     plot_heatmap(os.path.join(out, f"heatmap_{task}.png"), ex, task)
 
 
+def read_rows(path: str) -> list[Row]:
+  """The rows of a results.csv written by `write_outputs`."""
+  with open(path, newline="") as f:
+    return [Row(r["task"], r["estimator"], r["family"], r["part"], r["metric"],
+                float(r["mean"]), float(r["lo"]), float(r["hi"]), int(r["n"]))
+            for r in csv.DictReader(f)]
+
+
+def merge_rows(old: Sequence[Row], new: Sequence[Row]) -> list[Row]:
+  """`old` with every (task, estimator, part) that `new` measured replaced by `new`'s rows:
+  a follow-up `--only` run (a fixed estimator, one added since) folded into a full table."""
+  fresh = {(r.task, r.estimator, r.part) for r in new}
+  return [r for r in old if (r.task, r.estimator, r.part) not in fresh] + list(new)
+
+
 def _cell(r: Row | None, digits: int = 2) -> str:
   if r is None:
     return ""
@@ -841,6 +869,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--no-learning", action="store_true")
   p.add_argument("--resume", action="store_true",
                  help="keep the finished learning runs in --out/learning.csv (same settings)")
+  p.add_argument("--merge", default="",
+                 help="an earlier results.csv: its rows of the (task, estimator) pairs this "
+                      "run does not measure are kept in this run's results.csv and tables")
   p.add_argument("--tree-criterion", default="entropy", choices=("entropy", "first_error"),
                  help="branch points of the tree batches (first_error: a failed row's first "
                       "wrong token)")
@@ -872,6 +903,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rows += r
     skipped[task], extras[task] = sk, ex
   wall = time.perf_counter() - t0
+  if a.merge:
+    rows = merge_rows(read_rows(a.merge), rows)
   command = "python -m benchmarks.credit_bench " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
   write_outputs(a.out, rows, skipped, extras, command.strip(), wall, learning_csv=log is None)

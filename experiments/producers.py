@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+import credit
 from credit import CONTRACT, parallel, scoring, trees
 from credit import divergences as divergences_lib
 from credit import tasks as tasks_lib
@@ -147,10 +148,36 @@ class Producer:
 # --------------------------------------------------------------------------
 
 
+TURN_STEP_FIELDS = frozenset({"turn_id", "step_mask"})
+
+
+def turns_are_steps(c: ml_collections.ConfigDict) -> bool:
+  """Whether a single-turn run's `turn_id` is the response's steps (cut at
+  `c.step_delimiters`, at most `c.max_steps`) rather than one turn.
+
+  True with `c.steps_as_turns`, and always when the estimator reads both `turn_id` and
+  `step_mask` (IGPO, TRACE, SIOP, OPRL, PBSD, the turn-level step-reward methods...): it
+  takes `step_mask[b,k]` as "turn k of row b exists" and credits the tokens of `turn_id == k`,
+  while single-turn `step_mask` comes from the step producers (the delimiter steps). With one
+  turn the two disagree: a row whose response holds a delimiter gets turns 1.. with no tokens,
+  whose rewards still enter the group statistics and the returns of turn 0 (found 2026-12-06
+  on `pivotal`; a row of one step is one turn either way). Multi-turn runs: False (their turns
+  are the episode's)."""
+  if is_multi_turn(c):
+    return False
+  if c.steps_as_turns:
+    return True
+  try:
+    needs = credit.get_estimator(c.estimator).needs
+  except (KeyError, ValueError):
+    return False  # check_method reports the unknown estimator
+  return TURN_STEP_FIELDS <= set(needs)
+
+
 def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
   c, G = s.c, s.group_size
   group_id = np.repeat(np.arange(s.num_groups, dtype=np.int32), G)
-  split = step_splitter(s) if c.steps_as_turns else None
+  split = step_splitter(s) if turns_are_steps(c) else None
 
   def produce(state, batch, ctx: StepContext) -> dict:
     out = s.sampler(s.model_state(state.params), prompt_tokens=ctx.prompt_tokens,
@@ -162,10 +189,10 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
     resp = host["response_mask"]
     # One turn, no observation: the multi-turn fields as the environment rollout has them
     # (producers such as the gold pass read them from ctx.host on either rollout). With
-    # c.steps_as_turns each step (`step_splitter`) is a turn, so turn-level estimators
+    # `turns_are_steps` each step (`step_splitter`) is a turn, so turn-level estimators
     # credit the steps of a single-turn response (turn k <-> step k, as step_reward's).
     obs, turn = np.zeros_like(resp), np.where(resp, 0, -1).astype(np.int32)
-    if c.steps_as_turns:
+    if split is not None:
       turn = np.where(resp, np.minimum(split(host["tokens"], resp), c.max_steps - 1),
                       -1).astype(np.int32)
     ctx.host.update(host, group_id=group_id, obs_mask=obs, turn_id=turn)
@@ -593,7 +620,9 @@ def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
   answer's tokens, teacher-forced in `c.gold_template` after the prompt alone and after each
   turn boundary (`gold_prefix_masks`), by the behaviour policy or the frozen reference
   (`c.gold_scorer`). All K+1 prefixes of all rows go through one batched pass."""
-  c, tok, G, K = s.c, s.data.tokenizer, s.group_size, s.c.max_turns
+  c, tok, G = s.c, s.data.tokenizer, s.group_size
+  # K as the run's other per-turn arrays: single-turn turns are its steps (`turns_are_steps`).
+  K = c.max_turns if is_multi_turn(c) else c.max_steps
   rows = [_gold_template_ids(tok, c.gold_template, tasks_lib.as_example(e)["answer"])
           for e in s.data.train]
   A = max(len(r[0]) for r in rows)

@@ -333,8 +333,8 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
 
 
 def test_step_reward_estimators_get_per_character_steps():
-  # The bifurcation tasks' exact step judge feeds step_reward; those estimators (only) run
-  # with every character a step and one more for the stop token.
+  # The bifurcation tasks' exact step judge feeds step_reward; those estimators run with every
+  # character a step and one more for the stop token.
   from benchmarks import credit_bench
   base = credit_bench.base_config("pivotal", credit_bench.QUICK)
   c = credit_bench.estimator_config(base, "prm_transform")
@@ -345,6 +345,12 @@ def test_step_reward_estimators_get_per_character_steps():
   assert not credit_bench.uses_step_judge(g)
   assert (g.step_delimiters, g.max_steps, g.steps_as_turns) == (
       base.step_delimiters, base.max_steps, False)
+  # Turn-level methods that read turn_id with step_mask (IGPO's information gain here) take
+  # the characters as their turns too; the other ones keep the one-turn layout.
+  i = credit_bench.estimator_config(base, "igpo")
+  assert credit_bench.per_character_steps(i) and not credit_bench.uses_step_judge(i)
+  assert i.max_steps == i.max_new_tokens and i.steps_as_turns
+  assert not credit_bench.per_character_steps(g)
   # Multi-reward methods get the outcome and the format check as their components.
   assert tuple(credit_bench.estimator_config(base, "gdpo").reward_components) == (
       credit_bench.MULTI_REWARD)
@@ -371,3 +377,22 @@ def test_summary_table_adds_turn_corr_on_multi_turn_tasks():
          "pivot mass / sign acc / turn corr |" in table
   assert ("| `grpo` | outcome | 0.30 [0.25, 0.36] / 0.10 / 0.80 | 0.40 / 0.30 / 1.00 / 0.52 |"
           in table)
+
+
+def test_merge_keeps_the_rows_a_follow_up_run_did_not_measure(tmp_path):
+  # A follow-up `--only` run replaces its estimators' rows of a task and keeps the rest.
+  from benchmarks import credit_bench
+  R = credit_bench.Row
+  old = [R("pivotal", "grpo", "outcome", "credit", "corr", 0.3, 0.2, 0.4, 12),
+         R("pivotal", "igpo", "turn", "credit", "corr", -0.1, -0.2, 0.0, 12),
+         R("pivotal", "igpo", "turn", "learning", "auc", 0.4, 0.3, 0.5, 3),
+         R("delayed", "igpo", "turn", "credit", "corr", 0.1, 0.0, 0.2, 12)]
+  credit_bench.write_outputs(str(tmp_path), old, {}, {}, "old", 1.0, learning_csv=False)
+  back = credit_bench.read_rows(str(tmp_path / "results.csv"))
+  assert [(r.estimator, r.part, r.mean, r.n) for r in back] == [
+      (r.estimator, r.part, r.mean, r.n) for r in old]
+  new = [R("pivotal", "igpo", "turn", "credit", "corr", 0.5, 0.4, 0.6, 12)]
+  got = credit_bench.merge_rows(back, new)
+  assert [(r.task, r.estimator, r.part, r.mean) for r in got] == [
+      ("pivotal", "grpo", "credit", 0.3), ("pivotal", "igpo", "learning", 0.4),
+      ("delayed", "igpo", "credit", 0.1), ("pivotal", "igpo", "credit", 0.5)]

@@ -463,19 +463,40 @@ def test_scapo_plans_interventions_and_gives_finite_advantages(tmp_path):
   assert lp.ndim == 3 and np.all(np.isfinite(lp))
 
 
-def test_steps_as_turns_makes_each_step_a_turn_of_a_single_turn_response(tmp_path):
-  # A turn-level step-reward method (vpr) on chain's single-turn responses: turn k is step k
-  # (cut at the step delimiters, the last one merged at max_steps), as step_reward's column k.
-  c = tiny("verifree_chain", estimator="vpr", steps_as_turns=True, max_steps=3)
-  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+def _assert_turns_are_steps(run, ctx, batch, max_steps: int) -> np.ndarray:
+  """turn_id is the response's delimiter steps (merged at max_steps) and step_mask marks
+  exactly the turns each row has; returns step_mask."""
   resp = ctx.host["response_mask"]
   split = producers.step_splitter(run.setup)(ctx.host["tokens"], resp)
-  want = np.where(resp, np.minimum(split, 2), -1)
+  want = np.where(resp, np.minimum(split, max_steps - 1), -1)
   np.testing.assert_array_equal(np.asarray(batch["turn_id"]), want)
   assert (want.max(axis=1) > 0).any()  # several steps somewhere
   steps = np.asarray(batch["step_mask"])
   for b in range(len(want)):
     np.testing.assert_array_equal(np.flatnonzero(steps[b]), np.unique(want[b][want[b] >= 0]))
+  return steps
+
+
+def test_steps_as_turns_makes_each_step_a_turn_of_a_single_turn_response(tmp_path):
+  # A turn-level step-reward method (vpr) on chain's single-turn responses: turn k is step k
+  # (cut at the step delimiters, the last one merged at max_steps), as step_reward's column k.
+  c = tiny("verifree_chain", estimator="vpr", steps_as_turns=True, max_steps=3)
+  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+  _assert_turns_are_steps(run, ctx, batch, c.max_steps)
+
+
+def test_turn_level_estimators_take_the_steps_as_turns_on_single_turn_rows(tmp_path):
+  """IGPO reads step_mask (the step graph's delimiter steps) as its turns and turn_id as their
+  tokens: on a single-turn task the two must agree without steps_as_turns (before, turn_id
+  was 0 everywhere while step_mask had a turn per step, so rows with a delimiter had turns
+  without tokens), and the gold pass scores one prefix per step."""
+  assert not producers.turns_are_steps(tiny("verifree_chain", estimator="grpo"))
+  assert not producers.turns_are_steps(tiny("igpo_lookup", estimator="igpo"))  # episode turns
+  c = tiny("verifree_chain", estimator="igpo", max_steps=3)
+  assert not c.steps_as_turns and producers.turns_are_steps(c)
+  run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
+  steps = _assert_turns_are_steps(run, ctx, batch, c.max_steps)
+  assert np.asarray(batch["gold_logprob_turns"]).shape == steps.shape
 
 
 def test_flag_mask_marks_wrong_rows_only(tmp_path):

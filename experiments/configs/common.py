@@ -125,7 +125,9 @@ def base_config() -> ml_collections.ConfigDict:
                                   # TP-GRPO; steps past K-1 merge into the last entry).
   c.steps_as_turns = False        # single-turn rollouts: turn_id = the response's steps (cut at
                                   # step_delimiters, at most max_steps), so turn-level methods
-                                  # (pica, vpr, scout...) credit steps; False: one turn.
+                                  # (pica, vpr, scout...) credit steps; False: one turn, except
+                                  # for estimators that read turn_id and step_mask together
+                                  # (producers.turns_are_steps).
   c.temperature = 1.0             # sampling temperature.
   c.top_k = 0                     # 0 = off.
   c.top_p = 1.0                   # 1.0 = off.
