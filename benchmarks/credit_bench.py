@@ -73,7 +73,7 @@ import numpy as np
 import credit
 from credit import bench
 from credit import tasks as tasks_lib
-from experiments import loop, producers, reporting, train
+from experiments import jolt, loop, producers, reporting, train
 from experiments.configs import common
 
 # Tasks and their settings: short responses, so a small model learns them after a short
@@ -308,7 +308,7 @@ def estimator_config(base: ml_collections.ConfigDict, name: str,
   methods (gdpo, searchllm)."""
   c = ml_collections.ConfigDict(base.to_dict())
   c.estimator = name
-  c.estimator_kwargs = {}
+  c.estimator_kwargs = dict(BENCH_KWARGS.get(name, {}))
   c.teacher.init_from = teacher
   if name in credit.list_estimators() and "reward_components" in credit.get_estimator(
       name).needs:
@@ -317,6 +317,12 @@ def estimator_config(base: ml_collections.ConfigDict, name: str,
     c = step_config(c)
   return c
 
+
+# Estimator settings of the bench that differ from the method's defaults, each for a reason of
+# the bench's layout: PiCA's step-count penalty (0.3 · 1.5^(n−2) from the 4th step) is meant
+# for a few search calls; with one step per character it is a length penalty that makes an
+# empty response the best one.
+BENCH_KWARGS = {"pica": {"penalty": 0.0}}
 
 # The reward components of the multi-reward estimators: the task's outcome and the format
 # check (the response ended with its stop token, not at the length limit).
@@ -363,6 +369,7 @@ def estimator_fn(run, name: str, teacher: str = ""):
   `teacher` for the distillation methods, "" = none); raises Skip."""
   c = estimator_config(run.c, name, teacher)
   try:
+    jolt.check(c)  # the runner's refusals of a role estimator (jolt_teacher) outside its mode
     method = loop.check_method(c)
   except (ValueError, KeyError) as e:
     raise Skip(str(e).split(" (it can make")[0].split("; add a producer")[0]) from None

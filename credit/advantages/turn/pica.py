@@ -1,4 +1,4 @@
-"""PiCA: PRM success-probability step rewards at the end of each search turn, then GAE."""
+"""PiCA: PRM step rewards (success probability − baseline) at the end of each search turn, GAE."""
 from __future__ import annotations
 
 from typing import Literal
@@ -26,11 +26,13 @@ def pica_step_rewards(step_reward: ArrayLike, valid_BK: ArrayLike, *,
                       mode: str = "code", baseline: ArrayLike = 0.55,
                       penalty: ArrayLike = 0.3, penalty_base: ArrayLike = 1.5,
                       gamma: ArrayLike = 1.0, terminal_BK: ArrayLike | None = None) -> Array:
-  """Unscaled PiCA turn rewards [B,K] from the PRM success probabilities ρ.
+  """Unscaled PiCA turn rewards [B,K] from the steps' success probabilities ρ = 1 − h.
 
-  code: r_k = 1 − ρ_k − b − pen_k, pen_k = α γ_p^{n−2} for the n-th valid step (0-based)
-  n ≥ 3, else 0. pbrs: r_k = γ Φ_{next} − Φ_k with Φ = ρ and Φ after the last valid step
-  = `terminal_BK`'s value on that step (0 if None).
+  code: r_k = ρ_k − b − pen_k (the code's 1 − h_k − b), pen_k = α γ_p^{n−2} for the n-th
+  valid step (0-based) n ≥ 3, else 0. pbrs: r_k = γ Φ_k − Φ_{k−1} over the valid steps, with
+  Φ_k = Π_{j ≤ k} ρ_j the probability that no step up to k is wrong (the CRM's survival),
+  Φ before the first step = 1, and Φ after the last valid step replaced by `terminal_BK`'s
+  value on that step (0 if None): the episode's end is the terminal state.
   """
   check_choice("pica_step_rewards", "mode", mode, ("code", "pbrs"))
   valid = jnp.asarray(valid_BK, bool)
@@ -38,13 +40,15 @@ def pica_step_rewards(step_reward: ArrayLike, valid_BK: ArrayLike, *,
   if mode == "code":
     n = jax.lax.cumsum(valid.astype(jnp.float32), axis=1) - 1.0
     pen = jnp.where(n >= 3.0, penalty * jnp.power(penalty_base, jnp.maximum(n - 2.0, 0.0)), 0.0)
-    r = 1.0 - rho - baseline - pen
+    r = rho - baseline - pen
   else:
     term = jnp.zeros_like(rho) if terminal_BK is None else as_f32(terminal_BK)
     last = valid & (jax.lax.cumsum(valid.astype(jnp.int32), axis=1, reverse=True) == 1)
-    term_B = jnp.sum(jnp.where(last, term, 0.0), axis=1)
-    nxt = previous_valid(rho[:, ::-1], valid[:, ::-1], term_B)[:, ::-1]
-    r = gamma * nxt - rho
+    # Survival after each valid step (invalid steps multiply by 1), the last one terminal.
+    surv = jnp.cumprod(jnp.where(valid, rho, 1.0), axis=1)
+    phi = jnp.where(last, term, surv)
+    before = previous_valid(surv, valid, jnp.ones(rho.shape[:1], jnp.float32))
+    r = gamma * phi - before
   return jnp.where(valid, r, 0.0)
 
 
@@ -72,14 +76,28 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
   (arXiv id not given in the seeds).
 
   .. math::
-    code: r_k = 1 − ρ_k − b − pen_k,  pen_k = α γ_p^{k−2} (k ≥ 3, 0-based), else 0
-    pbrs: r_k = γ Φ_{k+1} − Φ_k,  Φ = ρ,  Φ after the last step := 0 (or R)
+    code: r_k = ρ_k − b − pen_k,  pen_k = α γ_p^{k−2} (k ≥ 3, 0-based), else 0
+    pbrs: r_k = γ Φ_k − Φ_{k−1},  Φ_k = Π_{j≤k} ρ_j,  Φ_{−1} = 1,  Φ_last := 0 (or R)
     R_{b,t_k} = c_s r_k  (t_k the last policy token of turn k)
     R_{b,L_b} = c_o R_b  (code: overwrites a step reward there; pbrs: added)
     (A, returns) = GAE(R, V; γ, λ)  (verl's, whitened over the response tokens)
 
-  ρ = `step_reward` is the PRM's success probability of each search step given the
-  history (one PRM call per trajectory). The step-count penalty counts valid steps.
+  ρ = `step_reward` ∈ [0, 1] is the probability that each search step is right given the
+  history (one PRM call per trajectory); a reward, higher is better, as every `step_reward`
+  of the library. The released PRM serves the other side: its score is h = σ(logit), the
+  conditional reward model's hazard, the probability that the step is the first wrong one
+  (OpenRLHF `CRMLoss` in the same repository: −Σ log(1 − h) over the steps of a right
+  trajectory, −log h at the first wrong step; `serve_rm.py` returns σ). The code's
+  r = 1 − h − b is therefore ρ − b with ρ = 1 − h. Until 2026-12-06 this module computed
+  1 − ρ − b on the library's ρ (the spec calls the served score a success probability), so
+  right steps were punished: on the credit bench's `pivotal`, with an exact per-character
+  judge, held-out accuracy fell 0.39 → 0.05 in 50 steps; with the sign fixed and no
+  step-count penalty it rose to 0.41 by step 150 (GRPO 0.38). The PBRS view takes Φ as the
+  success probability of the history: with a hazard PRM that is the survival Π (1 − h_j),
+  the probability that no step so far is wrong, and r_k shapes step k by the change of Φ
+  across it (from before the step to after it). Until 2026-12-06 it was γ ρ_{k+1} − ρ_k,
+  one step late. The step-count penalty counts valid steps (for search calls; with one step
+  per character it is a length penalty).
   Differences from the code: the step scale is `step_scale` = c_s, default 0.3 (the paper);
   the released code's in-place aliasing gives an effective 1.3 (pass `step_scale=1.3` to
   reproduce it). The code subtracts a k1 KL-in-reward term with coefficient 0.001 before
@@ -87,7 +105,7 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
   the attention mask including observation tokens (here: the response tokens only).
 
   Args:
-    reward: [B] outcome. step_reward: [B,K] PRM success probabilities ρ.
+    reward: [B] outcome. step_reward: [B,K] the steps' success probabilities ρ = 1 − h.
     step_mask: [B,K] bool steps (search calls) that took place; turn_id: [B,T].
     values: [B,T] critic values. response_mask: [B,T] bool.
     logprob_old, logprob_ref, kl_coef: KL-in-reward (as `gae_advantages`).

@@ -21,10 +21,11 @@ def np_token_rewards(b, mode="code", step_scale=0.3, outcome_scale=1.5, gamma=1.
     for n, k in enumerate(ks):
       if mode == "code":
         pen = 0.3 * 1.5 ** (n - 2) if n >= 3 else 0.0
-        r[i, k] = 1 - rho[i, k] - 0.55 - pen
-      else:
-        nxt = rho[i, ks[n + 1]] if n + 1 < len(ks) else 0.0
-        r[i, k] = gamma * nxt - rho[i, k]
+        r[i, k] = rho[i, k] - 0.55 - pen
+      else:  # survival potential: no step up to k wrong; the last step ends the episode
+        before = np.prod([rho[i, j] for j in ks[:n]])
+        after = 0.0 if n + 1 == len(ks) else before * rho[i, k]
+        r[i, k] = gamma * after - before
   x = np.zeros(m.shape)
   for i in range(Bn):
     pos = np.nonzero(m[i])[0]
@@ -53,26 +54,41 @@ def np_gae(x, values, m, gamma=1.0, lam=1.0):
 
 
 def test_spec_example_step_rewards():
-  rho = np.array([[0.3, 0.2, 0.6, 0.1, 0.4]])
-  r = 0.3 * np.asarray(pica.pica_step_rewards(rho, np.ones((1, 5), bool)))
+  # The spec's ρ is the served PRM score h, the probability that the step is wrong; the
+  # estimator takes the library's step_reward, the probability that it is right: 1 − h.
+  h = np.array([[0.3, 0.2, 0.6, 0.1, 0.4]])
+  r = 0.3 * np.asarray(pica.pica_step_rewards(1.0 - h, np.ones((1, 5), bool)))
   np.testing.assert_allclose(r, [[0.045, 0.075, -0.045, -0.03, -0.1875]], atol=1e-6)
 
 
 def test_placement_and_outcome_overwrite():
   # Two turns of two tokens; the outcome on the last token replaces turn 1's step reward.
   tid = np.array([[0, 0, 1, 1]], np.int32)
-  kw = dict(reward=np.array([1.0]), step_reward=np.array([[0.3, 0.2]]),
+  kw = dict(reward=np.array([1.0]), step_reward=np.array([[0.7, 0.8]]),
             step_mask=np.ones((1, 2), bool), turn_id=tid, values=np.zeros((1, 4)),
             response_mask=tid >= 0, whiten=False)
   out = pica.pica_advantages(**kw)
   # token rewards [0, 0.045, 0, 1.5] → returns-to-go (γ = λ = 1, V = 0).
   np.testing.assert_allclose(np.asarray(out.advantages)[0], [1.545, 1.545, 1.5, 1.5], atol=1e-5)
   out = pica.pica_advantages(mode="pbrs", **kw)
-  # F = [0.2 − 0.3, 0 − 0.2]·0.3 = [−0.03, −0.06], outcome added: [0, −0.03, 0, 1.44].
-  np.testing.assert_allclose(np.asarray(out.returns)[0], [1.41, 1.41, 1.44, 1.44], atol=1e-5)
+  # Φ = 1 before, 0.7 after step 0, terminal 0 after step 1: F = [0.7 − 1, 0 − 0.7]·0.3 =
+  # [−0.09, −0.21], outcome added: [0, −0.09, 0, 1.29].
+  np.testing.assert_allclose(np.asarray(out.returns)[0], [1.2, 1.2, 1.29, 1.29], atol=1e-5)
   out = pica.pica_advantages(mode="pbrs", pbrs_terminal="outcome", **kw)
-  # Φ after the last step = R = 1: F = [−0.03, 0.24] → [0, −0.03, 0, 1.74].
-  np.testing.assert_allclose(np.asarray(out.returns)[0], [1.71, 1.71, 1.74, 1.74], atol=1e-5)
+  # Φ after the last step = R = 1: F = [−0.09, 0.09] → [0, −0.09, 0, 1.59].
+  np.testing.assert_allclose(np.asarray(out.returns)[0], [1.5, 1.5, 1.59, 1.59], atol=1e-5)
+
+
+def test_right_steps_earn_more_than_a_wrong_one():
+  # An exact judge (1 right, 0 wrong): the wrong step's reward is the lowest in both modes,
+  # and in PBRS the shaping is −1 exactly at the first wrong step, 0 at every right one.
+  rho = np.array([[1.0, 1.0, 0.0, 1.0, 1.0]])
+  valid = np.ones((1, 5), bool)
+  r = np.asarray(pica.pica_step_rewards(rho, valid, penalty=0.0))[0]
+  np.testing.assert_allclose(r, [0.45, 0.45, -0.55, 0.45, 0.45], atol=1e-6)
+  term = np.array([[0.0, 0.0, 0.0, 0.0, 1.0]])
+  f = np.asarray(pica.pica_step_rewards(rho, valid, mode="pbrs", terminal_BK=term))[0]
+  np.testing.assert_allclose(f, [0.0, 0.0, -1.0, 0.0, 1.0], atol=1e-6)
 
 
 @pytest.mark.parametrize("seed", (0, 3))
