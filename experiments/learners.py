@@ -46,8 +46,49 @@ from experiments import train
 if TYPE_CHECKING:
   from experiments.producers import Setup, StepContext
 
+
+
+def prm_pair_dpo_loss(*, logprob_prm, logprob_ref, response_mask, reward, group_id,
+                      beta=0.05) -> losses.LossOutput:
+  """Trajectory DPO of the implicit PRM on every (better, worse) pair of a prompt group:
+  rows i, j of one group with reward_i > reward_j (OPRL / iStar's PRM objective; ImplicitPRM
+  `DPOLoss`), through `prm_dpo_loss`. The pairs are those of the rows given (the PRM's
+  minibatches keep whole groups); a batch whose groups all share one reward has none and
+  gives loss 0."""
+  r = jnp.asarray(reward, jnp.float32)
+  g = jnp.asarray(group_id, jnp.int32)
+  B = r.shape[0]
+  i, j = jnp.meshgrid(jnp.arange(B), jnp.arange(B), indexing="ij")
+  pair = (g[:, None] == g[None, :]) & (r[:, None] > r[None, :])
+  return prm_losses.prm_dpo_loss(logprob_prm=logprob_prm, logprob_ref=logprob_ref,
+                                 response_mask=response_mask, chosen_index=i.reshape(-1),
+                                 rejected_index=j.reshape(-1), pair_mask=pair.reshape(-1),
+                                 beta=beta)
+
+
 PRM_OBJECTIVES = {"ce": prm_losses.prm_ce_loss, "kto": prm_losses.prm_kto_loss,
-                  "vanilla_kto": prm_losses.prm_vanilla_kto_loss}
+                  "vanilla_kto": prm_losses.prm_vanilla_kto_loss, "dpo": prm_pair_dpo_loss}
+# c.prm.objective = "auto": the objective of the estimator's paper (OPRL trains its PRM with
+# trajectory DPO on success/failure pairs); any other estimator: PRIME's cross-entropy.
+PRM_AUTO_OBJECTIVE = {"oprl": "dpo"}
+
+
+def prm_objective(c) -> str:
+  """The PRM objective the run trains with (`c.prm.objective`, "auto" resolved)."""
+  o = c.prm.objective
+  return PRM_AUTO_OBJECTIVE.get(c.estimator, "ce") if o == "auto" else o
+
+
+def prm_reference(c) -> str:
+  """The field the PRM's implicit reward β Σ log π_φ/π_ref is taken against in training: the
+  one the estimator reads it against (PRIME: `logprob_ref`, the frozen reference; OPRL:
+  `logprob_old`, the behaviour policy), so the trained and the read rewards are the same."""
+  import credit  # pylint: disable=g-import-not-at-top
+  try:
+    needs = credit.get_estimator(c.estimator).needs
+  except (KeyError, ValueError):
+    return "logprob_ref"
+  return "logprob_ref" if "logprob_ref" in needs or "logprob_old" not in needs else "logprob_old"
 PRM_ORDERS = ("update_first", "score_first")
 
 
@@ -65,14 +106,15 @@ def _copy(tree):
 class _Trainer:
   """A learner's optimiser, shardings and jitted minibatch SGD (built once per run)."""
 
-  def __init__(self, s: "Setup", cfg, loss_fn: Callable, *, epochs: int, num_minibatches: int):
+  def __init__(self, s: "Setup", cfg, loss_fn: Callable, *, epochs: int, num_minibatches: int,
+               group_size: int | None = None):
     self.tx = train.make_optimizer(learning_rate=cfg.learning_rate, total_steps=s.c.steps,
                                    warmup_steps=cfg.warmup_steps, weight_decay=0.0,
                                    grad_clip=cfg.grad_clip)
     self.mesh = s.mesh
     self.loss_fn = loss_fn
     self.sgd = train.make_minibatch_sgd(loss_fn, self.tx, epochs=epochs,
-                                        num_minibatches=num_minibatches)
+                                        num_minibatches=num_minibatches, group_size=group_size)
     self._step = None
 
   def init(self, params) -> LearnerState:
@@ -110,30 +152,39 @@ def _prefixed(prefix: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_prm_config(c) -> None:
   from experiments.producers import SetupError
-  if c.prm.objective not in PRM_OBJECTIVES:
-    raise SetupError(f"prm.objective={c.prm.objective!r}; valid: {sorted(PRM_OBJECTIVES)}")
+  if c.prm.objective != "auto" and c.prm.objective not in PRM_OBJECTIVES:
+    raise SetupError(f"prm.objective={c.prm.objective!r}; valid: auto, "
+                     f"{', '.join(sorted(PRM_OBJECTIVES))}")
   if c.prm.order not in PRM_ORDERS:
     raise SetupError(f"prm.order={c.prm.order!r}; valid: {list(PRM_ORDERS)}")
   B = c.prompts_per_step * c.group_size
   if B % c.prm.num_minibatches:
     raise SetupError(f"prm.num_minibatches={c.prm.num_minibatches} must divide the batch "
                      f"({B} rows)")
+  if prm_objective(c) == "dpo" and c.prompts_per_step % c.prm.num_minibatches:
+    raise SetupError(f"prm.objective=dpo pairs rows of one prompt group, so its minibatches "
+                     f"keep whole groups: prm.num_minibatches={c.prm.num_minibatches} must "
+                     f"divide prompts_per_step={c.prompts_per_step}")
 
 
 def _prm_trainer(s: "Setup") -> _Trainer:
   cfg = s.c.prm
   check_prm_config(s.c)
-  objective = PRM_OBJECTIVES[cfg.objective]
+  pairs = prm_objective(s.c) == "dpo"
+  objective = PRM_OBJECTIVES[prm_objective(s.c)]
 
   def loss_fn(params, mb):
     model = train.merge_model(s.graphdef, params, s.rest)
     logprob, _ = score_tokens(model, mb["tokens"], mb["attn_mask"], chunk_size=s.chunk_size,
                               return_entropy=False)
+    extra = {"group_id": mb["group_id"]} if pairs else {}
     out = objective(logprob_prm=logprob, logprob_ref=mb["logprob_ref"],
-                    response_mask=mb["response_mask"], reward=mb["reward"], beta=cfg.beta)
+                    response_mask=mb["response_mask"], reward=mb["reward"], beta=cfg.beta,
+                    **extra)
     return out.loss, out.metrics
 
-  return _Trainer(s, cfg, loss_fn, epochs=cfg.epochs, num_minibatches=cfg.num_minibatches)
+  return _Trainer(s, cfg, loss_fn, epochs=cfg.epochs, num_minibatches=cfg.num_minibatches,
+                  group_size=s.group_size if pairs else None)
 
 
 def init_prm(s: "Setup", policy_params) -> LearnerState:
@@ -145,12 +196,17 @@ def build_prm(s: "Setup", wanted: frozenset):
   trainer = _prm_trainer(s)
   score = s.scorer(entropy=False)
   before = s.c.prm.order == "update_first"
+  ref_field, pairs = prm_reference(s.c), prm_objective(s.c) == "dpo"
+  # Its learner's name: the producer's (`experiments/producers.py`), one per reference.
+  name = "implicit_prm" if ref_field == "logprob_ref" else "implicit_prm_old"
 
   def produce(state, batch, ctx: "StepContext") -> dict:
-    learner = ctx.learners["implicit_prm"]
+    learner = ctx.learners[name]
     data = {"tokens": batch["tokens"], "attn_mask": ctx.attn_mask,
             "response_mask": batch["response_mask"], "reward": batch["reward"],
-            "logprob_ref": batch["logprob_ref"]}
+            "logprob_ref": batch[ref_field]}
+    if pairs:
+      data["group_id"] = batch["group_id"]
     key = jax.random.fold_in(ctx.key, 11)
     # No row left (a group filter dropped every group): no PRM step either, since its
     # optimiser would still move on momentum alone.
@@ -161,7 +217,7 @@ def build_prm(s: "Setup", wanted: frozenset):
     out = {"logprob_prm": jnp.where(batch["response_mask"], logprob, 0.0)}
     if not before and learns:
       learner, metrics = trainer.update(learner, data, key)
-    ctx.learners["implicit_prm"] = learner
+    ctx.learners[name] = learner
     if learns:
       ctx.metrics.update(_prefixed("prm_", metrics))
     return out

@@ -611,8 +611,20 @@ def _gold_template_ids(tok, template: str, answer: str) -> tuple[list[int], list
 def _check_gold_config(c: ml_collections.ConfigDict) -> None:
   if "{answer}" not in c.gold_template:
     raise SetupError(f"gold_template={c.gold_template!r} must contain {{answer}}")
-  if c.gold_scorer not in ("policy", "reference"):
-    raise SetupError(f"gold_scorer={c.gold_scorer!r}; valid: policy | reference")
+  if c.gold_scorer not in ("auto", "policy", "reference"):
+    raise SetupError(f"gold_scorer={c.gold_scorer!r}; valid: auto | policy | reference")
+
+
+# gold_scorer = "auto": the estimators whose papers score the gold answer with the frozen
+# initial model (TRACE); the others (IGPO, A2TGPO, SIOP...) with the behaviour policy.
+GOLD_REFERENCE_ESTIMATORS = frozenset({"trace"})
+
+
+def gold_scorer(c: ml_collections.ConfigDict) -> str:
+  """Who scores the gold answer (`c.gold_scorer`, "auto" resolved): policy | reference."""
+  if c.gold_scorer != "auto":
+    return c.gold_scorer
+  return "reference" if c.estimator in GOLD_REFERENCE_ESTIMATORS else "policy"
 
 
 def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
@@ -627,7 +639,7 @@ def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
           for e in s.data.train]
   A = max(len(r[0]) for r in rows)
   score = s.scorer(entropy=False)
-  use_ref = c.gold_scorer == "reference"
+  use_ref = gold_scorer(c) == "reference"
 
   @jax.jit
   def mean_logprob(params, tokens, attn_mask, pos, scored):
@@ -1913,6 +1925,18 @@ LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 
 # The table. Order matters only between producers of the same field: the first enabled
 # one makes it. The first row is the root (every step starts with the rollout).
+def _prm_producer(name: str, reference: str, doc: str) -> Producer:
+  """An online implicit PRM's row: `logprob_prm` from `learners.build_prm`, on when the
+  estimator reads it against `reference` (`learners.prm_reference`)."""
+  other = "implicit_prm_old" if reference == "logprob_ref" else "implicit_prm"
+  return Producer(name, ("logprob_prm",),
+                  ("tokens", "response_mask", "reward", "group_id", reference),
+                  learners.build_prm, "prm", doc, init=learners.init_prm,
+                  check=learners.check_prm_config,
+                  when=lambda c: learners.prm_reference(c) == reference,
+                  off_doc=f"the estimator reads logprob_prm against another reference: {other}")
+
+
 PRODUCERS: tuple[Producer, ...] = (
     Producer("logo_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                               "turn_id", "logprob_sampler", "reward", "step_reward",
@@ -1960,12 +1984,12 @@ PRODUCERS: tuple[Producer, ...] = (
              ("tokens", "response_mask", "obs_mask", "turn_id"), _build_gold_pass,
              "likelihood", "the policy teacher-forces the gold answer (c.gold_template) after "
              "the prompt and after every turn boundary (IGPO's information gain)",
-             when=lambda c: c.gold_scorer != "reference", check=_check_gold_config,
+             when=lambda c: gold_scorer(c) != "reference", check=_check_gold_config,
              off_doc="gold_scorer='reference' uses gold_pass_ref"),
     Producer("gold_pass_ref", ("gold_logprob_turns", "gold_logprob_prompt"),
              ("tokens", "response_mask", "obs_mask", "turn_id"), _build_gold_pass,
              "likelihood", "the same, scored by the frozen reference (TRACE)",
-             when=lambda c: c.gold_scorer == "reference", check=_check_gold_config,
+             when=lambda c: gold_scorer(c) == "reference", check=_check_gold_config,
              keeps_reference=True, off_doc="gold_scorer='reference'"),
     Producer("sampler_logprob_old", ("logprob_old",), ("response_mask",),
              _build_sampler_logprob_old, "scoring",
@@ -2123,11 +2147,14 @@ PRODUCERS: tuple[Producer, ...] = (
              "answer-preserving prompt rewrites (`interventions`; SCAPO)",
              when=_task_has("interventions"),
              off_doc="needs a built-in task with interventions, e.g. arithmetic"),
-    Producer("implicit_prm", ("logprob_prm",),
-             ("tokens", "response_mask", "reward", "logprob_ref"), learners.build_prm, "prm",
-             "PRIME's online implicit PRM: a copy of the policy trained each step on the "
-             "outcome labels (c.prm: objective, beta, update before or after scoring)",
-             init=learners.init_prm, check=learners.check_prm_config),
+    _prm_producer("implicit_prm", "logprob_ref",
+                  "PRIME's online implicit PRM: a copy of the policy trained each step on the "
+                  "outcome labels (c.prm: objective, beta, update before or after scoring), "
+                  "its implicit reward against the frozen reference"),
+    _prm_producer("implicit_prm_old", "logprob_old",
+                  "OPRL's online implicit PRM: the same learner, its implicit reward against "
+                  "the behaviour policy, trained by default with trajectory DPO on the "
+                  "(success, failure) pairs of each prompt group (c.prm.objective=auto)"),
     Producer("critic", ("values",), ("tokens", "response_mask", "reward"),
              learners.build_critic, "critic",
              "a value head on a copy of the policy's trunk, regressed on the estimator's "

@@ -1,5 +1,6 @@
 """Trained field producers (experiments/learners.py): the implicit PRM learns which token
 decides the outcome, the critic regresses on its targets, and bad settings are refused."""
+import dataclasses
 import importlib
 
 import jax
@@ -49,14 +50,18 @@ def _decided_batch(run, rng, n_rows, k=2, length=5):
   return tokens, pmask, resp, label.astype(np.float32)
 
 
-def test_implicit_prm_raises_the_reward_of_the_deciding_token(prm_run):
+@pytest.mark.parametrize("objective", ["ce", "dpo"])
+def test_implicit_prm_raises_the_reward_of_the_deciding_token(prm_run, objective):
   """Trained on outcome labels alone, the PRM's implicit reward β·log πφ/πref moves onto the
   token that decides the outcome: up where it made the answer right, down where wrong, while
   random tokens before it, which cannot predict the outcome, do not separate right from wrong
-  (PRIME's claim, controlled). (Tokens after the decision are left free: the CE objective only fixes
-  each sequence's sum.)"""
+  (PRIME's claim, controlled; the same with OPRL's in-group trajectory DPO). (Tokens after the
+  decision are left free: either objective only fixes the sequence sums.)"""
   run, rs = prm_run
   s, P, k = run.setup, run.data.max_prompt_len, 2
+  c = s.c.copy_and_resolve_references()
+  c.prm.objective = objective
+  s = dataclasses.replace(s, c=c)
   trainer = learners._prm_trainer(s)
   learner = learners.init_prm(s, rs.train.params)
   ref = rs.train.params
@@ -71,7 +76,8 @@ def test_implicit_prm_raises_the_reward_of_the_deciding_token(prm_run):
     tokens, attn, resp, label = parallel.shard_batch((tokens, attn, resp, label), s.mesh)
     logprob_ref, _ = score(ref, tokens, attn)
     return {"tokens": tokens, "attn_mask": attn, "response_mask": resp, "reward": label,
-            "logprob_ref": jnp.where(resp, logprob_ref, 0.0)}
+            "logprob_ref": jnp.where(resp, logprob_ref, 0.0),
+            "group_id": parallel.shard_batch(np.arange(64, dtype=np.int32) // 8, s.mesh)}
 
   first = None
   for i in range(40):
@@ -88,6 +94,36 @@ def test_implicit_prm_raises_the_reward_of_the_deciding_token(prm_run):
   # labels (they drift alike for both; the CE objective fixes only the sequence sums).
   gap = decisive[label].mean() - decisive[~label].mean()
   assert abs(before[label].mean() - before[~label].mean()) < 0.2 * gap
+
+
+def test_pair_dpo_takes_every_better_worse_pair_of_a_group_only():
+  # Rows 0-2 group 0 (rewards 1, 0, 0), rows 3-4 group 1 (1, 1: no pair), row 5 alone.
+  lr = np.array([0.4, -0.2, 0.1, 0.3, 0.0, 2.0], np.float32)
+  reward = np.array([1, 0, 0, 1, 1, 0], np.float32)
+  gid = np.array([0, 0, 0, 1, 1, 2], np.int32)
+  lp = np.stack([lr, np.zeros(6, np.float32)], axis=1)  # the sequence sums are lr
+  kw = dict(logprob_prm=lp, logprob_ref=np.zeros_like(lp), response_mask=np.ones((6, 2), bool),
+            reward=reward, beta=0.5)
+  out = learners.prm_pair_dpo_loss(group_id=gid, **kw)
+  want = np.mean([np.log1p(np.exp(-0.5 * (lr[0] - lr[j]))) for j in (1, 2)])
+  np.testing.assert_allclose(float(out.loss), want, rtol=1e-5)
+  assert float(out.metrics["prm_pair_accuracy"]) == 1.0
+  none = learners.prm_pair_dpo_loss(group_id=np.arange(6, dtype=np.int32), **kw)
+  assert float(none.loss) == 0.0  # no group with a reward spread: no pair, no update
+
+
+def test_each_prm_method_trains_its_prm_against_the_reference_it_reads():
+  # PRIME reads β log πφ/πref and trains with cross-entropy; OPRL reads β log πφ/πold and
+  # trains with in-group trajectory DPO (prm.objective=auto), against π_old.
+  for est, name, objective in (("prime", "implicit_prm", "ce"), ("oprl", "implicit_prm_old", "dpo")):
+    c = tiny(est)
+    planned = [p.producer.name for p in loop.check_method(c).plan]
+    assert name in planned and learners.prm_objective(c) == objective, est
+  c = tiny("oprl")
+  c.prm.objective, c.prm.num_minibatches = "dpo", 4
+  c.prompts_per_step, c.group_size = 2, 8  # 16 rows split in 4 would cut the groups
+  with pytest.raises(producers.SetupError, match="keep whole groups"):
+    learners.check_prm_config(c)
 
 
 def test_critic_regresses_on_the_value_targets(tmp_path):

@@ -684,8 +684,12 @@ def test_multi_turn_plans_echo_and_trace_from_the_environment_rollout():
   from tests.experiments_test import tiny
   m = loop.check_method(tiny("igpo_lookup", obs_ce_coef=0.5))
   assert "obs_mask" in m.update_fields and m.plan[0].producer.name == "env_rollout"
-  m = loop.check_method(tiny("igpo_lookup", estimator="trace", gold_scorer="reference"))
+  m = loop.check_method(tiny("igpo_lookup", estimator="trace"))  # gold_scorer=auto
   assert "gold_pass_ref" in [p.producer.name for p in m.plan] and m.keeps_reference
+  m = loop.check_method(tiny("igpo_lookup", estimator="trace", gold_scorer="policy"))
+  assert "gold_pass" in [p.producer.name for p in m.plan]
+  m = loop.check_method(tiny("igpo_lookup", estimator="igpo"))
+  assert "gold_pass" in [p.producer.name for p in m.plan] and not m.keeps_reference
   with pytest.raises(producers.SetupError, match="gold_template"):
     loop.check_method(tiny("igpo_lookup", gold_template="answer()"))
 

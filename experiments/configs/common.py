@@ -91,8 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.gold_template = "answer({answer})"  # igpo / trace / a2tgpo: the gold answer is teacher-forced
                                   # in this template after each turn; only its {answer} tokens
                                   # are scored.
-  c.gold_scorer = "policy"        # who scores the gold answer: policy (the behaviour policy, IGPO)
-                                  # | reference (the frozen initial policy, TRACE).
+  c.gold_scorer = "auto"          # who scores the gold answer: policy (the behaviour policy, IGPO)
+                                  # | reference (the frozen initial policy, TRACE) | auto (the
+                                  # estimator's paper: trace reference, others policy).
   c.step_delimiters = (",", ";", "\n")  # step-level methods (step_id) on single-turn responses:
                                   # a token holding one of these closes a step (multi-turn: turns).
   # Branch sampling (credit.trees; tree estimators such as cbpo, slate): G roots per prompt,
@@ -211,7 +212,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_minibatches = 2           # minibatches per epoch.
   # --- trained field producers (experiments/learners.py; built only when a method needs them) ---
   c.prm = ml_collections.ConfigDict(dict(   # PRIME's online implicit PRM (logprob_prm).
-      objective="ce",             # ce (PRIME) | kto | vanilla_kto (credit.losses.prm).
+      objective="auto",           # auto (the estimator's: oprl dpo, else ce) | ce (PRIME) | kto |
+                                  # vanilla_kto (credit.losses.prm) | dpo (in-group pairs).
       beta=0.05,                  # β of the implicit reward β·Σ log πφ/πref in the PRM loss.
       order="update_first",       # update_first: update on the batch, then score it (PRIME's
                                   # code default, update=before) | score_first: score, then update.

@@ -3,8 +3,8 @@
 Command:
   python -m experiments.run --config experiments/configs/igpo_lookup.py --workdir runs/igpo_lookup
 Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the same setting:
-`--config.estimator=grpo`; TRACE (the gold answer scored by the frozen reference):
-`--config.estimator=trace --config.gold_scorer=reference`; a progress-based method:
+`--config.estimator=grpo`; TRACE (the gold answer scored by the frozen reference, its
+`gold_scorer=auto` default): `--config.estimator=trace`; a progress-based method:
 `--config.estimator=procredit` (verified progress = hops revealed).
 
 The setting (`credit.envs.lookup`). Each question is a 1- or 2-hop chain over a hidden knowledge

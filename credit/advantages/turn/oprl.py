@@ -42,6 +42,16 @@ def oprl_advantages(*, logprob_prm: ArrayLike, logprob_old: ArrayLike, reward: A
   (outside `response_mask`) never enter the sums. Policy tokens outside any turn get A^E only.
   Groups with fewer than two turns / rows give 0 for that part.
 
+  In the runner, `logprob_prm` comes from producer `implicit_prm_old`: a copy of the policy
+  trained each step with `oprl_prm_loss`'s objective on every (success, failure) pair of a
+  prompt group, against `logprob_old` (`experiments/learners.py` `prm_pair_dpo_loss`,
+  `c.prm.objective=auto`). Until 2026-12-06 it got PRIME's learner instead (cross-entropy on
+  the outcome labels, against the frozen reference): on the credit bench's `pivotal`, with
+  ~90% of the labels 0, that PRM came to score the policy's new samples positive
+  (`prm_accuracy` → 0), and since A^S is z-scored within every group, all-failure groups
+  included, the policy chased it: held-out accuracy 0.39 → 0.00 in 150 steps. With the
+  trajectory-DPO PRM against π_old: 0.30 / 0.36 / 0.36 at steps 50 / 100 / 150 (GRPO 0.38).
+
   Args:
     logprob_prm, logprob_old: [B,T] log-probs; reward: [B]; step_mask: [B,K] bool;
     turn_id: [B,T] int (−1 outside turns); group_id: [B]; num_groups: static;

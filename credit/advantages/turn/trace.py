@@ -44,7 +44,16 @@ def trace_advantages(*, reward: ArrayLike, gold_logprob_turns: ArrayLike,
   g_k is the mean per-token log-prob of the gold answer after turn k (`gold_logprob_turns`;
   g_0 `gold_logprob_prompt`), clipped below at `floor` (−50). The paper scores it with a
   frozen reference model: the runner fills the gold_logprob fields from the reference for
-  TRACE. With γ = 1 the turn rewards telescope, Σ_k r_k = V_{K_b}. Turns missing from
+  TRACE (`gold_scorer=auto`; until 2026-12-06 the runner's default was the policy).
+
+  Measured on the credit bench's `pivotal` (2026-12-06): there the "gold answer" is one
+  demonstration, the right digit among filler characters drawn at random, so its
+  likelihood after a prefix barely tracks success (corr(V, R) ≈ 0.06), and the group z-score
+  gives that V full weight in every group whose rewards are all equal (most of them early).
+  With the policy scoring and one turn per response: held-out accuracy 0.39 → 0.00 in 100
+  steps (the policy raised V by dropping the digit and the stop token); reference-scored,
+  one turn per character: 0.17 / 0.23 / 0.19 at steps 50 / 100 / 150 (GRPO 0.38). A task
+  with no unique answer text gives this method nothing to measure progress by. With γ = 1 the turn rewards telescope, Σ_k r_k = V_{K_b}. Turns missing from
   `step_mask` are skipped (V_{k−1} is the previous valid turn's value). A group pool with
   one cell gives 0.
 
