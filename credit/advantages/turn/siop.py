@@ -143,6 +143,16 @@ def siop_advantages(*, gold_logprob_turns: ArrayLike, gold_logprob_prompt: Array
   script's (η = 1 in the weights, λ = 0.5, three references); the outcome of the rollout
   is not used (verifier-free).
 
+  Measured on the credit bench's `pivotal` (2026-12-06), where a single-turn row has one
+  turn unless it is cut into steps: with one turn every row gets r = (1 − λ) q, the same in
+  every group, so the advantages are 0 except on the rare rows the old runner split at a
+  delimiter, and those few updates moved the policy (held-out accuracy 0.39 → 0.00). With
+  one turn per character, the pooled z-score of all cells of a group ranks the terminal
+  cell ((1 − λ) q on top of a small gain) above the others, so every extra turn adds a
+  negative r̂ to the returns before it: responses shrink to the stop token (length 7 → 1,
+  accuracy 0.02 by step 50). The method is built for a few agent turns; per-character
+  turns turn its pooled normalisation into a length penalty.
+
   Args:
     gold_logprob_turns: [B,K], gold_logprob_prompt: [B] mean gold log-probs.
     step_mask, turn_id, group_id, response_mask, num_groups: as `igpo_advantages`.
