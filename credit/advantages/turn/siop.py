@@ -145,8 +145,9 @@ def siop_advantages(*, gold_logprob_turns: ArrayLike, gold_logprob_prompt: Array
 
   Measured on the credit bench's `pivotal` (2026-12-06), where a single-turn row has one
   turn unless it is cut into steps: with one turn every row gets r = (1 − λ) q, the same in
-  every group, so the advantages are 0 except on the rare rows the old runner split at a
-  delimiter, and those few updates moved the policy (held-out accuracy 0.39 → 0.00). With
+  every group, so the advantages are 0 except in the groups where some row holds a step
+  delimiter (a second turn; ~3 of 64 rows), and those few, uninformative updates moved the
+  policy (held-out accuracy 0.39 → 0.00 in 50 steps). With
   one turn per character, the pooled z-score of all cells of a group ranks the terminal
   cell ((1 − λ) q on top of a small gain) above the others, so every extra turn adds a
   negative r̂ to the returns before it: responses shrink to the stop token (length 7 → 1,
