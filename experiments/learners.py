@@ -17,6 +17,9 @@ Built in:
   (`logprob_ref`): PRIME initialises both the PRM and the reference from the SFT policy.
   `c.prm.order = "update_first"` updates the PRM on the batch and then scores it (the
   released code's default `update=before`, "double forward"), "score_first" scores first.
+  OPRL's (`implicit_prm_old`): the same learner, its implicit reward against the behaviour
+  policy (`logprob_old`, what OPRL reads), trained with trajectory DPO on the (success,
+  failure) pairs of each prompt group (`prm_pair_dpo_loss`; `c.prm.objective = "auto"`).
 * **critics** (`critic` → `values`, `reference_critic` → `values_ref`): a copy of the
   policy's decoder trunk with a scalar value head (initialised to 0, so V starts at 0),
   trained with PPO's clipped value loss (`credit.losses.value_loss`, c_v =
@@ -38,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+import credit
 from credit import losses, ops, parallel
 from credit.losses import prm as prm_losses
 from credit.scoring import score_tokens
@@ -45,7 +49,6 @@ from experiments import train
 
 if TYPE_CHECKING:
   from experiments.producers import Setup, StepContext
-
 
 
 def prm_pair_dpo_loss(*, logprob_prm, logprob_ref, response_mask, reward, group_id,
@@ -83,12 +86,13 @@ def prm_reference(c) -> str:
   """The field the PRM's implicit reward β Σ log π_φ/π_ref is taken against in training: the
   one the estimator reads it against (PRIME: `logprob_ref`, the frozen reference; OPRL:
   `logprob_old`, the behaviour policy), so the trained and the read rewards are the same."""
-  import credit  # pylint: disable=g-import-not-at-top
   try:
     needs = credit.get_estimator(c.estimator).needs
   except (KeyError, ValueError):
     return "logprob_ref"
   return "logprob_ref" if "logprob_ref" in needs or "logprob_old" not in needs else "logprob_old"
+
+
 PRM_ORDERS = ("update_first", "score_first")
 
 
