@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import types
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 if __package__ in (None, ""):  # `python benchmarks/credit_bench.py` as well as `-m`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -714,11 +714,16 @@ def read_rows(path: str) -> list[Row]:
             for r in csv.DictReader(f)]
 
 
-def merge_rows(old: Sequence[Row], new: Sequence[Row]) -> list[Row]:
-  """`old` with every (task, estimator, part) that `new` measured replaced by `new`'s rows:
-  a follow-up `--only` run (a fixed estimator, one added since) folded into a full table."""
+def merge_rows(old: Sequence[Row], new: Sequence[Row],
+               skipped: Mapping[str, Iterable[str]] | None = None) -> list[Row]:
+  """`old` with every (task, estimator, part) that `new` measured replaced by `new`'s rows,
+  and without the estimators this run skipped on a task (`skipped`: {task: names}; an
+  estimator the runner now refuses keeps no stale row): a follow-up `--only` run (a fixed
+  estimator, one added since) folded into a full table."""
   fresh = {(r.task, r.estimator, r.part) for r in new}
-  return [r for r in old if (r.task, r.estimator, r.part) not in fresh] + list(new)
+  gone = {(t, n) for t, names in (skipped or {}).items() for n in names}
+  return [r for r in old if (r.task, r.estimator, r.part) not in fresh
+          and (r.task, r.estimator) not in gone] + list(new)
 
 
 def _cell(r: Row | None, digits: int = 2) -> str:
@@ -911,7 +916,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     skipped[task], extras[task] = sk, ex
   wall = time.perf_counter() - t0
   if a.merge:
-    rows = merge_rows(read_rows(a.merge), rows)
+    rows = merge_rows(read_rows(a.merge), rows, skipped)
   command = "python -m benchmarks.credit_bench " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
   write_outputs(a.out, rows, skipped, extras, command.strip(), wall, learning_csv=log is None)

@@ -396,3 +396,7 @@ def test_merge_keeps_the_rows_a_follow_up_run_did_not_measure(tmp_path):
   assert [(r.task, r.estimator, r.part, r.mean) for r in got] == [
       ("pivotal", "grpo", "credit", 0.3), ("pivotal", "igpo", "learning", 0.4),
       ("delayed", "igpo", "credit", 0.1), ("pivotal", "igpo", "credit", 0.5)]
+  # An estimator the follow-up run skipped on a task (now refused) keeps no row there.
+  got = credit_bench.merge_rows(back, new, {"pivotal": ["grpo"], "delayed": []})
+  assert [(r.task, r.estimator, r.part) for r in got] == [
+      ("pivotal", "igpo", "learning"), ("delayed", "igpo", "credit"), ("pivotal", "igpo", "credit")]
