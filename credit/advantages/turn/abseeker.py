@@ -38,6 +38,15 @@ def abseeker_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask:
   every row of the prompt group (unbiased std; fewer than two turns → 0). Useful steps of
   failed trajectories keep positive credit (intended by the paper). w = `outcome_coef`.
 
+  Measured on the credit bench's `pivotal` (2026-12-06, an exact judge, one turn per
+  character): each step is z-scored on its own (no returns), and the outcome goes to the
+  last step, here the stop token, not the answer. In a mixed group a right row's stop token
+  gets +2.9 and its right digit +0.2, a wrong digit −2.5 (hence pivot mass 0.49); in an
+  all-right group the right digit is pushed down (−0.4). The policy learns to stop early
+  (length 7 → 3.4, held-out accuracy 0.39 → 0.17 after 750 steps, one seed); with
+  `outcome_coef=0` length holds and it reaches 0.31. The formula is the spec's choice from
+  the abstract; it assumes the last step is the answer.
+
   Args:
     reward: [B] outcome R; step_reward: [B,K] step score; step_mask: [B,K] bool.
     turn_id: [B,T] int (−1 outside turns); group_id: [B]; num_groups: static.

@@ -43,6 +43,14 @@ def mapo_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, turn_id: Ar
   trajectory outcome to the last valid turn. Invalid rows (empty `response_mask`) and turns
   outside `step_mask` take part in no statistic.
 
+  Measured on the credit bench's `pivotal` (2026-12-06, an exact judge, one turn per
+  character): the batch part z-scores returns that are mostly the count of steps left, a
+  ramp over positions unrelated to the outcome (early characters pushed up, late ones and
+  the stop token down, ±0.74 even in an all-right group), so a wrong digit early in the
+  response can get a positive advantage. Correlation with the true advantages 0.13 (GRPO
+  0.35); `lam=1.0` (turn part only) raises it to 0.34 and, one seed, held-out accuracy after
+  750 steps from 0.42 to 0.75 (GRPO 0.53). On few, comparable agent turns the ramp is small.
+
   Args:
     step_reward: [B,K] judge score of each turn.
     step_mask: [B,K] bool, turns that took place.
