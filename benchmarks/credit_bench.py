@@ -98,6 +98,9 @@ TURN_METRICS = ("turn_corr", "turn_pivot_mass", "turn_sign_acc")
 LEARN_METRICS = ("final_accuracy", "auc", "steps_to_threshold")
 
 
+LEARN_SFT_BY_TASK = (("distractor", 170), ("delayed", 120))
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """How much the bench runs (`QUICK` / `FULL`; command-line flags override)."""
@@ -122,6 +125,13 @@ class Settings:
   # > 0: the learning runs start from a warm-up of their own with this many SFT steps (the
   # credit part keeps `sft_steps`): a start that leaves RL room to learn and shows it.
   learn_sft_steps: int = 0
+  # Per task, the learning warm-up's SFT steps where `learn_sft_steps` would not fit (used only
+  # when `learn_sft_steps` > 0). Calibrated like pivotal's 90 (held-out 0.27-0.39 over seeds
+  # 0-2, 2026-12-06): distractor 90 / 150 / 170 / 200 / 300 steps give 0.13-0.22 / 0.11-0.28
+  # / 0.28-0.47 / 0.58-0.73 / 1.00; delayed 90 / 120 / 150 give 0.17-0.23 / 0.20-0.41 /
+  # 0.73-0.86. Tasks not listed take
+  # `learn_sft_steps` (pivotal_and / pivotal_or: not calibrated yet).
+  learn_sft_by_task: tuple[tuple[str, int], ...] = LEARN_SFT_BY_TASK
   # > 0: estimators that need branch fields are scored on tree batches (`tree_config`):
   # G/2 roots, `tree_points` branch points per prompt with `tree_branches` continuations each.
   tree_branches: int = 2
@@ -191,6 +201,13 @@ def warm_up(task: str, s: Settings, workdir: str, name: str = "warmup",
       c.sft_steps = sft_steps
     loop.run(c, out)
   return os.path.join(out, "hf_policy")
+
+
+def learn_sft_steps(s: Settings, task: str) -> int:
+  """SFT steps of the learning part's warm-up on `task` (0: it starts from the credit part's)."""
+  if not s.learn_sft_steps:
+    return 0
+  return dict(s.learn_sft_by_task).get(task, s.learn_sft_steps)
 
 
 def from_warm_start(c: ml_collections.ConfigDict, hf_dir: str) -> ml_collections.ConfigDict:
@@ -439,16 +456,17 @@ class LearningLog:
     os.makedirs(out, exist_ok=True)
     self.path = os.path.join(out, "learning.csv")
     self.learn_steps = s.learn_steps
-    fingerprint = {k: v for k, v in dataclasses.asdict(s).items()
-                   if k not in ("tasks", "estimators", "learn_estimators", "seeds",
-                                "multi_turn_estimators")}
+    as_json = lambda x: json.loads(json.dumps(x))  # tuples read back as lists
+    fingerprint = as_json({k: v for k, v in dataclasses.asdict(s).items()
+                           if k not in ("tasks", "estimators", "learn_estimators", "seeds",
+                                        "multi_turn_estimators")})
     spath = os.path.join(out, "settings.json")
     self.done: dict[tuple[str, str, int], list[dict]] = {}
     if resume and os.path.exists(self.path):
       old = json.load(open(spath)) if os.path.exists(spath) else None
       if old is not None:  # a setting added since the file was written counts as its default
         defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-        old = {**{k: defaults[k] for k in fingerprint if k not in old}, **old}
+        old = {**{k: as_json(defaults[k]) for k in fingerprint if k not in old}, **old}
       if old != fingerprint:
         raise SystemExit(f"--resume: {spath} holds other settings ({old}) than this run's "
                          f"({fingerprint}); use another --out or drop --resume")
@@ -645,8 +663,8 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
     scored += [n for n in sc2 if not n.endswith(TREE)]
   curves = {}
   if learning:
-    learn_dir = (warm_up(task, s, workdir, "learn_warmup", s.learn_sft_steps)
-                 if s.learn_sft_steps else hf_dir)
+    n = learn_sft_steps(s, task)  # its length names the directory: a reused one matches
+    learn_dir = warm_up(task, s, workdir, f"learn_warmup_{n}", n) if n else hf_dir
     learn = scored if s.learn_estimators is None else [n for n in s.learn_estimators
                                                        if n in scored]
     for name in learn:

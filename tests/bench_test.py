@@ -291,6 +291,11 @@ def test_learning_log_resumes_finished_runs_only(tmp_path):
     credit_bench.LearningLog(str(tmp_path), dataclasses.replace(s, learn_steps=30), resume=True)
   # A setting added after settings.json was written counts as its default there.
   import json
+  # (a tuple-valued one, such as the per-task learning warm-ups, reads back as lists)
+  assert "learn_sft_by_task" in json.load(open(os.path.join(tmp_path, "settings.json")))
+  assert (credit_bench.learn_sft_steps(credit_bench.FULL, "pivotal"),
+          credit_bench.learn_sft_steps(credit_bench.FULL, "distractor"),
+          credit_bench.learn_sft_steps(credit_bench.QUICK, "distractor")) == (90, 170, 0)
   spath = os.path.join(tmp_path, "settings.json")
   saved = json.load(open(spath))
   del saved["tree_criterion"]
@@ -318,7 +323,7 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
   rows, skipped, extras = credit_bench.run_task("pivotal", s, str(tmp_path),
                                                 say=lambda *_: None)
   assert not skipped, skipped
-  for name in ("warmup", "learn_warmup"):
+  for name in ("warmup", "learn_warmup_3"):
     assert os.path.exists(os.path.join(tmp_path, name, "hf_policy", "config.json"))
   got = {(r.estimator, r.part, r.metric): r.mean for r in rows}
   for name in ("grpo", "cbpo", "grpo@tree", "oracle@tree", "prm_transform"):
