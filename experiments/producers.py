@@ -1923,8 +1923,6 @@ def _build_reward_components(s: Setup, wanted: frozenset) -> Produce:
 
 LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 
-# The table. Order matters only between producers of the same field: the first enabled
-# one makes it. The first row is the root (every step starts with the rollout).
 def _prm_producer(name: str, reference: str, doc: str) -> Producer:
   """An online implicit PRM's row: `logprob_prm` from `learners.build_prm`, on when the
   estimator reads it against `reference` (`learners.prm_reference`)."""
@@ -1937,6 +1935,8 @@ def _prm_producer(name: str, reference: str, doc: str) -> Producer:
                   off_doc=f"the estimator reads logprob_prm against another reference: {other}")
 
 
+# The table. Order matters only between producers of the same field: the first enabled
+# one makes it. The first row is the root (every step starts with the rollout).
 PRODUCERS: tuple[Producer, ...] = (
     Producer("logo_rollout", ("tokens", "response_mask", "group_id", "prompt_id", "obs_mask",
                               "turn_id", "logprob_sampler", "reward", "step_reward",
