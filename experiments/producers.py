@@ -1923,6 +1923,7 @@ def _build_reward_components(s: Setup, wanted: frozenset) -> Produce:
 
 LOGPROB_OLD_SOURCES = ("recompute", "sampler")
 
+
 def _prm_producer(name: str, reference: str, doc: str) -> Producer:
   """An online implicit PRM's row: `logprob_prm` from `learners.build_prm`, on when the
   estimator reads it against `reference` (`learners.prm_reference`)."""
