@@ -73,7 +73,7 @@ import numpy as np
 import credit
 from credit import bench
 from credit import tasks as tasks_lib
-from experiments import jolt, loop, producers, reporting, train
+from experiments import loop, producers, reporting, train
 from experiments.configs import common
 
 # Tasks and their settings: short responses, so a small model learns them after a short
@@ -354,8 +354,7 @@ def per_character_steps(c: ml_collections.ConfigDict) -> bool:
   bifurcation response is one step, so those methods would see one turn and no credit
   inside the response; per character, their turn signals (information gain of the gold
   answer, a learned PRM's step score...) can land on the pivot."""
-  return uses_step_judge(c) or (not producers.is_multi_turn(c)
-                                and producers.turns_are_steps(c))
+  return uses_step_judge(c) or producers.turns_are_steps(c)
 
 
 def uses_step_judge(c: ml_collections.ConfigDict) -> bool:
@@ -386,7 +385,6 @@ def estimator_fn(run, name: str, teacher: str = ""):
   `teacher` for the distillation methods, "" = none); raises Skip."""
   c = estimator_config(run.c, name, teacher)
   try:
-    jolt.check(c)  # the runner's refusals of a role estimator (jolt_teacher) outside its mode
     method = loop.check_method(c)
   except (ValueError, KeyError) as e:
     raise Skip(str(e).split(" (it can make")[0].split("; add a producer")[0]) from None

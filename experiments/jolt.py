@@ -76,13 +76,6 @@ def check(c: ml_collections.ConfigDict) -> None:
     raise SetupError(f"jolt.teacher_samples={j.teacher_samples} must be >= 0 (0 = off)")
   if not 0.0 <= float(j.sft_privileged) <= 1.0:
     raise SetupError(f"jolt.sft_privileged={j.sft_privileged} is a fraction in [0, 1]")
-  if c.estimator == TEACHER_ESTIMATOR:
-    raise SetupError(f"estimator {TEACHER_ESTIMATOR!r} is JOLT's teacher role, run by the JOLT "
-                     f"step on the teacher role's own rows (estimator {STUDENT_ESTIMATOR!r}, "
-                     "jolt.teacher_samples > 0, teacher.context). On ordinary rows its "
-                     "logprob_alt is the score under a context the policy never sampled in, "
-                     "2-7 nats below logprob_old, so it only pushes tokens down (on pivotal: "
-                     "every response the stop token by step 30)")
   if not on(c):
     if float(j.sft_privileged):
       raise SetupError("jolt.sft_privileged: the privileged warm-up is part of JOLT; set "

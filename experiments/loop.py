@@ -115,6 +115,13 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
   (estimator, loss, KL term, importance correction) that needs it.
   """
   est = credit.get_estimator(c.estimator)
+  if c.estimator == jolt.TEACHER_ESTIMATOR:
+    raise SetupError(f"estimator {c.estimator!r} is JOLT's teacher role, run by the JOLT step "
+                     f"on the teacher role's own rows (estimator {jolt.STUDENT_ESTIMATOR!r}, "
+                     "jolt.teacher_samples > 0, teacher.context). On ordinary rows its "
+                     "logprob_alt is the score under a context the policy never sampled in, "
+                     "2-7 nats below logprob_old, so it only pushes tokens down (on pivotal: "
+                     "every response the stop token by step 30)")
   loss = credit.get_policy_loss(c.policy_loss)
   if c.logprob_old_source not in producers.LOGPROB_OLD_SOURCES:
     raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: "

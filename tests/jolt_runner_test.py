@@ -235,7 +235,7 @@ def test_privileged_warm_up_shows_some_demonstrations_after_the_context():
 def _refusal_cases():
   base = dict(eval_every=0, checkpoint_every=0, export_hf=False)
   yield "student estimator", tiny("jolt_arithmetic", estimator="grpo", **base), "estimator 'jolt'"
-  yield ("teacher role alone", tiny("jolt_arithmetic", estimator="jolt_teacher", **base),
+  yield ("teacher role alone", tiny("grpo_arithmetic", estimator="jolt_teacher", **base),
          "JOLT's teacher role")
   c = tiny("jolt_arithmetic", **base)
   c.teacher.init_from = "/nonexistent/teacher"

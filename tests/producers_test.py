@@ -605,9 +605,10 @@ def test_tool_usage_counts_calls_and_rounds():
 
 
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
-# lacks. Everything else must plan on the default recipe (turn-level methods: on the
-# multi-turn `igpo_lookup` recipe), and so run by name.
-NOT_YET_RUNNABLE: dict[str, str] = {}
+# lacks, or that run only as a role inside another method's step (refused by name, with why).
+# Everything else must plan on the default recipe (turn-level methods: on the multi-turn
+# `igpo_lookup` recipe), and so run by name.
+NOT_YET_RUNNABLE: dict[str, str] = {"jolt_teacher": "JOLT's teacher role"}
 # Estimators whose recipe switches on a rollout producer of their own: (recipe, root producer).
 OWN_ROLLOUT_RECIPES = {"logo": ("logo_lookup", "logo_rollout")}  # Memory-R2's local re-rollouts
 # Reward-shaping methods whose structured rewards come from a task: the recipe that has it.

@@ -9,7 +9,7 @@ from jax.typing import ArrayLike
 
 from credit._checks import check_choice
 from credit.advantages.outcome.gae import GAEOutput, gae_advantages
-from credit.advantages.turn.igpo import previous_valid, turn_layout
+from credit.advantages.turn.igpo import turn_layout
 from credit.ops._cast import as_f32
 from credit.ops.turns import turn_broadcast, turn_edges
 from credit.registry import register_estimator
@@ -44,10 +44,11 @@ def pica_step_rewards(step_reward: ArrayLike, valid_BK: ArrayLike, *,
   else:
     term = jnp.zeros_like(rho) if terminal_BK is None else as_f32(terminal_BK)
     last = valid & (jax.lax.cumsum(valid.astype(jnp.int32), axis=1, reverse=True) == 1)
-    # Survival after each valid step (invalid steps multiply by 1), the last one terminal.
+    # Survival after each step (invalid steps multiply by 1, so the column before a valid
+    # step holds the survival after the previous valid one), the last valid one terminal.
     surv = jnp.cumprod(jnp.where(valid, rho, 1.0), axis=1)
     phi = jnp.where(last, term, surv)
-    before = previous_valid(surv, valid, jnp.ones(rho.shape[:1], jnp.float32))
+    before = jnp.pad(surv[:, :-1], ((0, 0), (1, 0)), constant_values=1.0)
     r = gamma * phi - before
   return jnp.where(valid, r, 0.0)
 
