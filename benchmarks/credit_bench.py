@@ -3,6 +3,8 @@
   python -m benchmarks.credit_bench [--quick] [--only grpo,rloo] [--tasks pivotal,distractor]
                                     [--out credit_bench] [--seeds 3] [--no-learning]
                                     [--workdir DIR] [--resume] [--merge OLD/results.csv]
+  python -m benchmarks.credit_bench --learning-tables --out DIR [--tasks distractor]
+                                    [--add-learning NEW/learning.csv]
 
 On bifurcation tasks (`credit/tasks/bifurcation.py`, `credit/tasks/pivotal.py`) the response
 positions that decide the reward are known, and `credit.bench.true_advantages` computes each
@@ -41,7 +43,9 @@ Outputs in --out: results.csv (task, estimator, family, part, metric, mean, lo, 
 table.md (per task, every metric with intervals), summary.md (one line per estimator across
 tasks: the README's table), skipped.md, learning.csv (every eval point of every run, written
 after each finished run; `--resume` keeps the finished ones, so the hours-long full learning
-part can be run in pieces: same --out, same settings), bars_<task>.png (metrics
+part can be run in pieces: same --out, same settings), learning_<task>.md (the learning
+part's table, written by `--learning-tables` from learning.csv, which also folds in a
+follow-up `--only` run's learning.csv), bars_<task>.png (metrics
 with intervals), curves_<task>.png (learning curves), heatmap_<task>.png (one batch under each
 estimator next to the truth). `--quick` (one task, a few estimators, 2 snapshots, GRPO's learning
 curve over 3 seeds of a few steps) takes about 2 minutes on 2 CPU cores; notebooks/estimator_gallery.ipynb runs it.
@@ -441,6 +445,12 @@ def score(adv: np.ndarray, b: Batch) -> dict[str, float]:
 # --------------------------------------------------------------------------
 
 
+def _learning_lines(task: str, name: str, seed: int, rows: list[dict]) -> list[list]:
+  """A run's learning.csv lines (`LearningLog.HEADER`)."""
+  return [[task, name, seed, r["step"], f"{r.get('wall_time', float('nan')):.3f}",
+           f"{r['eval_accuracy']:.4f}"] for r in rows]
+
+
 class LearningLog:
   """The learning part's record, kept as it grows: `learning.csv` rows (task, estimator, seed,
   step, wall_time, eval_accuracy) appended after every finished run, so a long full run can be
@@ -483,10 +493,7 @@ class LearningLog:
 
   def _write(self, task: str, name: str, seed: int, rows: list[dict]) -> None:
     with open(self.path, "a", newline="") as f:
-      w = csv.writer(f)
-      for r in rows:
-        w.writerow([task, name, seed, r["step"], f"{r.get('wall_time', float('nan')):.3f}",
-                    f"{r['eval_accuracy']:.4f}"])
+      csv.writer(f).writerows(_learning_lines(task, name, seed, rows))
 
   def get(self, task: str, name: str, seed: int) -> list[dict] | None:
     return self.done.get((task, name, seed))
@@ -538,6 +545,79 @@ def learning_stats(runs: list[list[dict]], threshold: float) -> dict[str, list[f
     out["steps_to_threshold"].append(float(never if hit is None or not np.isfinite(hit)
                                            else hit))
   return out
+
+
+def read_learning(path: str) -> dict[tuple[str, str], dict[int, list[dict]]]:
+  """The runs of a learning.csv: {(task, estimator): {seed: its eval rows in step order}}."""
+  runs: dict[tuple[str, str], dict[int, list[dict]]] = {}
+  with open(path, newline="") as f:
+    for r in csv.DictReader(f):
+      runs.setdefault((r["task"], r["estimator"]), {}).setdefault(int(r["seed"]), []).append(
+          {"step": int(r["step"]), "wall_time": float(r["wall_time"]),
+           "eval_accuracy": float(r["eval_accuracy"])})
+  return {k: {seed: sorted(rows, key=lambda r: r["step"]) for seed, rows in sorted(v.items())}
+          for k, v in runs.items()}
+
+
+def write_learning(path: str, runs: Mapping[tuple[str, str], Mapping[int, list[dict]]]) -> None:
+  """`runs` (as `read_learning` gives them) as a learning.csv."""
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(LearningLog.HEADER)
+    for (task, name), seeds in runs.items():
+      for seed, rows in seeds.items():
+        w.writerows(_learning_lines(task, name, seed, rows))
+
+
+def learning_table(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], task: str,
+                   threshold: float, seeds: int) -> tuple[str, list[str]]:
+  """Markdown: one line per estimator with `seeds` finished runs on `task` (final accuracy,
+  AUC, steps to `threshold`: mean [bootstrap 95%]), best final accuracy first; and the
+  estimators left out for having fewer runs. A run that never reached the threshold counts
+  as its length + one eval interval (`learning_stats`); a mean at that value reads "never"."""
+  lines, short = [], []
+  for (t, name), by_seed in runs.items():
+    if t != task:
+      continue
+    if len(by_seed) < seeds:
+      short.append(name)
+      continue
+    per_seed = [by_seed[k] for k in sorted(by_seed)[:seeds]]
+    cells = {m: _interval(v) for m, v in learning_stats(per_seed, threshold).items()}
+    steps = [r["step"] for r in per_seed[0]]
+    never = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
+    f, a, n = cells["final_accuracy"], cells["auc"], cells["steps_to_threshold"]
+    reach = (f"never ({never:.0f})" if n[0] >= never
+             else f"{n[0]:.0f} [{n[1]:.0f}, {n[2]:.0f}]")
+    lines.append((-f[0], -a[0], name,
+                  f"| `{name}` | {f[0]:.2f} [{f[1]:.2f}, {f[2]:.2f}] | "
+                  f"{a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | {reach} |"))
+  head = [f"| estimator | final accuracy | AUC | steps to {threshold:g} |", "|---|---|---|---|"]
+  return "\n".join(head + [line for *_, line in sorted(lines)]) + "\n", sorted(short)
+
+
+def learning_tables(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings) -> str:
+  """`--learning-tables`: no runs. Folds each `add` learning.csv (a follow-up `--only` run
+  made into its own `--out`) into `out`/learning.csv, its (task, estimator) runs replacing
+  the ones there, and writes `out`/learning_<task>.md for `tasks` (default: every task
+  there). Returns the tables."""
+  path = os.path.join(out, "learning.csv")
+  if not os.path.exists(path):
+    raise SystemExit(f"--learning-tables: no {path}")
+  runs = read_learning(path)
+  for extra in add:
+    new = read_learning(extra)
+    runs = {**{k: v for k, v in runs.items() if k not in new}, **new}
+  if add:
+    write_learning(path, runs)
+  text = []
+  for task in tasks or dict.fromkeys(t for t, _ in runs):
+    table, short = learning_table(runs, task, s.threshold, s.seeds)
+    note = f"\nFewer than {s.seeds} finished seeds: {', '.join(short)}.\n" if short else ""
+    with open(os.path.join(out, f"learning_{task}.md"), "w") as f:
+      f.write(table + note)
+    text.append(f"## {task}\n\n{table}{note}")
+  return "\n".join(text)
 
 
 # --------------------------------------------------------------------------
@@ -695,16 +775,10 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
     for r in rows:
       w.writerow([r.task, r.estimator, r.family, r.part, r.metric, f"{r.mean:.6g}",
                   f"{r.lo:.6g}", f"{r.hi:.6g}", r.n])
-  with open(os.path.join(out, "learning.csv") if learning_csv else os.devnull, "w",
-            newline="") as f:
-    w = csv.writer(f)
-    w.writerow(LearningLog.HEADER)
-    for task, ex in extras.items():
-      for name, runs in ex["curves"].items():
-        for seed, rr in enumerate(runs):
-          for r in rr:
-            w.writerow([task, name, seed, r["step"], f"{r.get('wall_time', float('nan')):.3f}",
-                        f"{r['eval_accuracy']:.4f}"])
+  if learning_csv:
+    write_learning(os.path.join(out, "learning.csv"),
+                   {(task, name): dict(enumerate(runs)) for task, ex in extras.items()
+                    for name, runs in ex["curves"].items()})
   with open(os.path.join(out, "table.md"), "w") as f:
     f.write(markdown_table(rows, command, wall))
   with open(os.path.join(out, "summary.md"), "w") as f:
@@ -900,6 +974,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--merge", default="",
                  help="an earlier results.csv: its rows of the (task, estimator) pairs this "
                       "run does not measure are kept in this run's results.csv and tables")
+  p.add_argument("--learning-tables", action="store_true",
+                 help="no runs: write --out/learning_<task>.md from --out/learning.csv "
+                      "(after folding in the --add-learning files)")
+  p.add_argument("--add-learning", default="",
+                 help="with --learning-tables: comma-separated learning.csv files of "
+                      "follow-up runs; their (task, estimator) runs replace --out's")
   p.add_argument("--tree-criterion", default="entropy", choices=("entropy", "first_error"),
                  help="branch points of the tree batches (first_error: a failed row's first "
                       "wrong token)")
@@ -916,6 +996,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     s = dataclasses.replace(s, tasks=tuple(x.strip() for x in a.tasks.split(",") if x.strip()))
   if a.seeds:
     s = dataclasses.replace(s, seeds=a.seeds)
+  if a.add_learning and not a.learning_tables:
+    raise SystemExit("--add-learning goes with --learning-tables")
+  if a.learning_tables:
+    print(learning_tables(a.out, [x for x in a.add_learning.split(",") if x],
+                          s.tasks if a.tasks else (), s))
+    return {"out": a.out}
   for t in s.tasks:
     tasks_lib.get_task(t, **TASK_KWARGS.get(t, {}))  # unknown task: its error, now
   workdir = a.workdir or tempfile.mkdtemp(prefix="credit_bench_")

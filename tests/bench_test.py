@@ -1,4 +1,5 @@
 """credit.bench: true token advantages on bifurcation tasks, and the credit metrics."""
+import dataclasses
 import functools
 
 import hypothesis
@@ -405,3 +406,45 @@ def test_merge_keeps_the_rows_a_follow_up_run_did_not_measure(tmp_path):
   got = credit_bench.merge_rows(back, new, {"pivotal": ["grpo"], "delayed": []})
   assert [(r.task, r.estimator, r.part) for r in got] == [
       ("pivotal", "igpo", "learning"), ("delayed", "igpo", "credit"), ("pivotal", "igpo", "credit")]
+
+
+def test_learning_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
+  """`--learning-tables`: a follow-up run's (task, estimator) runs replace the main record's
+  (other tasks' runs of the same estimator stay), and the table ranks by final accuracy with
+  the bench's intervals; an estimator short of seeds is named, not scored."""
+  import os
+  from benchmarks import credit_bench as cb
+  def run(acc):  # evals at 0, 10, 20
+    return [{"step": k * 10, "wall_time": float(k), "eval_accuracy": a} for k, a in enumerate(acc)]
+  main = {("pivotal", "grpo"): {0: run([0.1, 0.5, 0.6]), 1: run([0.1, 0.3, 0.4])},
+          ("distractor", "grpo"): {0: run([0.2, 0.2, 0.2]), 1: run([0.2, 0.2, 0.3])},
+          ("distractor", "rloo"): {0: run([0.2, 0.6, 0.9]), 1: run([0.2, 0.7, 0.8])}}
+  out, new = tmp_path / "main", tmp_path / "new"
+  os.makedirs(out), os.makedirs(new)
+  cb.write_learning(str(out / "learning.csv"), main)
+  assert cb.read_learning(str(out / "learning.csv")) == main
+  cb.write_learning(str(new / "learning.csv"),
+                    {("distractor", "grpo"): {0: run([0.2, 0.9, 1.0]), 1: run([0.2, 0.8, 1.0])},
+                     ("distractor", "eapo"): {0: run([0.2, 0.3, 0.4])}})
+  s = dataclasses.replace(cb.QUICK, seeds=2, threshold=0.5)
+  cb.learning_tables(str(out), [str(new / "learning.csv")], ("distractor",), s)
+  folded = cb.read_learning(str(out / "learning.csv"))
+  assert folded[("pivotal", "grpo")] == main[("pivotal", "grpo")]
+  assert folded[("distractor", "grpo")][0][-1]["eval_accuracy"] == 1.0
+  assert not os.path.exists(out / "learning_pivotal.md")
+  lines = open(out / "learning_distractor.md").read().splitlines()
+  assert lines[0] == "| estimator | final accuracy | AUC | steps to 0.5 |"
+  assert [ln.split("|")[1].strip() for ln in lines[2:4]] == ["`grpo`", "`rloo`"]
+  grpo = cb.learning_stats([folded[("distractor", "grpo")][k] for k in (0, 1)], 0.5)
+  assert lines[2].split("|")[2].strip() == "{:.2f} [{:.2f}, {:.2f}]".format(
+      *cb._interval(grpo["final_accuracy"]))
+  assert lines[-1] == "Fewer than 2 finished seeds: eapo."
+  cb.learning_tables(str(out), [], ("pivotal",), s)
+  piv = open(out / "learning_pivotal.md").read().splitlines()[2]
+  assert piv.endswith("| 20 [10, 30] |")  # seed 0 at step 10, seed 1 never (30)
+  cb.write_learning(str(out / "learning.csv"), {("pivotal", "gpg"): {0: run([0.1, 0.1, 0.2]),
+                                                                     1: run([0.1, 0.2, 0.2])}})
+  cb.learning_tables(str(out), [], (), s)
+  assert open(out / "learning_pivotal.md").read().splitlines()[2].endswith("| never (30) |")
+  with pytest.raises(SystemExit, match="--learning-tables"):
+    cb.main(["--add-learning", "x.csv", "--out", str(out)])
