@@ -3,8 +3,8 @@
   python -m benchmarks.credit_bench [--quick] [--only grpo,rloo] [--tasks pivotal,distractor]
                                     [--out credit_bench] [--seeds 3] [--no-learning]
                                     [--workdir DIR] [--resume] [--merge OLD/results.csv]
-  python -m benchmarks.credit_bench --learning-tables --out DIR [--tasks distractor]
-                                    [--add-learning NEW/learning.csv]
+  python -m benchmarks.credit_bench --tables --out DIR [--tasks distractor]
+                                    [--add NEW/results.csv,NEW/learning.csv]
 
 On bifurcation tasks (`credit/tasks/bifurcation.py`, `credit/tasks/pivotal.py`) the response
 positions that decide the reward are known, and `credit.bench.true_advantages` computes each
@@ -44,11 +44,15 @@ table.md (per task, every metric with intervals), summary.md (one line per estim
 tasks: the README's table), skipped.md, learning.csv (every eval point of every run, written
 after each finished run; `--resume` keeps the finished ones, so the hours-long full learning
 part can be run in pieces: same --out, same settings), learning_<task>.md (the learning
-part's table, written by `--learning-tables` from learning.csv, which also folds in a
-follow-up `--only` run's learning.csv), bars_<task>.png (metrics
+part's table, by `--tables`), bars_<task>.png (metrics
 with intervals), curves_<task>.png (learning curves), heatmap_<task>.png (one batch under each
 estimator next to the truth). `--quick` (one task, a few estimators, 2 snapshots, GRPO's learning
 curve over 3 seeds of a few steps) takes about 2 minutes on 2 CPU cores; notebooks/estimator_gallery.ipynb runs it.
+`--tables` runs nothing: it rebuilds --out's tables and plots (not the heatmaps) from its
+results.csv and learning.csv, after folding in follow-up `--only` runs made into their own
+--out (`--add NEW/results.csv,NEW/learning.csv`: their (task, estimator) pairs replace the
+old ones), and recomputes results.csv's learning rows from learning.csv, so a full run made
+in pieces ends as one directory.
 `--quick --tasks pivot_turn` does the same on the multi-turn task, with igpo, a2tgpo, procredit
 and mapo besides (about 1.5 minutes).
 """
@@ -596,26 +600,58 @@ def learning_table(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], tas
   return "\n".join(head + [line for *_, line in sorted(lines)]) + "\n", sorted(short)
 
 
-def learning_tables(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings) -> str:
-  """`--learning-tables`: no runs. Folds each `add` learning.csv (a follow-up `--only` run
-  made into its own `--out`) into `out`/learning.csv, its (task, estimator) runs replacing
-  the ones there, and writes `out`/learning_<task>.md for `tasks` (default: every task
-  there). Returns the tables."""
-  path = os.path.join(out, "learning.csv")
-  if not os.path.exists(path):
-    raise SystemExit(f"--learning-tables: no {path}")
-  runs = read_learning(path)
+def learning_rows(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], s: Settings,
+                  families: Mapping[str, str] | None = None) -> list[Row]:
+  """results.csv's learning rows (`LEARN_METRICS`, mean [bootstrap 95%] over seeds) of every
+  (task, estimator) in `runs` with `s.seeds` finished runs (the first ones by seed)."""
+  rows = []
+  for (task, name), by_seed in runs.items():
+    if len(by_seed) < s.seeds:
+      continue
+    per_seed = [by_seed[k] for k in sorted(by_seed)[:s.seeds]]
+    family = (families or {}).get(name) or _family(name)
+    for m, vals in learning_stats(per_seed, s.threshold).items():
+      mean, lo, hi = _interval(vals)
+      rows.append(Row(task, name, family, "learning", m, mean, lo, hi, len(vals)))
+  return rows
+
+
+def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
+            command: str) -> str:
+  """`--tables`: no runs. Folds each `add` file, the results.csv or learning.csv of a
+  follow-up `--only` run made into its own --out, into `out`'s (its (task, estimator) pairs
+  replacing the ones there; `merge_rows` for results), recomputes results.csv's learning rows
+  from learning.csv, and writes results.csv, table.md, summary.md, learning_<task>.md, and
+  bars_<task>.png / curves_<task>.png (the heatmaps need a run). `tasks`: the learning tables
+  to write (default: every task in learning.csv). Returns the learning tables."""
+  rpath, lpath = os.path.join(out, "results.csv"), os.path.join(out, "learning.csv")
+  if not os.path.exists(rpath) and not os.path.exists(lpath):
+    raise SystemExit(f"--tables: neither {rpath} nor {lpath} exists")
+  rows = read_rows(rpath) if os.path.exists(rpath) else []
+  runs = read_learning(lpath) if os.path.exists(lpath) else {}
   for extra in add:
-    new = read_learning(extra)
-    runs = {**{k: v for k, v in runs.items() if k not in new}, **new}
-  if add:
-    write_learning(path, runs)
+    if os.path.basename(extra) == "learning.csv":
+      new = read_learning(extra)
+      runs = {**{k: v for k, v in runs.items() if k not in new}, **new}
+    else:
+      rows = merge_rows(rows, [r for r in read_rows(extra) if r.part != "learning"])
+  families = {r.estimator: r.family for r in rows}
+  rows = [r for r in rows if r.part != "learning"] + learning_rows(runs, s, families)
+  write_rows(rpath, rows)
+  if runs:
+    write_learning(lpath, runs)
+  write_tables(out, rows, f"Rebuilt by `{command}` from results.csv and learning.csv (the "
+                          f"runs' commands: README)")
+  for task in dict.fromkeys(r.task for r in rows):
+    plot_bars(os.path.join(out, f"bars_{task}.png"), [r for r in rows if r.task == task], task)
   text = []
   for task in tasks or dict.fromkeys(t for t, _ in runs):
     table, short = learning_table(runs, task, s.threshold, s.seeds)
     note = f"\nFewer than {s.seeds} finished seeds: {', '.join(short)}.\n" if short else ""
     with open(os.path.join(out, f"learning_{task}.md"), "w") as f:
       f.write(table + note)
+    curves = {n: [v[k] for k in sorted(v)] for (t, n), v in runs.items() if t == task}
+    plot_curves(os.path.join(out, f"curves_{task}.png"), curves, task)
     text.append(f"## {task}\n\n{table}{note}")
   return "\n".join(text)
 
@@ -754,9 +790,7 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
         skipped[f"{name} (learning)"] = str(e)
         continue
       curves[name] = runs
-      for m, vals in learning_stats(runs, s.threshold).items():
-        mean, lo, hi = _interval(vals)
-        rows.append(Row(task, name, _family(name), "learning", m, mean, lo, hi, len(vals)))
+      rows += learning_rows({(task, name): dict(enumerate(runs))}, s)
       say(f"[{task}] learning {name}: {s.seeds} seeds, {time.perf_counter() - t1:.0f}s")
   extras = {"batch": batches[-1], "heat": heat, "curves": curves,
             "tokenizer": run.data.tokenizer}
@@ -769,20 +803,12 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
   """The bench's files in `out` (module docstring); `learning_csv=False` when a LearningLog
   already keeps learning.csv (it also holds runs of earlier, resumed invocations)."""
   os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow([fld.name for fld in dataclasses.fields(Row)])
-    for r in rows:
-      w.writerow([r.task, r.estimator, r.family, r.part, r.metric, f"{r.mean:.6g}",
-                  f"{r.lo:.6g}", f"{r.hi:.6g}", r.n])
+  write_rows(os.path.join(out, "results.csv"), rows)
   if learning_csv:
     write_learning(os.path.join(out, "learning.csv"),
                    {(task, name): dict(enumerate(runs)) for task, ex in extras.items()
                     for name, runs in ex["curves"].items()})
-  with open(os.path.join(out, "table.md"), "w") as f:
-    f.write(markdown_table(rows, command, wall))
-  with open(os.path.join(out, "summary.md"), "w") as f:
-    f.write(summary_table(rows, command, wall))
+  write_tables(out, rows, f"Command: `{command}` ({wall / 60:.1f} min)")
   with open(os.path.join(out, "skipped.md"), "w") as f:
     for task, sk in skipped.items():
       f.write(f"## {task}: {len(sk)} skipped\n\n")
@@ -794,6 +820,24 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
     if ex["curves"]:
       plot_curves(os.path.join(out, f"curves_{task}.png"), ex["curves"], task)
     plot_heatmap(os.path.join(out, f"heatmap_{task}.png"), ex, task)
+
+
+def write_rows(path: str, rows: Sequence[Row]) -> None:
+  """`rows` as a results.csv."""
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow([fld.name for fld in dataclasses.fields(Row)])
+    for r in rows:
+      w.writerow([r.task, r.estimator, r.family, r.part, r.metric, f"{r.mean:.6g}",
+                  f"{r.lo:.6g}", f"{r.hi:.6g}", r.n])
+
+
+def write_tables(out: str, rows: list[Row], header: str) -> None:
+  """table.md and summary.md of `rows`, under `header` (the command that made them)."""
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(markdown_table(rows, header))
+  with open(os.path.join(out, "summary.md"), "w") as f:
+    f.write(summary_table(rows, header))
 
 
 def read_rows(path: str) -> list[Row]:
@@ -824,10 +868,10 @@ def _cell(r: Row | None, digits: int = 2) -> str:
   return f"{r.mean:.{digits}f} [{r.lo:.{digits}f}, {r.hi:.{digits}f}]"
 
 
-def markdown_table(rows: list[Row], command: str, wall: float) -> str:
+def markdown_table(rows: list[Row], header: str) -> str:
   """One table per task: an estimator per line, credit metrics (on a multi-turn task the
   turn-level ones too) then learning metrics (mean [95% bootstrap interval])."""
-  out = [f"Command: `{command}` ({wall / 60:.1f} min)\n"]
+  out = [header + "\n"]
   for task in dict.fromkeys(r.task for r in rows):
     table = {(r.estimator, r.part, r.metric): r for r in rows if r.task == task}
     turn = [m for m in TURN_METRICS if any(k[2] == m for k in table)]
@@ -850,7 +894,7 @@ def markdown_table(rows: list[Row], command: str, wall: float) -> str:
   return "\n".join(out) + "\n"
 
 
-def summary_table(rows: list[Row], command: str, wall: float) -> str:
+def summary_table(rows: list[Row], header: str) -> str:
   """One line per estimator across tasks: correlation with the true advantages (with its
   bootstrap interval), pivotal mass and balanced sign accuracy (means over snapshots ×
   batches), the turn-level correlation on
@@ -872,7 +916,7 @@ def summary_table(rows: list[Row], command: str, wall: float) -> str:
   head = "| estimator | family | " + " | ".join(
       f"{t}: corr / pivot mass / sign acc" + (" / turn corr" if len(metrics[t]) > 3 else "")
       + (" / final acc" if learn else "") for t in tasks)
-  out = [f"Command: `{command}` ({wall / 60:.1f} min). Chance pivot mass per task: " +
+  out = [f"{header}. Chance pivot mass per task: " +
          ", ".join(f"{t} {get[(t, 'constant', 'chance')].mean:.2f}" for t in tasks
                    if (t, "constant", "chance") in get) + ".\n", head + " |",
          "|---|---|" + "---|" * len(tasks)]
@@ -917,16 +961,27 @@ def plot_bars(path: str, rows: list[Row], task: str) -> None:
   plt.close(fig)
 
 
-def plot_curves(path: str, curves: dict[str, list[list[dict]]], task: str) -> None:
+def plot_curves(path: str, curves: dict[str, list[list[dict]]], task: str,
+                highlight: int = 8) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for name, runs in curves.items():
+  final = {n: np.mean([rr[-1]["eval_accuracy"] for rr in runs]) for n, runs in curves.items()}
+  # Many estimators (a full run): the best few and GRPO in colour, the rest thin and grey.
+  shown = set(curves) if len(curves) <= highlight else set(
+      sorted(final, key=final.get, reverse=True)[:highlight - 1]) | {"grpo"}
+  colours = iter([c for i, c in enumerate(plt.cm.tab10.colors) if i != 7] * 2)  # 7: grey
+  for name in sorted(curves, key=lambda n: (n in shown, final[n])):
+    runs = curves[name]
     steps = np.asarray([r["step"] for r in runs[0]])
     acc = np.asarray([[r["eval_accuracy"] for r in rr][:len(steps)] for rr in runs])
     wall = np.asarray([[r.get("wall_time", np.nan) for r in rr][:len(steps)] for rr in runs])
-    line, = axes[0].plot(steps, acc.mean(0), label=name)
+    if name not in shown:
+      axes[0].plot(steps, acc.mean(0), color="0.75", lw=0.7)
+      axes[1].plot(np.nanmean(wall, 0), acc.mean(0), color="0.75", lw=0.7)
+      continue
+    line, = axes[0].plot(steps, acc.mean(0), label=name, color=next(colours))
     axes[0].fill_between(steps, acc.min(0), acc.max(0), alpha=0.15, color=line.get_color())
     axes[1].plot(np.nanmean(wall, 0), acc.mean(0), label=name, color=line.get_color())
   axes[0].set_xlabel("RL step")
@@ -974,12 +1029,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--merge", default="",
                  help="an earlier results.csv: its rows of the (task, estimator) pairs this "
                       "run does not measure are kept in this run's results.csv and tables")
-  p.add_argument("--learning-tables", action="store_true",
-                 help="no runs: write --out/learning_<task>.md from --out/learning.csv "
-                      "(after folding in the --add-learning files)")
-  p.add_argument("--add-learning", default="",
-                 help="with --learning-tables: comma-separated learning.csv files of "
-                      "follow-up runs; their (task, estimator) runs replace --out's")
+  p.add_argument("--tables", action="store_true",
+                 help="no runs: rebuild --out's results.csv learning rows, tables and plots "
+                      "from its results.csv and learning.csv (after folding in --add)")
+  p.add_argument("--add", default="",
+                 help="with --tables: comma-separated results.csv / learning.csv files of "
+                      "follow-up runs; their (task, estimator) pairs replace --out's")
   p.add_argument("--tree-criterion", default="entropy", choices=("entropy", "first_error"),
                  help="branch points of the tree batches (first_error: a failed row's first "
                       "wrong token)")
@@ -996,11 +1051,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     s = dataclasses.replace(s, tasks=tuple(x.strip() for x in a.tasks.split(",") if x.strip()))
   if a.seeds:
     s = dataclasses.replace(s, seeds=a.seeds)
-  if a.add_learning and not a.learning_tables:
-    raise SystemExit("--add-learning goes with --learning-tables")
-  if a.learning_tables:
-    print(learning_tables(a.out, [x for x in a.add_learning.split(",") if x],
-                          s.tasks if a.tasks else (), s))
+  if a.add and not a.tables:
+    raise SystemExit("--add goes with --tables")
+  if a.tables:
+    command = "python -m benchmarks.credit_bench " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    print(rebuild(a.out, [x for x in a.add.split(",") if x], s.tasks if a.tasks else (), s,
+                  command.strip()))
     return {"out": a.out}
   for t in s.tasks:
     tasks_lib.get_task(t, **TASK_KWARGS.get(t, {}))  # unknown task: its error, now

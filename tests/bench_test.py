@@ -378,7 +378,7 @@ def test_summary_table_adds_turn_corr_on_multi_turn_tasks():
            for m, v in (("corr", 0.4), ("pivot_mass", 0.3), ("sign_acc", 1.0),
                         ("turn_corr", 0.52))]
   rows[0] = R("pivotal", "grpo", "outcome", "credit", "corr", 0.3, 0.25, 0.36, 12)
-  table = cb.summary_table(rows, "cmd", 60.0)
+  table = cb.summary_table(rows, "Command: `cmd` (1.0 min)")
   assert "| estimator | family | pivotal: corr / pivot mass / sign acc | pivot_turn: corr / " \
          "pivot mass / sign acc / turn corr |" in table
   assert ("| `grpo` | outcome | 0.30 [0.25, 0.36] / 0.10 / 0.80 | 0.40 / 0.30 / 1.00 / 0.52 |"
@@ -408,10 +408,11 @@ def test_merge_keeps_the_rows_a_follow_up_run_did_not_measure(tmp_path):
       ("pivotal", "igpo", "learning"), ("delayed", "igpo", "credit"), ("pivotal", "igpo", "credit")]
 
 
-def test_learning_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
-  """`--learning-tables`: a follow-up run's (task, estimator) runs replace the main record's
-  (other tasks' runs of the same estimator stay), and the table ranks by final accuracy with
-  the bench's intervals; an estimator short of seeds is named, not scored."""
+def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
+  """`--tables`: a follow-up run's (task, estimator) learning runs and credit rows replace the
+  main record's (other tasks' runs of the same estimator stay); results.csv's learning rows
+  are recomputed from learning.csv; the learning table ranks by final accuracy with the
+  bench's intervals, and an estimator short of seeds is named, not scored."""
   import os
   from benchmarks import credit_bench as cb
   def run(acc):  # evals at 0, 10, 20
@@ -421,30 +422,46 @@ def test_learning_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
           ("distractor", "rloo"): {0: run([0.2, 0.6, 0.9]), 1: run([0.2, 0.7, 0.8])}}
   out, new = tmp_path / "main", tmp_path / "new"
   os.makedirs(out), os.makedirs(new)
+  R = cb.Row
   cb.write_learning(str(out / "learning.csv"), main)
   assert cb.read_learning(str(out / "learning.csv")) == main
+  cb.write_rows(str(out / "results.csv"), [
+      R("distractor", "grpo", "outcome", "credit", "corr", 0.3, 0.2, 0.4, 12),
+      R("distractor", "grpo", "outcome", "learning", "auc", 0.9, 0.9, 0.9, 3)])  # stale
   cb.write_learning(str(new / "learning.csv"),
                     {("distractor", "grpo"): {0: run([0.2, 0.9, 1.0]), 1: run([0.2, 0.8, 1.0])},
                      ("distractor", "eapo"): {0: run([0.2, 0.3, 0.4])}})
+  cb.write_rows(str(new / "results.csv"),
+                [R("distractor", "grpo", "outcome", "credit", "corr", 0.35, 0.3, 0.4, 12)])
   s = dataclasses.replace(cb.QUICK, seeds=2, threshold=0.5)
-  cb.learning_tables(str(out), [str(new / "learning.csv")], ("distractor",), s)
+  cb.rebuild(str(out), [str(new / "learning.csv"), str(new / "results.csv")], ("distractor",),
+             s, "cmd")
   folded = cb.read_learning(str(out / "learning.csv"))
   assert folded[("pivotal", "grpo")] == main[("pivotal", "grpo")]
   assert folded[("distractor", "grpo")][0][-1]["eval_accuracy"] == 1.0
+  grpo = cb.learning_stats([folded[("distractor", "grpo")][k] for k in (0, 1)], 0.5)
+  rows = {(r.task, r.estimator, r.part, r.metric): r for r in cb.read_rows(str(out / "results.csv"))}
+  assert rows[("distractor", "grpo", "credit", "corr")].mean == 0.35
+  assert rows[("distractor", "grpo", "learning", "auc")].mean == pytest.approx(np.mean(grpo["auc"]))
+  assert ("distractor", "eapo", "learning", "auc") not in rows
+  assert rows[("pivotal", "grpo", "learning", "final_accuracy")].family == "outcome"
+  assert "Rebuilt by `cmd`" in open(out / "summary.md").read()
+  assert os.path.exists(out / "curves_distractor.png") and os.path.exists(out / "bars_pivotal.png")
   assert not os.path.exists(out / "learning_pivotal.md")
   lines = open(out / "learning_distractor.md").read().splitlines()
   assert lines[0] == "| estimator | final accuracy | AUC | steps to 0.5 |"
   assert [ln.split("|")[1].strip() for ln in lines[2:4]] == ["`grpo`", "`rloo`"]
-  grpo = cb.learning_stats([folded[("distractor", "grpo")][k] for k in (0, 1)], 0.5)
   assert lines[2].split("|")[2].strip() == "{:.2f} [{:.2f}, {:.2f}]".format(
       *cb._interval(grpo["final_accuracy"]))
   assert lines[-1] == "Fewer than 2 finished seeds: eapo."
-  cb.learning_tables(str(out), [], ("pivotal",), s)
+  cb.rebuild(str(out), [], ("pivotal",), s, "cmd")
   piv = open(out / "learning_pivotal.md").read().splitlines()[2]
   assert piv.endswith("| 20 [10, 30] |")  # seed 0 at step 10, seed 1 never (30)
   cb.write_learning(str(out / "learning.csv"), {("pivotal", "gpg"): {0: run([0.1, 0.1, 0.2]),
                                                                      1: run([0.1, 0.2, 0.2])}})
-  cb.learning_tables(str(out), [], (), s)
+  cb.rebuild(str(out), [], (), s, "cmd")
   assert open(out / "learning_pivotal.md").read().splitlines()[2].endswith("| never (30) |")
-  with pytest.raises(SystemExit, match="--learning-tables"):
-    cb.main(["--add-learning", "x.csv", "--out", str(out)])
+  with pytest.raises(SystemExit, match="--tables"):
+    cb.main(["--add", "x.csv", "--out", str(out)])
+  with pytest.raises(SystemExit, match="neither"):
+    cb.main(["--tables", "--out", str(tmp_path / "empty")])
