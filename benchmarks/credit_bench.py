@@ -35,6 +35,9 @@ rewards and progress from the environment, the gold pass). Per task:
    steps with the default policy loss (so only the credit differs), `seeds` seeds; held-out
    greedy accuracy is recorded against steps and wall time; reported: final accuracy, area
    under the curve and steps to `threshold`, each with a bootstrap interval over seeds.
+   A learning reference, `grpo@pivot` (the full settings' `learn_references`; `--only
+   grpo@pivot` runs it alone): GRPO with its advantages kept on the task's deciding tokens
+   (`credit_mask=decision_mask`), what perfect placement of GRPO's credit gives.
 
 Estimators whose inputs the bench cannot produce on a task (multi-turn fields on a single-turn
 task, tree rollouts, a teacher checkpoint...) are listed in skipped.md with the runner's reason.
@@ -99,6 +102,10 @@ REFERENCES = ("oracle", "constant")
 # these are scored there too, named with the suffix, as their baselines.
 TREE = "@tree"
 TREE_BASELINES = ("oracle", "grpo")
+# A learning reference "<estimator>@pivot": the estimator's advantages kept on the task's
+# deciding tokens only (`credit_mask=decision_mask`), the learning that perfect placement of
+# its credit would give; learnt only (its credit part would be the oracle's placement).
+PIVOT = "@pivot"
 CREDIT_METRICS = ("corr", "pivot_mass", "sign_acc", "zero_tokens", "zero_groups")
 # Multi-turn tasks also score at the turn level: each estimator's per-turn mean advantage
 # against the true turn advantages (`bench.turn_credit_metrics`).
@@ -150,6 +157,8 @@ class Settings:
   # Scored on multi-turn tasks besides `estimators` (when that is a list): the turn-level
   # estimators the runner's producers can feed there.
   multi_turn_estimators: tuple[str, ...] = ()
+  # Learning references (`PIVOT`) run after the estimators on single-turn tasks.
+  learn_references: tuple[str, ...] = ()
 
 
 QUICK = Settings(tasks=("pivotal",), estimators=("grpo", "rloo", "dr_grpo", "gae"),
@@ -164,7 +173,7 @@ QUICK = Settings(tasks=("pivotal",), estimators=("grpo", "rloo", "dr_grpo", "gae
 FULL = Settings(tasks=tuple(TASK_KWARGS), estimators=None, learn_estimators=None, seeds=3,
                 sft_steps=60, snapshot_steps=40, num_snapshots=3, batches=4, num_rollouts=32,
                 learn_steps=750, eval_every=150, threshold=0.5, teacher_sft_steps=600,
-                learn_sft_steps=90)
+                learn_sft_steps=90, learn_references=(f"grpo{PIVOT}",))
 
 
 def base_config(task: str, s: Settings, seed: int = 0) -> ml_collections.ConfigDict:
@@ -471,7 +480,7 @@ class LearningLog:
     as_json = lambda x: json.loads(json.dumps(x))  # tuples read back as lists
     fingerprint = as_json({k: v for k, v in dataclasses.asdict(s).items()
                            if k not in ("tasks", "estimators", "learn_estimators", "seeds",
-                                        "multi_turn_estimators")})
+                                        "multi_turn_estimators", "learn_references")})
     spath = os.path.join(out, "settings.json")
     self.done: dict[tuple[str, str, int], list[dict]] = {}
     if resume and os.path.exists(self.path):
@@ -517,7 +526,10 @@ def learning_runs(task: str, name: str, s: Settings, hf_dir: str, workdir: str,
   for seed in range(s.seeds):
     rows = log.get(task, name, seed) if log is not None else None
     if rows is None:
-      c = estimator_config(from_warm_start(base_config(task, s, seed), hf_dir), name, teacher)
+      base = name[:-len(PIVOT)] if name.endswith(PIVOT) else name
+      c = estimator_config(from_warm_start(base_config(task, s, seed), hf_dir), base, teacher)
+      if base != name:
+        c.credit_mask = "decision_mask"
       if tree:
         c = tree_config(c, s)
       c.steps, c.eval_every, c.export_hf = s.learn_steps, s.eval_every, False
@@ -683,7 +695,9 @@ def _interval(values: Sequence[float], seed: int = 0) -> tuple[float, float, flo
 
 
 def _family(name: str) -> str:
-  return "reference" if name in REFERENCES else credit.get_estimator(name).family
+  if name in REFERENCES or name.endswith(PIVOT):
+    return "reference"
+  return credit.get_estimator(name).family
 
 
 def needs_tree(why: str) -> bool:
@@ -781,6 +795,8 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
     learn_dir = warm_up(task, s, workdir, f"learn_warmup_{n}", n) if n else hf_dir
     learn = scored if s.learn_estimators is None else [n for n in s.learn_estimators
                                                        if n in scored]
+    if not getattr(run.data.task, "multi_turn", False):
+      learn = list(learn) + list(s.learn_references)
     for name in learn:
       t1 = time.perf_counter()
       try:
@@ -1043,10 +1059,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
   s = dataclasses.replace(s, tree_criterion=a.tree_criterion)
   if a.only:
     only = tuple(x.strip() for x in a.only.split(",") if x.strip())
-    unknown = [n for n in only if n not in credit.list_estimators() and n not in REFERENCES]
+    refs = tuple(n for n in only if n.endswith(PIVOT))
+    only = tuple(n for n in only if not n.endswith(PIVOT))
+    unknown = [n for n in only + tuple(r[:-len(PIVOT)] for r in refs)
+               if n not in credit.list_estimators() and n not in REFERENCES]
     if unknown:
       raise SystemExit(f"unknown estimators {unknown}; known: {credit.list_estimators()}")
-    s = dataclasses.replace(s, estimators=only, learn_estimators=None, multi_turn_estimators=())
+    s = dataclasses.replace(s, estimators=only, learn_estimators=None, multi_turn_estimators=(),
+                            learn_references=refs)
   if a.tasks:
     s = dataclasses.replace(s, tasks=tuple(x.strip() for x in a.tasks.split(",") if x.strip()))
   if a.seeds:

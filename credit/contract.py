@@ -71,6 +71,9 @@ CONTRACT: dict[str, Field] = {
     "token_reward": Field("BT", "f", "dense per-token rewards", True),
     "flag_mask": Field("BT", "b", "tokens inside spans a judge / PRM flagged as wrong "
                        "(Perceval: hallucinated perceptual claims); penalised"),
+    "decision_mask": Field("BT", "b", "response tokens that decide the reward, as a "
+                           "bifurcation task knows them (`pivot_positions`): ground truth for "
+                           "the credit bench's references, not a method's input"),
     "sample_weight": Field("B", "f", "per-sample loss weight", True),
     # --- log-probs and model statistics ---
     "logprob": Field("BT", "f", "current policy log-prob of the sampled token (differentiated)",

@@ -105,6 +105,8 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
     need(["obs_mask"], f"the observation cross-entropy term (obs_ce_coef={c.obs_ce_coef})")
   if c.critical.enabled:
     need([critical.FIELD], f"critical (objective {c.critical.objective!r})")
+  if c.credit_mask:
+    need([c.credit_mask], f"credit_mask={c.credit_mask!r}")
   return needed
 
 
@@ -123,6 +125,14 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
                      "2-7 nats below logprob_old, so it only pushes tokens down (on pivotal: "
                      "every response the stop token by step 30)")
   loss = credit.get_policy_loss(c.policy_loss)
+  if c.credit_mask:
+    masks = sorted(n for n, f in credit.CONTRACT.items() if f.shape == "BT" and f.dtype == "b")
+    if c.credit_mask not in masks:
+      raise SetupError(f"credit_mask={c.credit_mask!r}: not a [B,T] bool contract field; "
+                       f"valid: {masks}")
+    if jolt.on(c) or subagents.on(c):
+      raise SetupError("credit_mask applies to the episodes' rows only; JOLT's teacher rows "
+                       "and sub-agent rows make their advantages apart: leave it empty there")
   if c.logprob_old_source not in producers.LOGPROB_OLD_SOURCES:
     raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: "
                      f"{list(producers.LOGPROB_OLD_SOURCES)}")
@@ -862,6 +872,8 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   if "train_step" in m.estimator.params:  # traced, so a schedule does not recompile
     arrays["train_step"] = jnp.asarray(rs.step, jnp.float32)
   adv, est_state, targets = run.adv_fn(arrays, rs.train.estimator_state)
+  if c.credit_mask:  # the estimator's credit kept on those tokens (the bench's oracle placement)
+    adv = adv * batch[c.credit_mask]
   batch["advantages"] = adv
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},

@@ -871,6 +871,24 @@ def _build_task_flags(s: Setup, wanted: frozenset) -> Produce:
   return produce
 
 
+def _build_task_decisions(s: Setup, wanted: frozenset) -> Produce:
+  """decision_mask [B,T]: the response tokens at the task's `pivot_positions` (response token
+  k = character k: the bifurcation tasks' character tokenizer), as `credit.bench` marks them."""
+  task = s.data.task
+
+  def produce(state, batch, ctx: StepContext) -> dict:
+    resp = ctx.host["response_mask"]
+    mask = np.zeros(resp.shape, bool)
+    for b, g in enumerate(ctx.host["group_id"]):
+      cols = np.flatnonzero(resp[b])
+      for p in task.pivot_positions({k: ctx.examples[k][g] for k in ctx.examples}):
+        if p < len(cols):
+          mask[b, cols[p]] = True
+    return {"decision_mask": parallel.shard_batch(mask, s.mesh)}
+
+  return produce
+
+
 def answer_ids(tokenizer, answer: str) -> list[int]:
   """A gold answer's token ids as the likelihood rewards teacher-force it: text + eos."""
   return list(tokenizer.encode(answer)) + [tokenizer.eos_id]
@@ -2121,6 +2139,11 @@ PRODUCERS: tuple[Producer, ...] = (
              "reward", "the task's `flag_chars` (character spans judged wrong) on the response "
              "tokens", when=_task_flags_spans,
              off_doc="needs a built-in task with flag_chars, e.g. arithmetic"),
+    Producer("task_decisions", ("decision_mask",), ("tokens", "response_mask"),
+             _build_task_decisions, "reward", "the task's deciding response tokens "
+             "(`pivot_positions`; the credit bench's oracle placement, `credit_mask`)",
+             when=_task_has("pivot_positions"),
+             off_doc="needs a built-in bifurcation task (pivotal, distractor, ...)"),
     Producer("answer_pass", ("logprob_answer", "answer_mask", "logprob_answer_prior"),
              ("tokens", "response_mask"), _build_answer_pass, "likelihood",
              "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
@@ -2187,7 +2210,7 @@ TREE_PRODUCERS = frozenset({"tree_rollout", "slate_rollout", "logo_rollout", "ve
                             "reference_pass",
                             "divergence_pass", "step_segments", "task_flags", "answer_parse",
                             "greedy_baseline", "step_completions", "step_graph",
-                            "format_check", "query_spans", "step_judge"})
+                            "format_check", "query_spans", "step_judge", "task_decisions"})
 
 
 def providers(c: ml_collections.ConfigDict,

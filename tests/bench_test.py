@@ -320,7 +320,8 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
                           learn_estimators=("grpo", "cbpo"), seeds=1, sft_steps=2,
                           learn_sft_steps=3, snapshot_steps=0, num_snapshots=1, batches=1,
                           num_rollouts=2, prompts_per_step=2, group_size=4, learn_steps=1,
-                          eval_every=1, tree_branches=2, tree_points=1)
+                          eval_every=1, tree_branches=2, tree_points=1,
+                          learn_references=("grpo@pivot",))
   rows, skipped, extras = credit_bench.run_task("pivotal", s, str(tmp_path),
                                                 say=lambda *_: None)
   assert not skipped, skipped
@@ -330,10 +331,12 @@ def test_learning_warm_up_and_tree_estimators(tmp_path):
   for name in ("grpo", "cbpo", "grpo@tree", "oracle@tree", "prm_transform"):
     assert (name, "credit", "corr") in got, name
   assert got[("oracle@tree", "credit", "corr")] == pytest.approx(1.0)
-  for name in ("grpo", "cbpo"):
+  for name in ("grpo", "cbpo", "grpo@pivot"):  # and the oracle-placement learning reference
     assert {m for (n, p, m) in got if n == name and p == "learning"} == set(
         credit_bench.LEARN_METRICS)
     assert len(extras["curves"][name]) == 1
+  assert ("grpo@pivot", "credit", "corr") not in got
+  assert {r.family for r in rows if r.estimator == "grpo@pivot"} == {"reference"}
   c = credit_bench.tree_config(credit_bench.base_config("pivotal", s), s)
   assert (c.group_size, c.tree.branches, c.tree.points) == (2, 2, 1)
 
@@ -463,5 +466,7 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
   assert open(out / "learning_pivotal.md").read().splitlines()[2].endswith("| never (30) |")
   with pytest.raises(SystemExit, match="--tables"):
     cb.main(["--add", "x.csv", "--out", str(out)])
+  with pytest.raises(SystemExit, match=r"unknown estimators \['foo'\]"):
+    cb.main(["--only", "grpo@pivot,foo@pivot", "--out", str(out)])
   with pytest.raises(SystemExit, match="neither"):
     cb.main(["--tables", "--out", str(tmp_path / "empty")])

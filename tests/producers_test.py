@@ -705,3 +705,31 @@ def test_gold_pass_runs_on_the_single_turn_rollout(tmp_path):
   g = np.asarray(batch["gold_logprob_turns"])
   assert g.shape[0] == c.prompts_per_step * c.group_size and np.all(np.isfinite(g))
   assert np.all(np.asarray(batch["gold_logprob_prompt"]) < 0.0)
+
+
+def test_credit_mask_keeps_the_advantages_on_the_deciding_tokens(tmp_path):
+  """`credit_mask=decision_mask` (the credit bench's oracle placement, `grpo@pivot`): the
+  task_decisions producer marks response token p of a pivotal prompt "p:d=", and the step's
+  advantages (samples.jsonl) are the estimator's there and 0 on every other token (OPSA: it
+  credits tokens without a reward, which an untrained policy never earns). Refused: a field
+  that is not a [B,T] bool one, and a task without `pivot_positions`."""
+  c = tiny("dcpo_pivotal", estimator="opsa", policy_loss="ppo_clip", credit_mask="decision_mask",
+           samples_every=1, samples_per_step=16, prompts_per_step=4, group_size=4,
+           checkpoint_every=0)
+  assert "task_decisions" in [p.producer.name for p in loop.check_method(c).plan]
+  loop.run(c, str(tmp_path / "w"))
+  rows = [json.loads(line) for line in open(tmp_path / "w" / "samples.jsonl")]
+  assert rows
+  at_pivot = []
+  for r in rows:
+    p = int(r["prompt"].split(":")[0][-1])
+    adv = np.asarray(r["advantages"])
+    off = np.ones(len(adv), bool)
+    off[p:p + 1] = False  # a response shorter than p has no deciding token: all zero
+    assert np.all(adv[off] == 0.0), r
+    at_pivot += list(adv[~off])
+  assert np.any(np.asarray(at_pivot) != 0.0)
+  with pytest.raises(loop.SetupError, match=r"credit_mask='reward': not a \[B,T\] bool"):
+    loop.check_method(tiny("dcpo_pivotal", estimator="grpo", credit_mask="reward"))
+  with pytest.raises(loop.SetupError, match=r"decision_mask.*task_decisions.*bifurcation"):
+    loop.check_method(tiny(estimator="grpo", credit_mask="decision_mask"))

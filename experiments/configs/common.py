@@ -137,6 +137,9 @@ def base_config() -> ml_collections.ConfigDict:
   # --- credit assignment ---
   c.estimator = "grpo"            # advantage estimator registry name (credit.list_estimators()).
   c.estimator_kwargs = ml_collections.ConfigDict()  # its hyperparameters.
+  c.credit_mask = ""              # a [B,T] bool contract field: the estimator's advantages are
+                                  # kept on its tokens only ("decision_mask": the credit bench's
+                                  # oracle placement, the task's deciding tokens); "" = all.
   c.policy_loss = "ppo_clip"      # policy loss registry name (credit.list_policy_losses()).
   c.loss_kwargs = ml_collections.ConfigDict()       # its hyperparameters (clip eps, agg mode...).
   c.kl_coef = 0.0                 # β of a KL-to-reference loss term (0 = no reference model).
