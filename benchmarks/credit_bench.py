@@ -113,7 +113,8 @@ TURN_METRICS = ("turn_corr", "turn_pivot_mass", "turn_sign_acc")
 LEARN_METRICS = ("final_accuracy", "auc", "steps_to_threshold")
 
 
-LEARN_SFT_BY_TASK = (("distractor", 170), ("delayed", 120))
+LEARN_SFT_BY_TASK = (("distractor", 170), ("delayed", 120), ("pivotal_and", 105),
+                     ("pivotal_or", 60))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +145,9 @@ class Settings:
   # when `learn_sft_steps` > 0). Calibrated like pivotal's 90 (held-out 0.27-0.39 over seeds
   # 0-2, 2026-12-06): distractor 90 / 150 / 170 / 200 / 300 steps give 0.13-0.22 / 0.11-0.28
   # / 0.28-0.47 / 0.58-0.73 / 1.00; delayed 90 / 120 / 150 give 0.17-0.23 / 0.20-0.41 /
-  # 0.73-0.86. Tasks not listed take
-  # `learn_sft_steps` (pivotal_and / pivotal_or: not calibrated yet).
+  # 0.73-0.86; pivotal_and 90 / 105 / 120 / 150 give 0.08-0.20 / 0.27-0.44 / 0.33-0.44 /
+  # 0.38-0.55; pivotal_or 60 / 75 / 90 / 150 give 0.22-0.41 / 0.48-0.59 / 0.52-0.67 /
+  # 0.88-0.94 (2026-12-06). Tasks not listed take `learn_sft_steps`.
   learn_sft_by_task: tuple[tuple[str, int], ...] = LEARN_SFT_BY_TASK
   # > 0: estimators that need branch fields are scored on tree batches (`tree_config`):
   # G/2 roots, `tree_points` branch points per prompt with `tree_branches` continuations each.
