@@ -35,9 +35,9 @@ rewards and progress from the environment, the gold pass). Per task:
    steps with the default policy loss (so only the credit differs), `seeds` seeds; held-out
    greedy accuracy is recorded against steps and wall time; reported: final accuracy, area
    under the curve and steps to `threshold`, each with a bootstrap interval over seeds.
-   A learning reference, `grpo@pivot` (the full settings' `learn_references`; `--only
-   grpo@pivot` runs it alone): GRPO with its advantages kept on the task's deciding tokens
-   (`credit_mask=decision_mask`), what perfect placement of GRPO's credit gives.
+   A learning reference, `grpo@pivot` (the full settings' `learn_references`): GRPO with
+   its advantages kept on the task's deciding tokens (`credit_mask=decision_mask`), what
+   perfect placement of GRPO's credit gives; `--only NAME@pivot` runs any estimator so.
 
 Estimators whose inputs the bench cannot produce on a task (multi-turn fields on a single-turn
 task, tree rollouts, a teacher checkpoint...) are listed in skipped.md with the runner's reason.
