@@ -493,13 +493,9 @@ class LearningLog:
       if old != fingerprint:
         raise SystemExit(f"--resume: {spath} holds other settings ({old}) than this run's "
                          f"({fingerprint}); use another --out or drop --resume")
-      runs: dict[tuple[str, str, int], list[dict]] = {}
-      with open(self.path, newline="") as f:
-        for r in csv.DictReader(f):
-          runs.setdefault((r["task"], r["estimator"], int(r["seed"])), []).append(
-              {"step": int(r["step"]), "wall_time": float(r["wall_time"]),
-               "eval_accuracy": float(r["eval_accuracy"])})
-      self.done = {k: v for k, v in runs.items() if v and v[-1]["step"] == s.learn_steps}
+      self.done = {(task, name, seed): rows
+                   for (task, name), by_seed in read_learning(self.path).items()
+                   for seed, rows in by_seed.items() if rows[-1]["step"] == s.learn_steps}
     with open(self.path, "w", newline="") as f:  # finished runs only (a partial one is redone)
       csv.writer(f).writerow(self.HEADER)
     for (task, name, seed), rows in self.done.items():
@@ -593,18 +589,17 @@ def learning_table(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], tas
   AUC, steps to `threshold`: mean [bootstrap 95%]), best final accuracy first; and the
   estimators left out for having fewer runs. A run that never reached the threshold counts
   as its length + one eval interval (`learning_stats`); a mean at that value reads "never"."""
-  lines, short = [], []
-  for (t, name), by_seed in runs.items():
-    if t != task:
-      continue
-    if len(by_seed) < seeds:
-      short.append(name)
-      continue
-    per_seed = [by_seed[k] for k in sorted(by_seed)[:seeds]]
-    cells = {m: _interval(v) for m, v in learning_stats(per_seed, threshold).items()}
-    steps = [r["step"] for r in per_seed[0]]
+  mine = {k: v for k, v in runs.items() if k[0] == task}
+  short = [name for (_, name), by_seed in mine.items() if len(by_seed) < seeds]
+  stats: dict[str, dict[str, Row]] = {}
+  for r in learning_rows(mine, threshold, seeds, families={}):
+    stats.setdefault(r.estimator, {})[r.metric] = r
+  lines = []
+  for name, cells in stats.items():
+    steps = [r["step"] for r in mine[(task, name)][min(mine[(task, name)])]]
     never = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
-    f, a, n = cells["final_accuracy"], cells["auc"], cells["steps_to_threshold"]
+    f, a, n = (cells[m] for m in ("final_accuracy", "auc", "steps_to_threshold"))
+    f, a, n = (f.mean, f.lo, f.hi), (a.mean, a.lo, a.hi), (n.mean, n.lo, n.hi)
     reach = (f"never ({never:.0f})" if n[0] >= never
              else f"{n[0]:.0f} [{n[1]:.0f}, {n[2]:.0f}]")
     lines.append((-f[0], -a[0], name,
@@ -614,17 +609,18 @@ def learning_table(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], tas
   return "\n".join(head + [line for *_, line in sorted(lines)]) + "\n", sorted(short)
 
 
-def learning_rows(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], s: Settings,
-                  families: Mapping[str, str] | None = None) -> list[Row]:
+def learning_rows(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], threshold: float,
+                  seeds: int, families: Mapping[str, str] | None = None) -> list[Row]:
   """results.csv's learning rows (`LEARN_METRICS`, mean [bootstrap 95%] over seeds) of every
-  (task, estimator) in `runs` with `s.seeds` finished runs (the first ones by seed)."""
+  (task, estimator) in `runs` with `seeds` finished runs (the first ones by seed); `families`
+  {} leaves the family empty (a table that does not show it)."""
   rows = []
   for (task, name), by_seed in runs.items():
-    if len(by_seed) < s.seeds:
+    if len(by_seed) < seeds:
       continue
-    per_seed = [by_seed[k] for k in sorted(by_seed)[:s.seeds]]
-    family = (families or {}).get(name) or _family(name)
-    for m, vals in learning_stats(per_seed, s.threshold).items():
+    per_seed = [by_seed[k] for k in sorted(by_seed)[:seeds]]
+    family = _family(name) if families is None else families.get(name, "")
+    for m, vals in learning_stats(per_seed, threshold).items():
       mean, lo, hi = _interval(vals)
       rows.append(Row(task, name, family, "learning", m, mean, lo, hi, len(vals)))
   return rows
@@ -650,7 +646,8 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
     else:
       rows = merge_rows(rows, [r for r in read_rows(extra) if r.part != "learning"])
   families = {r.estimator: r.family for r in rows}
-  rows = [r for r in rows if r.part != "learning"] + learning_rows(runs, s, families)
+  rows = [r for r in rows if r.part != "learning"] + learning_rows(
+      runs, s.threshold, s.seeds, {n: families.get(n) or _family(n) for _, n in runs})
   write_rows(rpath, rows)
   if runs:
     write_learning(lpath, runs)
@@ -808,7 +805,7 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
         skipped[f"{name} (learning)"] = str(e)
         continue
       curves[name] = runs
-      rows += learning_rows({(task, name): dict(enumerate(runs))}, s)
+      rows += learning_rows({(task, name): dict(enumerate(runs))}, s.threshold, s.seeds)
       say(f"[{task}] learning {name}: {s.seeds} seeds, {time.perf_counter() - t1:.0f}s")
   extras = {"batch": batches[-1], "heat": heat, "curves": curves,
             "tokenizer": run.data.tokenizer}
