@@ -466,6 +466,17 @@ def _learning_lines(task: str, name: str, seed: int, rows: list[dict]) -> list[l
            f"{r['eval_accuracy']:.4f}"] for r in rows]
 
 
+def _resume_key(fingerprint: dict, kept: dict) -> tuple:
+  """What must agree for a resumed learning.csv to go on: every setting, except that the
+  per-task warm-up lengths count only for the tasks the file holds (a warm-up calibrated since
+  for another task leaves its runs valid)."""
+  sft = lambda task: (dict(map(tuple, fingerprint["learn_sft_by_task"])).get(
+      task, fingerprint["learn_sft_steps"]) if fingerprint["learn_sft_steps"] else 0)
+  rest = {k: v for k, v in fingerprint.items() if k not in ("learn_sft_steps",
+                                                           "learn_sft_by_task")}
+  return rest, sorted((task, sft(task)) for task in {task for task, _ in kept})
+
+
 class LearningLog:
   """The learning part's record, kept as it grows: `learning.csv` rows (task, estimator, seed,
   step, wall_time, eval_accuracy) appended after every finished run, so a long full run can be
@@ -490,11 +501,12 @@ class LearningLog:
       if old is not None:  # a setting added since the file was written counts as its default
         defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
         old = {**{k: as_json(defaults[k]) for k in fingerprint if k not in old}, **old}
-      if old != fingerprint:
+      kept = read_learning(self.path)
+      if old is None or _resume_key(old, kept) != _resume_key(fingerprint, kept):
         raise SystemExit(f"--resume: {spath} holds other settings ({old}) than this run's "
                          f"({fingerprint}); use another --out or drop --resume")
       self.done = {(task, name, seed): rows
-                   for (task, name), by_seed in read_learning(self.path).items()
+                   for (task, name), by_seed in kept.items()
                    for seed, rows in by_seed.items() if rows[-1]["step"] == s.learn_steps}
     with open(self.path, "w", newline="") as f:  # finished runs only (a partial one is redone)
       csv.writer(f).writerow(self.HEADER)

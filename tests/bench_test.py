@@ -306,6 +306,16 @@ def test_learning_log_resumes_finished_runs_only(tmp_path):
   with pytest.raises(SystemExit, match="other settings"):
     credit_bench.LearningLog(str(tmp_path), dataclasses.replace(s, tree_criterion="first_error"),
                              resume=True)
+  # A warm-up calibrated since for a task the file does not hold leaves its runs valid; a
+  # changed warm-up for a task it holds does not.
+  w = dataclasses.replace(s, learn_sft_steps=90, learn_sft_by_task=(("delayed", 120),))
+  credit_bench.LearningLog(str(tmp_path), w, resume=False).add("pivotal", "grpo", 0, full)
+  calibrated = dataclasses.replace(w, learn_sft_by_task=(("delayed", 120), ("pivotal_or", 60)))
+  assert credit_bench.LearningLog(str(tmp_path), calibrated, resume=True).get(
+      "pivotal", "grpo", 0) == full
+  with pytest.raises(SystemExit, match="other settings"):
+    credit_bench.LearningLog(str(tmp_path), dataclasses.replace(
+        calibrated, learn_sft_by_task=(("pivotal", 100),)), resume=True)
 
 
 def test_learning_warm_up_and_tree_estimators(tmp_path):
