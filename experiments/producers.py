@@ -850,6 +850,12 @@ def _task_has(method: str) -> Callable[[ml_collections.ConfigDict], bool]:
   return when
 
 
+def _tool_actions(c: ml_collections.ConfigDict) -> bool:
+  """`when` of the tool-usage fields: a multi-turn task whose turns are tool calls."""
+  return is_multi_turn(c) and bool(getattr(
+      tasks_lib.get_task(c.task, **dict(c.task_kwargs)), "tool_actions", False))
+
+
 _task_flags_spans = _task_has("flag_chars")  # character spans judged wrong
 
 
@@ -2131,8 +2137,9 @@ PRODUCERS: tuple[Producer, ...] = (
     Producer("tool_usage", ("tool_calls", "tool_cost"), ("tokens", "response_mask"),
              _build_tool_usage, "reward",
              "tool-call rounds and tool cost of each multi-turn episode (HyperEyes TRACE "
-             "cost)", when=is_multi_turn,
-             off_doc="needs a multi-turn task (credit.envs), e.g. calculator or lookup"),
+             "cost)", when=_tool_actions,
+             off_doc="needs a multi-turn task whose turns are tool calls (credit.envs, "
+             "`tool_actions`), e.g. calculator or lookup"),
     Producer("greedy_baseline", ("reward_baseline",), (), _build_greedy_baseline, "baseline",
              "reward of the greedy response per prompt (ReMax)"),
     Producer("task_flags", ("flag_mask",), ("tokens", "response_mask"), _build_task_flags,

@@ -602,6 +602,13 @@ def test_tool_usage_counts_calls_and_rounds():
   n = len(gold) - 1  # the demonstration's calls before its answer
   assert np.asarray(out["tool_calls"]).tolist() == [n, n, 0]
   assert np.asarray(out["tool_cost"]).tolist() == [n, n + 2, 0]
+  # A multi-turn task whose turns are not tool calls (pivot_turn answers a digit per turn)
+  # has no tool usage to count: an estimator that needs it is refused at setup, naming why.
+  from tests.experiments_test import tiny
+  c = tiny("igpo_lookup", estimator="trace_cost", task="pivot_turn")
+  c.task_kwargs = {}
+  with pytest.raises(producers.SetupError, match="tool_calls.*turns are tool calls"):
+    loop.check_method(c)
 
 
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each

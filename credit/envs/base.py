@@ -142,6 +142,9 @@ class MultiTurnTask(Protocol):
   """
   name: str
   multi_turn: bool  # True
+  # Turns are tool-call actions parsed by `credit.envs.tools` (`TextEnv`): each step's info
+  # holds the parsed `action`, which the runner's tool-usage fields (tool calls, tool cost) count.
+  tool_actions: bool
   int_fields: dict[str, tuple[int, ...]]
   max_prompt_chars: int
   max_response_chars: int  # the longest action

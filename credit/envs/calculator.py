@@ -192,6 +192,7 @@ class Calculator:
   demo_truncate: float = 0.0
   name = "calculator"
   multi_turn = True
+  tool_actions = True  # turns are tool calls (each step's info holds the parsed `action`)
 
   def __post_init__(self):
     if not 1 <= self.min_ops <= self.max_ops:

@@ -122,6 +122,7 @@ class Lookup:
   eval_fraction: float = 0.1
   name = "lookup"
   multi_turn = True
+  tool_actions = True  # turns are tool calls (each step's info holds the parsed `action`)
 
   def __post_init__(self):
     if not 1 <= self.min_hops <= self.max_hops:

@@ -71,6 +71,7 @@ class MultiDoc:
   call_close: str = ""
   name = "multidoc"
   multi_turn = True
+  tool_actions = True  # turns are tool calls (each step's info holds the parsed `action`)
 
   def __post_init__(self):
     Lookup(self.min_hops, self.max_hops, self.num_distractors, self.num_relations)  # checks

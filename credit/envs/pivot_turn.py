@@ -97,6 +97,7 @@ class PivotTurn:
   demo_filler: str = "random"
   name = "pivot_turn"
   multi_turn = True
+  tool_actions = False  # a turn is a bare answer digit, no tool call
   # The gold answer is the whole action (a digit): the runner's gold pass (igpo, a2tgpo, trace,
   # siop) teacher-forces it bare, not in lookup's "answer({answer})".
   gold_template = "{answer}"
