@@ -54,7 +54,7 @@ curve over 3 seeds of a few steps) takes about 2 minutes on 2 CPU cores; noteboo
 `--tables` runs nothing: it rebuilds --out's tables and plots (not the heatmaps) from its
 results.csv and learning.csv, after folding in follow-up `--only` runs made into their own
 --out (`--add NEW/results.csv,NEW/learning.csv`: their (task, estimator) pairs replace the
-old ones), and recomputes results.csv's learning rows from learning.csv, so a full run made
+old ones, and NEW/skipped.md's entries those of skipped.md), and recomputes results.csv's learning rows from learning.csv, so a full run made
 in pieces ends as one directory.
 `--quick --tasks pivot_turn` does the same on the multi-turn task, with igpo, a2tgpo, procredit
 and mapo besides (about 1.5 minutes).
@@ -644,25 +644,38 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
   follow-up `--only` run made into its own --out, into `out`'s (its (task, estimator) pairs
   replacing the ones there; `merge_rows` for results), recomputes results.csv's learning rows
   from learning.csv, and writes results.csv, table.md, summary.md, learning_<task>.md, and
-  bars_<task>.png / curves_<task>.png (the heatmaps need a run). `tasks`: the learning tables
+  bars_<task>.png / curves_<task>.png (the heatmaps need a run); skipped.md takes in the
+  skipped.md beside an added results.csv. `tasks`: the learning tables
   to write (default: every task in learning.csv). Returns the learning tables."""
   rpath, lpath = os.path.join(out, "results.csv"), os.path.join(out, "learning.csv")
   if not os.path.exists(rpath) and not os.path.exists(lpath):
     raise SystemExit(f"--tables: neither {rpath} nor {lpath} exists")
+  spath = os.path.join(out, "skipped.md")
   rows = read_rows(rpath) if os.path.exists(rpath) else []
   runs = read_learning(lpath) if os.path.exists(lpath) else {}
+  skipped = read_skipped(spath) if os.path.exists(spath) else {}
   for extra in add:
     if os.path.basename(extra) == "learning.csv":
       new = read_learning(extra)
       runs = {**{k: v for k, v in runs.items() if k not in new}, **new}
     else:
-      rows = merge_rows(rows, [r for r in read_rows(extra) if r.part != "learning"])
+      new_rows = [r for r in read_rows(extra) if r.part != "learning"]
+      rows = merge_rows(rows, new_rows)
+      # Its skipped.md too: an estimator it scored leaves the list, one it skipped enters.
+      extra_sk = os.path.join(os.path.dirname(extra), "skipped.md")
+      new_sk = read_skipped(extra_sk) if os.path.exists(extra_sk) else {}
+      scored = {(r.task, r.estimator) for r in new_rows}
+      for task in dict.fromkeys([t for t, _ in scored] + list(new_sk)):
+        skipped[task] = {**{n: w for n, w in skipped.get(task, {}).items()
+                            if (task, n) not in scored}, **new_sk.get(task, {})}
   families = {r.estimator: r.family for r in rows}
   rows = [r for r in rows if r.part != "learning"] + learning_rows(
       runs, s.threshold, s.seeds, {n: families.get(n) or _family(n) for _, n in runs})
   write_rows(rpath, rows)
   if runs:
     write_learning(lpath, runs)
+  if skipped:
+    write_skipped(spath, skipped)
   write_tables(out, rows, f"Rebuilt by `{command}` from results.csv and learning.csv (the "
                           f"runs' commands: README)")
   for task in dict.fromkeys(r.task for r in rows):
@@ -824,6 +837,29 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
   return rows, skipped, extras
 
 
+def write_skipped(path: str, skipped: dict[str, dict[str, str]]) -> None:
+  """skipped.md: per task, each skipped estimator with the runner's reason (one line each)."""
+  with open(path, "w") as f:
+    for task, sk in skipped.items():
+      f.write(f"## {task}: {len(sk)} skipped\n\n")
+      for name, why in sorted(sk.items()):
+        f.write(f"- `{name}`: {' '.join(str(why).split())}\n")
+      f.write("\n")
+
+
+def read_skipped(path: str) -> dict[str, dict[str, str]]:
+  """`write_skipped`'s file read back: {task: {estimator: reason}}."""
+  out: dict[str, dict[str, str]] = {}
+  for line in open(path):
+    if line.startswith("## "):
+      task = line[3:].rsplit(":", 1)[0]
+      out[task] = {}
+    elif line.startswith("- `"):
+      name, why = line[3:].rstrip("\n").split("`: ", 1)
+      out[task][name] = why
+  return out
+
+
 def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
                   extras: dict[str, dict], command: str, wall: float,
                   learning_csv: bool = True) -> None:
@@ -836,12 +872,7 @@ def write_outputs(out: str, rows: list[Row], skipped: dict[str, dict[str, str]],
                    {(task, name): dict(enumerate(runs)) for task, ex in extras.items()
                     for name, runs in ex["curves"].items()})
   write_tables(out, rows, f"Command: `{command}` ({wall / 60:.1f} min)")
-  with open(os.path.join(out, "skipped.md"), "w") as f:
-    for task, sk in skipped.items():
-      f.write(f"## {task}: {len(sk)} skipped\n\n")
-      for name, why in sorted(sk.items()):
-        f.write(f"- `{name}`: {why}\n")
-      f.write("\n")
+  write_skipped(os.path.join(out, "skipped.md"), skipped)
   for task, ex in extras.items():
     plot_bars(os.path.join(out, f"bars_{task}.png"), [r for r in rows if r.task == task], task)
     if ex["curves"]:

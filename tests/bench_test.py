@@ -446,6 +446,8 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
                      ("distractor", "eapo"): {0: run([0.2, 0.3, 0.4])}})
   cb.write_rows(str(new / "results.csv"),
                 [R("distractor", "grpo", "outcome", "credit", "corr", 0.35, 0.3, 0.4, 12)])
+  cb.write_skipped(str(out / "skipped.md"), {"distractor": {"grpo": "was skipped", "x": "why"}})
+  cb.write_skipped(str(new / "skipped.md"), {"pivot_turn": {"y": "needs\n  a field"}})
   s = dataclasses.replace(cb.QUICK, seeds=2, threshold=0.5)
   cb.rebuild(str(out), [str(new / "learning.csv"), str(new / "results.csv")], ("distractor",),
              s, "cmd")
@@ -455,6 +457,9 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
   grpo = cb.learning_stats([folded[("distractor", "grpo")][k] for k in (0, 1)], 0.5)
   rows = {(r.task, r.estimator, r.part, r.metric): r for r in cb.read_rows(str(out / "results.csv"))}
   assert rows[("distractor", "grpo", "credit", "corr")].mean == 0.35
+  # skipped.md: an estimator the follow-up scored leaves the list; a new task's entries enter.
+  assert cb.read_skipped(str(out / "skipped.md")) == {"distractor": {"x": "why"},
+                                                       "pivot_turn": {"y": "needs a field"}}
   assert rows[("distractor", "grpo", "learning", "auc")].mean == pytest.approx(np.mean(grpo["auc"]))
   assert ("distractor", "eapo", "learning", "auc") not in rows
   assert rows[("pivotal", "grpo", "learning", "final_accuracy")].family == "outcome"
