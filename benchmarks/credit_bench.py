@@ -66,6 +66,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -406,7 +407,9 @@ def estimator_fn(run, name: str, teacher: str = ""):
   try:
     method = loop.check_method(c)
   except (ValueError, KeyError) as e:
-    raise Skip(str(e).split(" (it can make")[0].split("; add a producer")[0]) from None
+    # The runner's reason without its list of every field it can make and its advice.
+    raise Skip(re.sub(r" \(it can make \[[^\]]*\]\)", "", str(e)).split("; add a producer")[0]
+               ) from None
   base = run.setup
   ps = producers.Setup(c, base.data, base.mesh, base.graphdef, base.rest, base.sampler,
                        base.chunk_size, base.num_groups, base.group_size,
