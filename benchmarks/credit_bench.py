@@ -54,8 +54,8 @@ curve over 3 seeds of a few steps) takes about 2 minutes on 2 CPU cores; noteboo
 `--tables` runs nothing: it rebuilds --out's tables and plots (not the heatmaps) from its
 results.csv and learning.csv, after folding in follow-up `--only` runs made into their own
 --out (`--add NEW/results.csv,NEW/learning.csv`: their (task, estimator) pairs replace the
-old ones, and NEW/skipped.md's entries those of skipped.md), and recomputes results.csv's learning rows from learning.csv, so a full run made
-in pieces ends as one directory.
+old ones, and NEW/skipped.md's entries those of skipped.md), and recomputes results.csv's
+learning rows from learning.csv, so a full run made in pieces ends as one directory.
 `--quick --tasks pivot_turn` does the same on the multi-turn task, with igpo, a2tgpo, procredit
 and mapo besides (about 1.5 minutes).
 """
@@ -648,8 +648,8 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
   replacing the ones there; `merge_rows` for results), recomputes results.csv's learning rows
   from learning.csv, and writes results.csv, table.md, summary.md, learning_<task>.md, and
   bars_<task>.png / curves_<task>.png (the heatmaps need a run); skipped.md takes in the
-  skipped.md beside an added results.csv. `tasks`: the learning tables
-  to write (default: every task in learning.csv). Returns the learning tables."""
+  skipped.md beside an added results.csv. `tasks`: the learning tables to write (default:
+  every task in learning.csv). Returns the learning tables."""
   rpath, lpath = os.path.join(out, "results.csv"), os.path.join(out, "learning.csv")
   if not os.path.exists(rpath) and not os.path.exists(lpath):
     raise SystemExit(f"--tables: neither {rpath} nor {lpath} exists")
