@@ -473,11 +473,11 @@ def _resume_key(fingerprint: dict, kept: dict) -> tuple:
   """What must agree for a resumed learning.csv to go on: every setting, except that the
   per-task warm-up lengths count only for the tasks the file holds (a warm-up calibrated since
   for another task leaves its runs valid)."""
-  sft = lambda task: (dict(map(tuple, fingerprint["learn_sft_by_task"])).get(
-      task, fingerprint["learn_sft_steps"]) if fingerprint["learn_sft_steps"] else 0)
+  as_settings = types.SimpleNamespace(**fingerprint)  # learn_sft_steps reads two fields
   rest = {k: v for k, v in fingerprint.items() if k not in ("learn_sft_steps",
                                                            "learn_sft_by_task")}
-  return rest, sorted((task, sft(task)) for task in {task for task, _ in kept})
+  return rest, sorted((task, learn_sft_steps(as_settings, task))
+                      for task in {task for task, _ in kept})
 
 
 class LearningLog:
@@ -560,6 +560,11 @@ def learning_runs(task: str, name: str, s: Settings, hf_dir: str, workdir: str,
   return out
 
 
+def _never(steps: Sequence[float]) -> float:
+  """Steps to threshold of a run that never reached it: its length + one eval interval."""
+  return float(steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1.0))
+
+
 def learning_stats(runs: list[list[dict]], threshold: float) -> dict[str, list[float]]:
   """Per-seed final accuracy, AUC (accuracy over steps, normalised) and steps to threshold
   (the run's length + eval interval when never reached, so the mean stays finite)."""
@@ -570,7 +575,7 @@ def learning_stats(runs: list[list[dict]], threshold: float) -> dict[str, list[f
     out["final_accuracy"].append(float(acc[-1]))
     out["auc"].append(float(bench.auc(steps, acc)))
     hit = bench.steps_to_threshold(steps, acc, threshold)
-    never = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1.0)
+    never = _never(steps)
     out["steps_to_threshold"].append(float(never if hit is None or not np.isfinite(hit)
                                            else hit))
   return out
@@ -612,7 +617,7 @@ def learning_table(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], tas
   lines = []
   for name, cells in stats.items():
     steps = [r["step"] for r in mine[(task, name)][min(mine[(task, name)])]]
-    never = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
+    never = _never(steps)
     f, a, n = (cells[m] for m in ("final_accuracy", "auc", "steps_to_threshold"))
     f, a, n = (f.mean, f.lo, f.hi), (a.mean, a.lo, a.hi), (n.mean, n.lo, n.hi)
     reach = (f"never ({never:.0f})" if n[0] >= never
