@@ -66,7 +66,6 @@ import csv
 import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -406,10 +405,10 @@ def estimator_fn(run, name: str, teacher: str = ""):
   c = estimator_config(run.c, name, teacher)
   try:
     method = loop.check_method(c)
+  except producers.MissingFieldsError as e:
+    raise Skip(e.reason) from None  # without the list of every field it can make, and advice
   except (ValueError, KeyError) as e:
-    # The runner's reason without its list of every field it can make and its advice.
-    raise Skip(re.sub(r" \(it can make \[[^\]]*\]\)", "", str(e)).split("; add a producer")[0]
-               ) from None
+    raise Skip(str(e)) from None
   base = run.setup
   ps = producers.Setup(c, base.data, base.mesh, base.graphdef, base.rest, base.sampler,
                        base.chunk_size, base.num_groups, base.group_size,

@@ -49,6 +49,32 @@ class SetupError(ValueError):
   """A configuration the loop cannot run; raised before any output is written."""
 
 
+class MissingFieldsError(SetupError):
+  """Methods need contract fields no enabled producer makes under this config.
+
+  Attributes:
+    missing: {who: [field, ...]}, who being the estimator or loss that needs them.
+    off: {producer name: ([field, ...], why it is off)} for the producers that could make
+      some of them but are disabled by this config.
+    made: the fields the enabled producers can make.
+    reason: the short message (who needs what, and which producers are off and why), without
+      the list of `made` fields and the advice the full message adds.
+  """
+
+  def __init__(self, missing: Mapping[str, list], off: Mapping[str, tuple],
+               made: Iterable[str]):
+    self.missing = {who: sorted(fs) for who, fs in missing.items()}
+    self.off = dict(off)
+    self.made = sorted(made)
+    why = "; ".join(f"{who} needs {fs}" for who, fs in self.missing.items())
+    offs = "".join(f"; producer {name!r} makes {fs} but is off under this config ({doc})"
+                   for name, (fs, doc) in self.off.items())
+    self.reason = why + offs
+    super().__init__(f"{why}, which no field producer of this loop makes (it can make "
+                     f"{self.made}){offs}; add a producer to experiments/producers.py or use "
+                     "a recipe with an environment or critic that provides them")
+
+
 @dataclasses.dataclass
 class Setup:
   """What producers are built from (constant for the run)."""
@@ -2273,14 +2299,10 @@ def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,
       for who in whos:
         missing.setdefault(who, []).append(field)
   if missing:
-    why = "; ".join(f"{who} needs {sorted(fs)}" for who, fs in missing.items())
     absent = {f for fs in missing.values() for f in fs}
-    off = "".join(f"; producer {p.name!r} makes {sorted(absent & set(p.provides))} but is off "
-                  f"under this config ({p.off_doc or 'see its `when`'})"
-                  for p in table if absent & set(p.provides))
-    raise SetupError(f"{why}, which no field producer of this loop makes (it can make "
-                     f"{sorted(made)}){off}; add a producer to experiments/producers.py or use a "
-                     "recipe with an environment or critic that provides them")
+    off = {p.name: (sorted(absent & set(p.provides)), p.off_doc or "see its `when`")
+           for p in table if absent & set(p.provides)}
+    raise MissingFieldsError(missing, off, made)
   root = next(p for p in table if p.when(c))  # the rollout (single- or multi-turn)
   wanted: dict[str, set] = {root.name: set()}
   todo = list(needed)

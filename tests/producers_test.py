@@ -607,8 +607,14 @@ def test_tool_usage_counts_calls_and_rounds():
   from tests.experiments_test import tiny
   c = tiny("igpo_lookup", estimator="trace_cost", task="pivot_turn")
   c.task_kwargs = {}
-  with pytest.raises(producers.SetupError, match="tool_calls.*turns are tool calls"):
+  with pytest.raises(producers.MissingFieldsError, match="tool_calls.*turns are tool calls") as e:
     loop.check_method(c)
+  # The structured error carries who needs what and why each able producer is off, so a caller
+  # (the credit bench's skip list) need not parse the message.
+  assert e.value.missing == {"estimator 'trace_cost'": ["tool_calls", "tool_cost"]}
+  assert list(e.value.off) == ["tool_usage"]
+  assert "turns are tool calls" in e.value.off["tool_usage"][1]
+  assert "it can make" not in e.value.reason and "tool_usage" in e.value.reason
 
 
 # Registered estimators whose inputs no producer of the loop makes yet, and the field each
