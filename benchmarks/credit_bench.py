@@ -648,8 +648,8 @@ def learning_rows(runs: Mapping[tuple[str, str], Mapping[int, list[dict]]], thre
 def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
             command: str) -> str:
   """`--tables`: no runs. Folds each `add` file, the results.csv or learning.csv of a
-  follow-up `--only` run made into its own --out, into `out`'s (its (task, estimator) pairs
-  replacing the ones there; `merge_rows` for results), recomputes results.csv's learning rows
+  follow-up `--only` run made into its own --out, into `out`'s (its (task, estimator, seed)
+  learning runs and its (task, estimator) credit rows (`merge_rows`) replacing the ones there), recomputes results.csv's learning rows
   from learning.csv, and writes results.csv, table.md, summary.md, learning_<task>.md, and
   bars_<task>.png / curves_<task>.png (the heatmaps need a run); skipped.md takes in the
   skipped.md beside an added results.csv. `tasks`: the learning tables to write (default:
@@ -663,8 +663,9 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
   skipped = read_skipped(spath) if os.path.exists(spath) else {}
   for extra in add:
     if os.path.basename(extra) == "learning.csv":
-      new = read_learning(extra)
-      runs = {**{k: v for k, v in runs.items() if k not in new}, **new}
+      # Per seed: a follow-up holding fewer seeds of a pair (an unfinished one) keeps the rest.
+      for key, by_seed in read_learning(extra).items():
+        runs[key] = {**runs.get(key, {}), **by_seed}
     else:
       new_rows = [r for r in read_rows(extra) if r.part != "learning"]
       rows = merge_rows(rows, new_rows)

@@ -422,9 +422,9 @@ def test_merge_keeps_the_rows_a_follow_up_run_did_not_measure(tmp_path):
 
 
 def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
-  """`--tables`: a follow-up run's (task, estimator) learning runs and credit rows replace the
-  main record's (other tasks' runs of the same estimator stay); results.csv's learning rows
-  are recomputed from learning.csv; the learning table ranks by final accuracy with the
+  """`--tables`: a follow-up run's (task, estimator, seed) learning runs and (task, estimator)
+  credit rows replace the main record's (other tasks' runs of the same estimator stay);
+  results.csv's learning rows are recomputed from learning.csv; the learning table ranks by final accuracy with the
   bench's intervals, and an estimator short of seeds is named, not scored."""
   import os
   from benchmarks import credit_bench as cb
@@ -443,7 +443,8 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
       R("distractor", "grpo", "outcome", "learning", "auc", 0.9, 0.9, 0.9, 3)])  # stale
   cb.write_learning(str(new / "learning.csv"),
                     {("distractor", "grpo"): {0: run([0.2, 0.9, 1.0]), 1: run([0.2, 0.8, 1.0])},
-                     ("distractor", "eapo"): {0: run([0.2, 0.3, 0.4])}})
+                     ("distractor", "eapo"): {0: run([0.2, 0.3, 0.4])},
+                     ("distractor", "rloo"): {1: run([0.2, 0.5, 0.5])}})
   cb.write_rows(str(new / "results.csv"),
                 [R("distractor", "grpo", "outcome", "credit", "corr", 0.35, 0.3, 0.4, 12)])
   cb.write_skipped(str(out / "skipped.md"), {"distractor": {"grpo": "was skipped", "x": "why"}})
@@ -454,6 +455,9 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
   folded = cb.read_learning(str(out / "learning.csv"))
   assert folded[("pivotal", "grpo")] == main[("pivotal", "grpo")]
   assert folded[("distractor", "grpo")][0][-1]["eval_accuracy"] == 1.0
+  # Runs fold per seed: a follow-up with one seed of a pair keeps the record's other seeds.
+  assert folded[("distractor", "rloo")] == {0: main[("distractor", "rloo")][0],
+                                           1: run([0.2, 0.5, 0.5])}
   grpo = cb.learning_stats([folded[("distractor", "grpo")][k] for k in (0, 1)], 0.5)
   rows = {(r.task, r.estimator, r.part, r.metric): r for r in cb.read_rows(str(out / "results.csv"))}
   assert rows[("distractor", "grpo", "credit", "corr")].mean == 0.35
