@@ -23,8 +23,8 @@ from credit import contract, ops, registry
 from credit.contract import (CONTRACT, ContractError, Field, Rollout, contiguous_group_size,
                              validate_fields, validate_rollout)
 from credit.registry import (CONFIDENCE_TAGS, FAMILIES, EstimatorSpec, PolicyLossSpec,
-                             UnknownNameError, get_estimator, get_policy_loss, list_estimators,
-                             list_families, list_policy_losses)
+                             TrainedLoss, UnknownNameError, get_estimator, get_policy_loss,
+                             list_estimators, list_families, list_policy_losses)
 
 from credit import advantages, losses  # noqa: E402  (imports register every method)
 from credit.losses import (AGG_MODES, KL_KINDS, ImportanceCorrection, LossOutput, TokenLoss,
@@ -42,8 +42,8 @@ from credit.sampling import (SampleOutput, Sampler, SamplingParams, SamplingStat
 
 __all__ = [
     # registry and contract
-    "CONFIDENCE_TAGS", "FAMILIES", "EstimatorSpec", "PolicyLossSpec", "UnknownNameError",
-    "get_estimator", "get_policy_loss", "list_estimators", "list_families",
+    "CONFIDENCE_TAGS", "FAMILIES", "EstimatorSpec", "PolicyLossSpec", "TrainedLoss",
+    "UnknownNameError", "get_estimator", "get_policy_loss", "list_estimators", "list_families",
     "list_policy_losses", "CONTRACT", "ContractError", "Field", "Rollout",
     "contiguous_group_size", "validate_fields", "validate_rollout",
     # namespaces

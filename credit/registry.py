@@ -31,7 +31,8 @@ from credit._checks import UnknownNameError, unknown
 from credit.contract import CONTRACT
 
 __all__ = [
-    "FAMILIES", "CONFIDENCE_TAGS", "EstimatorSpec", "PolicyLossSpec", "UnknownNameError",
+    "FAMILIES", "CONFIDENCE_TAGS", "EstimatorSpec", "PolicyLossSpec", "TrainedLoss",
+    "UnknownNameError",
     "register_estimator", "register_policy_loss", "get_estimator", "list_estimators",
     "list_families", "get_policy_loss", "list_policy_losses", "confidence_of",
 ]
@@ -91,6 +92,42 @@ def _confidence(kind: str, name: str, fn: Callable, doc: str | None) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainedLoss:
+  """A term an estimator adds to the RL objective, differentiable in the policy's current
+  log-probs (VIMPO's terminal-value loss, the only place its reward enters).
+
+  Attributes:
+    fn: `fn(*, logprob, <fields>, <targets>, <params>) -> scalar`, called on every minibatch
+      with the update's own `logprob`.
+    fields: contract fields it reads from the batch.
+    targets: per-row fields of the estimator's output (computed once over the whole batch,
+      e.g. a group-centred reward) that it reads as batch arrays.
+    params: the estimator's hyperparameters it shares, passed with the run's values (the
+      estimator's defaults where the run sets none).
+    coef: its default weight against the policy loss.
+    optional_fields: (field, switch) pairs as `EstimatorSpec.optional_needs`.
+  """
+  fn: Callable[..., Any]
+  fields: tuple[str, ...]
+  targets: tuple[str, ...]
+  params: tuple[str, ...]
+  coef: float
+  optional_fields: tuple[tuple[str, str], ...] = ()
+
+  def fields_for(self, hyper: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """`fields` plus the optional ones switched on by the hyperparameters in `hyper`."""
+    hyper = hyper or {}
+    return tuple(sorted(set(self.fields)
+                        | {f for f, switch in self.optional_fields if hyper.get(switch)}))
+
+  def kwargs_for(self, estimator: Callable[..., Any],
+                 hyper: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Its `params` as a run sets them in `hyper`, else the estimator function's defaults."""
+    hyper, sig = hyper or {}, inspect.signature(estimator).parameters
+    return {p: hyper[p] if p in hyper else sig[p].default for p in self.params}
+
+
+@dataclasses.dataclass(frozen=True)
 class EstimatorSpec:
   """A registered advantage estimator.
 
@@ -109,6 +146,7 @@ class EstimatorSpec:
     init_state: for stateful estimators, `init_state(num_prompts) -> state`; the function
       then takes `state=` and returns a NamedTuple with `advantages` and `state`.
     params: the function's keyword parameters (from its signature, computed once).
+    trained_loss: a term the estimator adds to the RL objective (`TrainedLoss`), or None.
   """
   name: str
   fn: Callable[..., Any]
@@ -121,6 +159,7 @@ class EstimatorSpec:
   optional_needs: tuple[tuple[str, str], ...] = ()
   init_state: Callable[[int], Any] | None = None
   params: tuple[str, ...] = ()
+  trained_loss: TrainedLoss | None = None
 
   @property
   def stateful(self) -> bool:
@@ -233,7 +272,8 @@ def _keyword_params(fn: Callable) -> dict[str, inspect.Parameter]:
 def register_estimator(name: str, *, needs: Iterable[str], paper: str,
                        static_argnames: Iterable[str] = (), returns_output: bool = False,
                        optional_needs: Mapping[str, str] | Iterable[tuple[str, str]] = (),
-                       init_state: Callable[[int], Any] | None = None):
+                       init_state: Callable[[int], Any] | None = None,
+                       trained_loss: TrainedLoss | None = None):
   """Decorator registering an estimator under `name` (names are unique).
 
   Args:
@@ -244,6 +284,8 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
     returns_output: the function returns a NamedTuple with `advantages`.
     optional_needs: {field: switching hyperparameter}, see `EstimatorSpec`.
     init_state: `init_state(num_prompts) -> state` for stateful estimators.
+    trained_loss: a term added to the RL objective (`TrainedLoss`); the function must then
+      return a NamedTuple (`returns_output`) with its `targets`.
   """
   opt = tuple(sorted(dict(optional_needs).items()))
   if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
@@ -255,12 +297,20 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
     if init_state is not None and "state" not in params:
       raise ValueError(f"estimator {name!r} has init_state but {fn.__qualname__} takes no "
                        "`state` argument")
+    if trained_loss is not None:
+      loss_params = _keyword_params(trained_loss.fn)
+      bad = [p for p in trained_loss.params if p not in params or p not in loss_params]
+      if bad or not returns_output or "logprob" not in loss_params:
+        raise ValueError(f"estimator {name!r}: its trained_loss must take `logprob` and "
+                         f"hyperparameters of the estimator (not {bad}), and the estimator "
+                         "must return a NamedTuple with the loss's targets (returns_output)")
     _check_unique("estimator", name, fn, _ESTIMATORS)
     _ESTIMATORS[name] = EstimatorSpec(
         name=name, fn=fn, needs=frozenset(needs), paper=paper, family=_family_of(fn),
         confidence=_confidence("estimator", name, fn, fn.__doc__),
         static_argnames=tuple(static_argnames), returns_output=returns_output,
-        optional_needs=opt, init_state=init_state, params=tuple(params))
+        optional_needs=opt, init_state=init_state, params=tuple(params),
+        trained_loss=trained_loss)
     return fn
 
   return deco

@@ -67,7 +67,9 @@ class Method:
   estimator_fields / estimator_static: the estimator's data arguments and its static
   keyword arguments (`EstimatorSpec.split_arguments`). loss_fields: the contract fields the
   loss takes. update_fields: the batch fields the update reads (tokens, the loss's fields
-  it does not make itself, logprob_ref for the KL term). plan: the producers to run.
+  it does not make itself, logprob_ref for the KL term, the estimator's own loss term's
+  inputs). plan: the producers to run. estimator_loss: the estimator's own term in the RL
+  objective (VIMPO's value loss), or None.
   """
   estimator: credit.EstimatorSpec
   loss: credit.PolicyLossSpec
@@ -77,6 +79,7 @@ class Method:
   loss_kwargs: dict
   update_fields: tuple[str, ...]
   plan: tuple[producers.Planned, ...]
+  estimator_loss: train.EstimatorLoss | None = None
 
   @property
   def keeps_reference(self) -> bool:
@@ -94,6 +97,9 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
 
   need(RUNNER_NEEDS, "the runner (update inputs and metrics)")
   need(est.needs_for(dict(c.estimator_kwargs)), f"estimator {est.name!r}")
+  if est.trained_loss is not None and estimator_loss_coef(c, est):
+    need(est.trained_loss.fields_for(dict(c.estimator_kwargs)),
+         f"estimator {est.name!r}'s loss term")
   need(set(loss_fields) - STEP_FIELDS, f"policy loss {c.policy_loss!r}")
   if "logprob_topk" in loss_fields:  # the update scores the teacher's top-k ids itself
     need(["teacher_topk_ids"], f"policy loss {c.policy_loss!r} (logprob_topk)")
@@ -108,6 +114,14 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
   if c.credit_mask:
     need([c.credit_mask], f"credit_mask={c.credit_mask!r}")
   return needed
+
+
+def estimator_loss_coef(c: ml_collections.ConfigDict, est: credit.EstimatorSpec) -> float:
+  """The weight of the estimator's own loss term: `c.estimator_loss_coef`, or the registered
+  default when that is None (0 for an estimator without a term)."""
+  if c.get("estimator_loss_coef") is not None:
+    return float(c.estimator_loss_coef)
+  return est.trained_loss.coef if est.trained_loss is not None else 0.0
 
 
 def check_method(c: ml_collections.ConfigDict) -> Method:
@@ -168,7 +182,26 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
                                                    if c.importance_correction else set())))
   if c.obs_ce_mode not in credit.losses.OBS_CE_MODES:
     raise SetupError(f"obs_ce_mode={c.obs_ce_mode!r}; valid: {list(credit.losses.OBS_CE_MODES)}")
+  coef = estimator_loss_coef(c, est)
+  est_loss = None
+  if coef < 0:
+    raise SetupError(f"estimator_loss_coef={c.estimator_loss_coef} must be >= 0 (0: off)")
+  if coef and est.trained_loss is None:
+    with_term = [n for n in credit.list_estimators()
+                 if credit.get_estimator(n).trained_loss is not None]
+    raise SetupError(f"estimator_loss_coef={c.estimator_loss_coef}: estimator {est.name!r} "
+                     f"has no loss term of its own (those that do: {with_term})")
+  if coef:
+    if subagents.on(c):
+      raise SetupError(f"estimator {est.name!r} adds a loss term over the episodes' rows "
+                       "(estimator_loss_coef); sub-agent rows have no targets for it: set "
+                       "estimator_loss_coef=0 or run without subagents")
+    tl = est.trained_loss
+    est_loss = train.EstimatorLoss(
+        fn=tl.fn, inputs=tl.fields_for(hyper) + tuple(tl.targets),
+        kwargs=tl.kwargs_for(est.fn, hyper), coef=coef)
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
+                               | (set(est_loss.inputs) if est_loss else set())
                                | ({"logprob_ref"} if c.kl_coef else set())
                                | ({"obs_mask"} if c.obs_ce_coef else set())
                                | ({critical.FIELD} if c.critical.enabled else set())
@@ -176,7 +209,7 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
                                   else set())))
   plan = producers.plan(method_needs(c, est, loss_fields), c)
   return Method(est, loss, est_fields, est_static, loss_fields, loss_kwargs, update_fields,
-                tuple(plan))
+                tuple(plan), est_loss)
 
 
 def reference_from_adapters(c: ml_collections.ConfigDict, method: Method) -> bool:
@@ -668,7 +701,7 @@ def _amft_update(c: ml_collections.ConfigDict, data: Data, mesh, graphdef, rest,
       graphdef, rest, loss_spec=method.loss, loss_fields=method.loss_fields,
       loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
       entropy_coef=c.entropy_coef, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
-      obs_ce_mode=c.obs_ce_mode)
+      obs_ce_mode=c.obs_ce_mode, estimator_loss=method.estimator_loss)
   rep = parallel.replicated(mesh)
   step_fn = jax.jit(train.make_amft_update(
       graphdef, rest, tx, rl_loss_fn=rl_loss, chunk_size=chunk, lr=c.learning_rate,
@@ -722,7 +755,7 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
                            amft=jax.tree.map(lambda _: rep, amft))
   adv_fn = jax.jit(train.make_advantage_fn(est, method.estimator_static),
                    out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state,
-                                  parallel.batch_sharding(mesh, 2)))
+                                  parallel.batch_sharding(mesh)))  # [B,T] and [B] targets
   update = jax.jit(train.make_rl_update(
       graphdef, rest, tx, loss_spec=method.loss, loss_fields=method.loss_fields,
       loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
@@ -732,7 +765,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       group_size=None if producers.tree_batch(c) else c.group_size,
       aux=(train.make_critical_loss(graphdef, rest, objective=c.critical.objective,
                                     beta=c.critical.beta, chunk_size=chunk)
-           if c.critical.enabled else None)),
+           if c.critical.enabled else None),
+      estimator_loss=method.estimator_loss),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   if c.amft.enabled:
     update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)
@@ -875,6 +909,8 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   if c.credit_mask:  # the estimator's credit kept on those tokens (the bench's oracle placement)
     adv = adv * batch[c.credit_mask]
   batch["advantages"] = adv
+  if m.estimator_loss is not None:  # the per-row targets of the estimator's own loss term
+    batch.update({f: targets[f] for f in m.estimator.trained_loss.targets})
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},
                 num_groups=c.prompts_per_step, where=f"{m.estimator.name} advantages, {where}")

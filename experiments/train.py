@@ -7,6 +7,7 @@ a traced body.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Callable, Mapping
 
@@ -138,13 +139,17 @@ def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> 
   `arrays` are the estimator's data arguments and `static` its hyperparameters and layout
   arguments (`spec.split_arguments`); the state is threaded only for a stateful estimator.
   `targets` holds the value targets `returns` [B,T] when the estimator's output has them
-  (GAE, ReDiPPO: what a trained critic regresses on), else it is empty.
+  (GAE, ReDiPPO: what a trained critic regresses on), and the targets of the estimator's
+  own loss term (`spec.trained_loss.targets`, e.g. VIMPO's `value_target` [B]).
   """
+
+  own = spec.trained_loss.targets if spec.trained_loss is not None else ()
 
   def advantage_fn(arrays, estimator_state):
     state_kw = {"state": estimator_state} if spec.stateful else {}
     out = spec.fn(**arrays, **state_kw, **static)
     targets = {"returns": out.returns} if hasattr(out, "returns") else {}
+    targets.update({f: getattr(out, f) for f in own})  # its own loss term's per-row targets
     return (spec.advantages(out), (out.state if spec.stateful else estimator_state), targets)
 
   return advantage_fn
@@ -165,10 +170,21 @@ def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,
   return agg
 
 
+@dataclasses.dataclass(frozen=True)
+class EstimatorLoss:
+  """An estimator's own term in the RL objective (`credit.TrainedLoss` resolved for a run):
+  coef · fn(logprob=<the update's own>, **{f: minibatch[f] for f in inputs}, **kwargs)."""
+  fn: Callable
+  inputs: tuple[str, ...]      # batch fields: contract fields and the estimator's targets
+  kwargs: Mapping[str, Any]    # its hyperparameters
+  coef: float
+
+
 def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
                  loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any], kl_coef: float,
                  kl_kind: str, entropy_coef: float, chunk_size: int | None,
-                 obs_ce_coef: float = 0.0, obs_ce_mode: str = "seq-mean") -> Callable:
+                 obs_ce_coef: float = 0.0, obs_ce_mode: str = "seq-mean",
+                 estimator_loss: EstimatorLoss | None = None) -> Callable:
   """Returns loss_fn(params, minibatch) -> (loss, metrics) of the RL update.
 
   The loss is `loss_spec.fn` called with exactly the contract fields `loss_fields` (those
@@ -177,7 +193,9 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
   and `credit.losses.entropy_bonus` with coefficient `entropy_coef`, both aggregated like
   the policy loss (`aggregation_kwargs`), plus ECHO's `obs_ce_coef`·cross-entropy on the
   observation tokens (`credit.losses.observation_ce_loss` over `obs_mask`, reduced by
-  `obs_ce_mode`; the same model pass scores every attended position).
+  `obs_ce_mode`; the same model pass scores every attended position), plus the estimator's
+  own term `estimator_loss` (VIMPO's value loss), on the minibatch's rows with this pass's
+  log-probs, metric `estimator_loss`.
   """
   agg = aggregation_kwargs(loss_spec, loss_kwargs)
   need_entropy = bool(entropy_coef) or "entropy" in loss_fields
@@ -215,6 +233,11 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
                                mode=obs_ce_mode)
       loss = loss + ce.loss
       metrics.update(ce.metrics)
+    if estimator_loss is not None:
+      term = estimator_loss.fn(logprob=logprob, **{f: mb[f] for f in estimator_loss.inputs},
+                               **estimator_loss.kwargs)
+      loss = loss + estimator_loss.coef * term
+      metrics["estimator_loss"] = term
     return loss, metrics
 
   return loss_fn
@@ -226,7 +249,8 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
                    entropy_coef: float, ppo_epochs: int, num_minibatches: int,
                    chunk_size: int | None, obs_ce_coef: float = 0.0,
                    obs_ce_mode: str = "seq-mean", group_size: int | None = None,
-                   aux: Callable | None = None) -> Callable:
+                   aux: Callable | None = None,
+                   estimator_loss: EstimatorLoss | None = None) -> Callable:
   """Returns update(state, batch) -> (state, metrics), the loss being `make_rl_loss`.
 
   batch holds [B,...] arrays: tokens, attn_mask, the batch fields of `loss_fields` (all but
@@ -252,7 +276,8 @@ def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
   loss_fn = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
                          loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
                          entropy_coef=entropy_coef, chunk_size=chunk_size,
-                         obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode)
+                         obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode,
+                         estimator_loss=estimator_loss)
   if aux is not None:
     rl_loss = loss_fn
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -254,6 +255,43 @@ def test_methods_with_extra_inputs_run_end_to_end(estimator, kl_coef, estimator_
     assert np.isfinite(last["critic_vf_mse"]) and np.isfinite(last["critic_ref_vf_mse"])
   if kl_coef:
     assert np.isfinite(last["kl_loss"])
+
+
+def test_vimpo_value_loss_is_trained_with_the_policy(tmp_path):
+  """VIMPO's reward enters only through its terminal-value loss, which the update adds
+  (`EstimatorSpec.trained_loss`, c_V = 200 by default) on each minibatch with the batch's
+  `value_target` = R − b_g. From π = π_ref every implied TD error is 0, so the actor
+  advantages are 0: without the term (`estimator_loss_coef=0`) the policy never moves,
+  whatever the rewards; with it the first step with a rewarded row moves it."""
+  moved, rewards = {}, {}
+  for coef in (0.0, None):
+    # pivotal: an untrained policy picks the deciding digit right now and then (here at the
+    # second step; the two runs sample the same batches until the first one that moves).
+    c = tiny(estimator="vimpo", debug_checks=True, estimator_loss_coef=coef, task="pivotal",
+             task_kwargs={}, **METHOD_RUN)
+    m = loop.check_method(c)
+    if coef is None:
+      assert m.estimator_loss.coef == 200.0 and "value_target" in m.update_fields
+      assert m.estimator_loss.kwargs == {"beta": 5e-4, "clip": None, "kl_estimate": "k3"}
+    else:
+      assert m.estimator_loss is None and "value_target" not in m.update_fields
+    run, rs = loop.setup(c, str(tmp_path / f"w{coef}"))
+    rs = loop.restore_or_warm_up(run, rs)
+    moved[coef], rewards[coef] = [], []
+    for _ in range(2):
+      before = jax.device_get(rs.train.params)
+      rs, metrics = loop.rl_step(run, rs)
+      rewards[coef].append(metrics["reward_mean"])
+      moved[coef].append(max(float(np.max(np.abs(np.asarray(a) - b))) for a, b in zip(
+          jax.tree.leaves(rs.train.params), jax.tree.leaves(before))))
+      if coef is None:
+        assert (metrics["estimator_loss"] > 1e-6) == (metrics["reward_mean"] > 0)
+      else:
+        assert metrics["adv_abs_mean"] == 0.0 and "estimator_loss" not in metrics
+  assert rewards[0.0] == rewards[None] == [0.0, 0.0625]
+  assert moved[0.0] == [0.0, 0.0] and moved[None][1] > 0.0
+  with pytest.raises(loop.SetupError, match=r"'grpo' has no loss term.*\['vimpo'\]"):
+    loop.check_method(tiny(estimator_loss_coef=1.0))
 
 
 def test_scheduled_estimator_and_oreal_loss_run_end_to_end(tmp_path):

@@ -10,11 +10,11 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.registry import register_estimator
+from credit.registry import TrainedLoss, register_estimator
 
 Array = jax.Array
 
-__all__ = ["VimpoOutput", "vimpo_advantages"]
+__all__ = ["VimpoOutput", "vimpo_advantages", "vimpo_value_loss"]
 
 _PAPER = ("VIMPO: Value-Implicit Policy Optimization for LLMs (Kang, Feng, Levine, Song, Zhao), "
           "arXiv 2606.20008")
@@ -28,17 +28,99 @@ _K3_MIN_LOG_RATIO = -30.0
 class VimpoOutput(NamedTuple):
   """advantages: [B,T] stop-gradient actor advantages (whitened over the batch);
   value_loss: scalar terminal-value loss (differentiable in `logprob`); values: [B,T]
-  implied values V_t (stop-gradient), zero outside the mask."""
+  implied values V_t (stop-gradient), zero outside the mask; value_target: [B] R − b_g
+  (stop-gradient, 0 on invalid rows), what `vimpo_value_loss` regresses a minibatch on."""
   advantages: Array
   value_loss: Array
   values: Array
+  value_target: Array
+
+
+def _implied_steps(lp_BT, ref_BT, tok_BT, beta, kl_estimate, kl_ref) -> Array:
+  """ρ_t − sg κ_t on the tokens of `tok_BT` (0 elsewhere), differentiable in `lp_BT`."""
+  ell_BT = jnp.where(tok_BT, lp_BT - jax.lax.stop_gradient(ref_BT), 0.0)
+  b = jnp.asarray(beta, jnp.float32)
+  rho_BT = b * ell_BT
+  if kl_ref is not None:
+    kl_BT = jnp.asarray(kl_ref, jnp.float32)
+    chex.assert_equal_shape([kl_BT, tok_BT])
+    kappa_BT = b * jnp.where(tok_BT, kl_BT, 0.0)
+  elif kl_estimate == "k3":
+    ell_sg = jnp.maximum(jax.lax.stop_gradient(ell_BT), _K3_MIN_LOG_RATIO)  # e^{−ℓ} finite
+    kappa_BT = b * (jnp.expm1(-ell_sg) + ell_sg)
+  else:
+    kappa_BT = jnp.zeros_like(rho_BT)
+  kappa_BT = jax.lax.stop_gradient(jnp.where(tok_BT, kappa_BT, 0.0))
+  return jnp.where(tok_BT, rho_BT - kappa_BT, 0.0)
+
+
+def _bound(clip):
+  """x -> x clipped to [−C, C] (identity when `clip` is None)."""
+  if clip is None:
+    return lambda x: x
+  c = jnp.asarray(clip, jnp.float32)
+  return lambda x: jnp.clip(x, -c, c)
+
+
+def _terminal_loss(step_BT, tok_BT, target_B, bound) -> Array:
+  """½ · mean over the rows with a token of [bound(Σ_t step) − target]²."""
+  rows_B = jnp.any(tok_BT, axis=-1)
+  resid_B = bound(jnp.sum(step_BT, axis=-1)) - target_B
+  n_rows = jnp.maximum(jnp.sum(rows_B.astype(jnp.float32)), 1.0)
+  return 0.5 * jnp.sum(jnp.where(rows_B, jnp.square(resid_B), 0.0)) / n_rows
+
+
+def vimpo_value_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mask: ArrayLike,
+                     value_target: ArrayLike, beta: ArrayLike = 5e-4,
+                     clip: ArrayLike | None = None,
+                     kl_estimate: Literal["k3", "none"] = "k3",
+                     kl_ref: ArrayLike | None = None) -> Array:
+  """VIMPO's terminal-value loss L_V on any subset of rows (a minibatch), from each row's
+  centred reward `value_target` = R_b − b_g (`VimpoOutput.value_target`, computed once over
+  whole groups by `vimpo_advantages`):
+
+  .. math::
+    L_V = ½ · mean_b [ Σ_t M_{b,t} (ρ_{b,t} − sg κ_{b,t}) − y_b ]²,   y = value_target
+
+  over the rows that select a token; ρ, κ and the arguments as in `vimpo_advantages` (the
+  same defaults). Differentiable in `logprob` only. This is the term through which the
+  reward reaches the policy: the runner adds c_V·L_V to every minibatch's loss (the port's
+  L = L_V + c_A·L_PPO, c_A = 5e-3, is c_V = 200 at the policy loss's scale). On whole groups
+  it equals `vimpo_advantages(...).value_loss`.
+
+  Args:
+    logprob: [B,T] float current policy log-prob of the sampled token (differentiated).
+    logprob_ref: [B,T] float reference log-prob (stop-gradient).
+    response_mask: [B,T] bool.
+    value_target: [B] float R − b_g per row (no gradient).
+    beta, clip, kl_estimate, kl_ref: as in `vimpo_advantages` (here κ uses `kl_ref` when
+      it is given).
+
+  Returns:
+    The scalar loss.
+  """
+  fn = "vimpo_value_loss"
+  check_choice(fn, "kl_estimate", kl_estimate, _KL_ESTIMATES)
+  mask_BT = jnp.asarray(response_mask, bool)
+  lp_BT = jnp.asarray(logprob, jnp.float32)
+  ref_BT = jnp.asarray(logprob_ref, jnp.float32)
+  target_B = jax.lax.stop_gradient(jnp.asarray(value_target, jnp.float32))
+  chex.assert_equal_shape([lp_BT, ref_BT, mask_BT])
+  chex.assert_shape(target_B, (mask_BT.shape[0],))
+  step_BT = _implied_steps(lp_BT, ref_BT, mask_BT, beta, kl_estimate, kl_ref)
+  return _terminal_loss(step_BT, mask_BT, target_B, _bound(clip))
 
 
 @register_estimator("vimpo",
                     needs=("reward", "group_id", "response_mask", "logprob", "logprob_ref"),
                     paper=_PAPER, optional_needs={"kl_ref": "exact_kl"},
                     static_argnames=("num_groups", "group_size", "kl_estimate", "exact_kl"),
-                    returns_output=True)
+                    returns_output=True,
+                    # The port's L = L_V + c_A·L_PPO (c_A = 5e-3) at the policy loss's scale.
+                    trained_loss=TrainedLoss(
+                        fn=vimpo_value_loss, fields=("logprob_ref", "response_mask"),
+                        targets=("value_target",), params=("beta", "clip", "kl_estimate"),
+                        coef=200.0, optional_fields=(("kl_ref", "exact_kl"),)))
 def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob: ArrayLike, logprob_ref: ArrayLike,
                      num_groups: int, group_size: int | None = None,
@@ -70,9 +152,11 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   Defaults as the port: β = 5e-4, λ = 1, reward centred but not scaled (the port enforces
   `scale_rewards="none"`), frozen reference. Use `advantages` with a PPO-clip policy loss
   (no KL term: β enters here) and add `value_loss`: the port's objective is
-  L = L_V + c_A · L_PPO with c_A = 5e-3, i.e. the value loss weighs 200× the actor loss
-  (the runner's `loss = policy + c_V·value_loss` needs c_V = 200 for the same balance).
-  The gradient of `value_loss` flows into `logprob` only.
+  L = L_V + c_A · L_PPO with c_A = 5e-3, i.e. the value loss weighs 200× the actor loss.
+  The gradient of `value_loss` flows into `logprob` only. Without it the reward never
+  reaches the policy: from π = π_ref every δ is 0. The registration's `trained_loss` makes
+  the experiment runner add 200·`vimpo_value_loss` to each minibatch's loss, from the
+  batch's `value_target` and the update's own log-probs (config `estimator_loss_coef`).
 
   κ_t, the deviation: the port computes the exact full-vocabulary KL per position. The
   rollout contract has no such field, so by default (`kl_estimate="k3"`) κ_t is the
@@ -92,6 +176,12 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   take no part in b_g, in the whitening or in the mean of L_V. A singleton group has
   target R − b_g = 0. Until 2026-10 this module used a design of ours (β = 0.1, A = R − V_t,
   C = 10, no κ); it was replaced.
+
+  Scale of β (measured, credit bench, 2026-12-06): L_V asks Σ_t β ℓ_t to reach R − b_g, so
+  β must suit the response length. With the port's 5e-4 on 7-token responses the target
+  ±1 means thousands of nats; trained with the value loss the policy collapses within ~10
+  steps (train reward 0.11 → 0, held-out 0.00 on three tasks; exact KL likewise). β = 0.02
+  / 0.1 do not collapse (held-out 0.28 / 0.41 after 300 steps from 0.39).
 
   Args:
     reward: [B] float outcome rewards.
@@ -138,29 +228,14 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   ref_BT = jnp.asarray(logprob_ref, jnp.float32)
   chex.assert_equal_shape([lp_BT, ref_BT, mask_BT])
   tok_BT = mask_BT & valid_B[:, None]
-  ell_BT = jnp.where(tok_BT, lp_BT - jax.lax.stop_gradient(ref_BT), 0.0)
-  b = jnp.asarray(beta, jnp.float32)
-  rho_BT = b * ell_BT
-  if kl_ref is not None:
-    kl_BT = jnp.asarray(kl_ref, jnp.float32)
-    chex.assert_equal_shape([kl_BT, mask_BT])
-    kappa_BT = b * jnp.where(tok_BT, kl_BT, 0.0)
-  elif kl_estimate == "k3":
-    ell_sg = jnp.maximum(jax.lax.stop_gradient(ell_BT), _K3_MIN_LOG_RATIO)  # e^{−ℓ} finite
-    kappa_BT = b * (jnp.expm1(-ell_sg) + ell_sg)
-  else:
-    kappa_BT = jnp.zeros_like(rho_BT)
-  kappa_BT = jax.lax.stop_gradient(jnp.where(tok_BT, kappa_BT, 0.0))
-  step_BT = jnp.where(tok_BT, rho_BT - kappa_BT, 0.0)
-  bound = (lambda x: x) if clip is None else (
-      lambda x: jnp.clip(x, -jnp.asarray(clip, jnp.float32), jnp.asarray(clip, jnp.float32)))
+  step_BT = _implied_steps(lp_BT, ref_BT, tok_BT, beta, kl_estimate, kl_ref)
+  bound = _bound(clip)
 
   # Terminal-value loss: the reward enters only here, centred by the group mean.
   mom = ops.group_moments_rows(reward_B, gid_B, valid_B, num_groups, group_size)
   base_B = jnp.where(valid_B, mom.mean, 0.0)
-  resid_B = bound(jnp.sum(step_BT, axis=-1)) - (reward_B - base_B)
-  n_rows = jnp.maximum(jnp.sum(valid_B.astype(jnp.float32)), 1.0)
-  value_loss = 0.5 * jnp.sum(jnp.where(valid_B, jnp.square(resid_B), 0.0)) / n_rows
+  target_B = jnp.where(valid_B, reward_B - base_B, 0.0)
+  value_loss = _terminal_loss(step_BT, tok_BT, target_B, bound)
 
   # Implied values V_t = b_g + Σ_{s<t} δ_s (exclusive prefix sum; masked positions add 0).
   delta_BT = jax.lax.stop_gradient(step_BT)
@@ -176,4 +251,6 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   std = ops.safe_sqrt(jnp.sum(jnp.square(cen_BT)) / jnp.maximum(n_tok, 1.0))
   adv_BT = jnp.where(tok_BT & (n_tok > 1), cen_BT / (std + _WHITEN_EPS), 0.0)
   return VimpoOutput(advantages=jax.lax.stop_gradient(adv_BT), value_loss=value_loss,
-                     values=jax.lax.stop_gradient(values_BT))
+                     values=jax.lax.stop_gradient(values_BT),
+                     value_target=jax.lax.stop_gradient(target_B))
+

@@ -216,6 +216,41 @@ def test_value_loss_gradient_flows_into_logprob_only():
   assert np.all(np.asarray(g_adv) == 0.0)
 
 
+def test_minibatch_value_loss_from_the_batch_targets():
+  """`vimpo_value_loss` (what the runner adds on each minibatch) with the whole batch's
+  `value_target` equals the estimator's `value_loss`, and on a subset of rows is the mean of
+  their squared residuals, with the same gradient per row up to the row count."""
+  rng = np.random.default_rng(3)
+  mask = np.ones((B, T), bool)
+  mask[5, 2:] = False
+  reward = rng.choice([0., 1.], B).astype(np.float32)
+  lp = jnp.asarray(rng.uniform(-3, 0, (B, T)).astype(np.float32))
+  ref = jnp.asarray(rng.uniform(-3, 0, (B, T)).astype(np.float32))
+  out = vm.vimpo_advantages(reward=reward, group_id=(np.arange(B) // G).astype(np.int32),
+                            response_mask=mask, logprob=lp, logprob_ref=ref, num_groups=N,
+                            beta=0.1)
+  np.testing.assert_allclose(np.asarray(out.value_target),
+                             reward - reward.reshape(N, G).mean(1).repeat(G), atol=1e-6)
+  loss = functools.partial(vm.vimpo_value_loss, logprob_ref=ref, beta=0.1)
+  whole = loss(logprob=lp, response_mask=mask, value_target=out.value_target)
+  np.testing.assert_allclose(float(whole), float(out.value_loss), rtol=1e-6)
+  rows = np.array([1, 5, 6, 12])  # rows of three groups, as a shuffled minibatch holds
+  sub = vm.vimpo_value_loss(logprob=lp[rows], logprob_ref=ref[rows], response_mask=mask[rows],
+                            value_target=out.value_target[rows], beta=0.1)
+  ell = np.where(mask, np.asarray(lp) - np.asarray(ref), 0.0)
+  resid = (0.1 * (1 - np.exp(-ell)) * mask).sum(1) - np.asarray(out.value_target)
+  np.testing.assert_allclose(float(sub), 0.5 * np.mean(resid[rows] ** 2), rtol=1e-5)
+  g_whole = jax.grad(lambda a: loss(logprob=a, response_mask=mask,
+                                    value_target=out.value_target))(lp)
+  g_sub = jax.grad(lambda a: vm.vimpo_value_loss(
+      logprob=a, logprob_ref=ref[rows], response_mask=mask[rows],
+      value_target=out.value_target[rows], beta=0.1))(lp[rows])
+  np.testing.assert_allclose(np.asarray(g_sub) * len(rows), np.asarray(g_whole)[rows] * B,
+                             rtol=1e-4, atol=1e-7)
+  spec = registry.get_estimator("vimpo").trained_loss
+  assert spec.fn is vm.vimpo_value_loss and spec.targets == ("value_target",)
+
+
 def test_bad_args_raise():
   kw = dict(reward=np.zeros(B, np.float32), group_id=np.zeros(B, np.int32),
             response_mask=np.ones((B, T), bool), logprob=np.zeros((B, T), np.float32))
