@@ -92,7 +92,7 @@ class EventWriter:
   def __init__(self, logdir: str | os.PathLike, *, purge_step: int | None = None):
     os.makedirs(logdir, exist_ok=True)
     name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-            f".{os.getpid()}.{next(_counter)}")
+            f".{os.getpid()}.{next(_counter):06d}")  # padded: names sort in creation order
     self.path = os.path.join(os.fspath(logdir), name)
     self._file = open(self.path, "ab")
     self._file.write(encode_record(encode_event(0, file_version="brain.Event:2")))

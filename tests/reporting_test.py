@@ -1,5 +1,6 @@
 """Tests for experiments/reporting.py: JSONL + TensorBoard, progress, plots, summary."""
 import glob
+import itertools
 import io
 import json
 import os
@@ -121,7 +122,13 @@ def test_resume_truncates_to_restored_step_and_matches_uninterrupted(tmp_path, c
   assert rp.read_metrics(resumed / rp.METRICS_FILE) == [{"step": 1, "a": 2}]
 
 
-def test_tensorboard_event_file_holds_scalars_and_purge_on_resume(tmp_path):
+def test_tensorboard_event_file_holds_scalars_and_purge_on_resume(tmp_path, monkeypatch):
+  # Both files in the same second, and the process's writer count crossing a digit (9 -> 10)
+  # between them: their names must still sort in creation order (TensorBoard reads a
+  # directory's files by name).
+  from experiments import tb_events
+  monkeypatch.setattr(tb_events, "_counter", itertools.count(9))
+  monkeypatch.setattr(tb_events.time, "time", lambda: 1_800_000_000.0)
   with rp.MetricsWriter(tmp_path) as mw:
     for s in range(1, 4):
       mw.write(s, _metrics(s))
