@@ -652,8 +652,10 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
   learning runs and its (task, estimator) credit rows (`merge_rows`) replacing the ones there), recomputes results.csv's learning rows
   from learning.csv, and writes results.csv, table.md, summary.md, learning_<task>.md, and
   bars_<task>.png / curves_<task>.png (the heatmaps need a run); skipped.md takes in the
-  skipped.md beside an added results.csv. `tasks`: the learning tables to write (default:
-  every task in learning.csv). Returns the learning tables."""
+  skipped.md beside an added results.csv. `tasks` (default: all): the tasks taken from the
+  added files and the learning tables written. A follow-up's --out starts as a copy of the
+  record, so its other tasks' runs may predate a later rerun; naming its tasks keeps them
+  out. Returns the learning tables."""
   rpath, lpath = os.path.join(out, "results.csv"), os.path.join(out, "learning.csv")
   if not os.path.exists(rpath) and not os.path.exists(lpath):
     raise SystemExit(f"--tables: neither {rpath} nor {lpath} exists")
@@ -665,9 +667,11 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
     if os.path.basename(extra) == "learning.csv":
       # Per seed: a follow-up holding fewer seeds of a pair (an unfinished one) keeps the rest.
       for key, by_seed in read_learning(extra).items():
-        runs[key] = {**runs.get(key, {}), **by_seed}
+        if not tasks or key[0] in tasks:
+          runs[key] = {**runs.get(key, {}), **by_seed}
     else:
-      new_rows = [r for r in read_rows(extra) if r.part != "learning"]
+      new_rows = [r for r in read_rows(extra) if r.part != "learning"
+                  and (not tasks or r.task in tasks)]
       rows = merge_rows(rows, new_rows)
       # Its skipped.md too: an estimator it scored leaves the list, one it skipped enters.
       extra_sk = os.path.join(os.path.dirname(extra), "skipped.md")
@@ -1100,7 +1104,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
                       "from its results.csv and learning.csv (after folding in --add)")
   p.add_argument("--add", default="",
                  help="with --tables: comma-separated results.csv / learning.csv files of "
-                      "follow-up runs; their (task, estimator) pairs replace --out's")
+                      "follow-up runs; their (task, estimator) credit rows and (task, "
+                      "estimator, seed) learning runs replace --out's (only --tasks' tasks "
+                      "when given)")
   p.add_argument("--tree-criterion", default="entropy", choices=("entropy", "first_error"),
                  help="branch points of the tree batches (first_error: a failed row's first "
                       "wrong token)")

@@ -444,7 +444,8 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
   cb.write_learning(str(new / "learning.csv"),
                     {("distractor", "grpo"): {0: run([0.2, 0.9, 1.0]), 1: run([0.2, 0.8, 1.0])},
                      ("distractor", "eapo"): {0: run([0.2, 0.3, 0.4])},
-                     ("distractor", "rloo"): {1: run([0.2, 0.5, 0.5])}})
+                     ("distractor", "rloo"): {1: run([0.2, 0.5, 0.5])},
+                     ("pivotal", "grpo"): {0: run([0.0, 0.0, 0.0])}})  # a stale copy
   cb.write_rows(str(new / "results.csv"),
                 [R("distractor", "grpo", "outcome", "credit", "corr", 0.35, 0.3, 0.4, 12)])
   cb.write_skipped(str(out / "skipped.md"), {"distractor": {"grpo": "was skipped", "x": "why"}})
@@ -453,6 +454,7 @@ def test_tables_fold_in_follow_up_runs_and_rank_estimators(tmp_path):
   cb.rebuild(str(out), [str(new / "learning.csv"), str(new / "results.csv")], ("distractor",),
              s, "cmd")
   folded = cb.read_learning(str(out / "learning.csv"))
+  # Only the named tasks are taken from the added files: the stale pivotal copy stays out.
   assert folded[("pivotal", "grpo")] == main[("pivotal", "grpo")]
   assert folded[("distractor", "grpo")][0][-1]["eval_accuracy"] == 1.0
   # Runs fold per seed: a follow-up with one seed of a pair keeps the record's other seeds.
