@@ -64,10 +64,8 @@ def _bound(clip):
 
 def _terminal_loss(step_BT, tok_BT, target_B, bound) -> Array:
   """½ · mean over the rows with a token of [bound(Σ_t step) − target]²."""
-  rows_B = jnp.any(tok_BT, axis=-1)
   resid_B = bound(jnp.sum(step_BT, axis=-1)) - target_B
-  n_rows = jnp.maximum(jnp.sum(rows_B.astype(jnp.float32)), 1.0)
-  return 0.5 * jnp.sum(jnp.where(rows_B, jnp.square(resid_B), 0.0)) / n_rows
+  return 0.5 * ops.masked_mean(jnp.square(resid_B), jnp.any(tok_BT, axis=-1))
 
 
 def vimpo_value_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mask: ArrayLike,
