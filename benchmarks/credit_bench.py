@@ -332,7 +332,17 @@ def true_advantages(run, params, examples, host: dict, key, s: Settings):
 
 
 class Skip(Exception):
-  """An estimator the bench cannot run here, with the reason."""
+  """An estimator the bench cannot run here, with the reason; `missing`: the contract fields
+  it lacks when that is the reason (`producers.MissingFieldsError`), else empty."""
+
+  def __init__(self, reason: str, missing: Iterable[str] = ()):
+    super().__init__(reason)
+    self.missing = frozenset(missing)
+
+
+# The fields only a tree rollout makes (`tree_config`): an estimator missing nothing else is
+# scored again on tree batches.
+TREE_FIELDS = frozenset({"parent_id", "prefix_len"})
 
 
 def estimator_config(base: ml_collections.ConfigDict, name: str,
@@ -406,7 +416,8 @@ def estimator_fn(run, name: str, teacher: str = ""):
   try:
     method = loop.check_method(c)
   except producers.MissingFieldsError as e:
-    raise Skip(e.reason) from None  # without the list of every field it can make, and advice
+    # The reason without the list of every field it can make, and advice.
+    raise Skip(e.reason, (f for fs in e.missing.values() for f in fs)) from None
   except (ValueError, KeyError) as e:
     raise Skip(str(e)) from None
   base = run.setup
@@ -736,9 +747,9 @@ def _family(name: str) -> str:
   return credit.get_estimator(name).family
 
 
-def needs_tree(why: str) -> bool:
-  """A skip reason that a tree rollout would remove (branch fields no other producer makes)."""
-  return "needs [" in why and ("'parent_id'" in why or "'prefix_len'" in why)
+def needs_tree(e: Skip) -> bool:
+  """Whether a tree rollout removes the skip: the estimator lacks branch fields, nothing else."""
+  return bool(e.missing) and e.missing <= TREE_FIELDS
 
 
 def tree_config(c: ml_collections.ConfigDict, s: Settings) -> ml_collections.ConfigDict:
@@ -760,11 +771,12 @@ def tree_runner(task: str, s: Settings, hf_dir: str, workdir: str):
 
 
 def score_estimators(task: str, run, batches: list[Batch], names: Sequence[str], teacher: str,
-                     say=print) -> tuple[list[Row], dict[str, str], list[str], dict]:
-  """(rows, skipped {name: reason}, scored names, {name: last batch's advantages}) of every
-  estimator in `names` (REFERENCES too) on `batches`; a name ending in TREE is that estimator
-  (or reference) scored again on tree batches, as a baseline for the tree estimators."""
-  rows, skipped, scored, heat = [], {}, [], {}
+                     say=print) -> tuple[list[Row], dict[str, str], list[str], dict, list[str]]:
+  """(rows, skipped {name: reason}, scored names, {name: last batch's advantages}, the skipped
+  names a tree batch would run (`needs_tree`)) of every estimator in `names` (REFERENCES too)
+  on `batches`; a name ending in TREE is that estimator (or reference) scored again on tree
+  batches, as a baseline for the tree estimators."""
+  rows, skipped, scored, heat, tree = [], {}, [], {}, []
   for name in names:
     base = name[:-len(TREE)] if name.endswith(TREE) else name
     t1 = time.perf_counter()
@@ -774,6 +786,8 @@ def score_estimators(task: str, run, batches: list[Batch], names: Sequence[str],
       advs = [fn(b) for b in batches]
     except Skip as e:
       skipped[name] = str(e)
+      if needs_tree(e):
+        tree.append(name)
       continue
     except Exception as e:  # a bug to report, not to hide: listed as FAILED  # pylint: disable=broad-except
       skipped[name] = f"FAILED: {type(e).__name__}: {e}"
@@ -791,7 +805,7 @@ def score_estimators(task: str, run, batches: list[Batch], names: Sequence[str],
     say(f"[{task}] {name}: corr {np.mean([p['corr'] for p in per]):+.2f}, "
         f"pivot mass {np.mean([p['pivot_mass'] for p in per]):.2f} "
         f"({time.perf_counter() - t1:.1f}s)")
-  return rows, skipped, scored, heat
+  return rows, skipped, scored, heat, tree
 
 
 def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
@@ -808,9 +822,8 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
   names = list(s.estimators) if s.estimators is not None else credit.list_estimators()
   if s.estimators is not None and getattr(run.data.task, "multi_turn", False):
     names += [n for n in s.multi_turn_estimators if n not in names]
-  rows, skipped, scored, heat = score_estimators(task, run, batches, list(REFERENCES) + names,
-                                                 teacher, say)
-  tree_names = [n for n, why in skipped.items() if needs_tree(why)]
+  rows, skipped, scored, heat, tree_names = score_estimators(
+      task, run, batches, list(REFERENCES) + names, teacher, say)
   if tree_names and s.tree_branches and not getattr(run.data.task, "multi_turn", False):
     t1 = time.perf_counter()
     trun = tree_runner(task, s, hf_dir, workdir)
@@ -819,7 +832,8 @@ def run_task(task: str, s: Settings, workdir: str, *, learning: bool = True,
         f"{s.tree_branches} branches per prompt) with true advantages: "
         f"{time.perf_counter() - t1:.0f}s")
     again = [f"{n}{TREE}" for n in TREE_BASELINES]
-    r2, sk2, sc2, _ = score_estimators(task, trun, tbatches, again + tree_names, teacher, say)
+    r2, sk2, sc2, _, _ = score_estimators(task, trun, tbatches, again + tree_names, teacher,
+                                          say)
     for n in tree_names:
       skipped.pop(n)
     rows += r2

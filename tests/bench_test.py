@@ -376,10 +376,14 @@ def test_step_reward_estimators_get_per_character_steps():
   assert tuple(g.reward_components) == ()
 
 
-def test_tree_skip_reasons_are_recognised():
-  from benchmarks import credit_bench
-  assert credit_bench.needs_tree("estimator 'cbpo' needs ['parent_id', 'prefix_len'], which")
-  assert not credit_bench.needs_tree("estimator 'pica' needs ['step_reward'], which ...")
+def test_tree_skips_are_the_ones_missing_only_branch_fields():
+  from benchmarks import credit_bench as cb
+  tree = cb.Skip("estimator 'cbpo' needs ['parent_id', 'prefix_len']", ["parent_id", "prefix_len"])
+  assert cb.needs_tree(tree) and cb.needs_tree(cb.Skip("logo", ["parent_id"]))
+  assert not cb.needs_tree(cb.Skip("estimator 'pica' needs ['step_reward']", ["step_reward"]))
+  # A tree makes the branch fields but not the rest: it would still be skipped there.
+  assert not cb.needs_tree(cb.Skip("both", ["parent_id", "flag_mask"]))
+  assert not cb.needs_tree(cb.Skip("not a missing field"))
 
 
 def test_summary_table_adds_turn_corr_on_multi_turn_tasks():
