@@ -156,14 +156,14 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   the experiment runner add 200·`vimpo_value_loss` to each minibatch's loss, from the
   batch's `value_target` and the update's own log-probs (config `estimator_loss_coef`).
 
-  κ_t, the deviation: the port computes the exact full-vocabulary KL per position. The
-  rollout contract has no such field, so by default (`kl_estimate="k3"`) κ_t is the
-  sampled-token estimate k3 = β(e^{−ℓ_t} − 1 + ℓ_t) (unbiased for the KL on-policy,
-  ≥ 0; ℓ clamped at −30 inside the exponential); then δ_t = β(1 − π_ref/π_θ)(y_t), still zero-mean on-policy like the exact
-  ρ − κ, but noisier. (k1 = β ℓ_t cannot be used: it makes δ ≡ 0.) `kl_estimate="none"`
-  sets κ = 0 (E[δ] = β KL ≠ 0). Passing `kl_ref` [B,T], the exact per-position
-  KL(π_θ ‖ π_ref) (e.g. from `credit.divergences` on the policy and reference logits; not
-  a rollout-contract field), gives the port's form and overrides `kl_estimate`.
+  κ_t, the deviation: the port computes the exact full-vocabulary KL per position. By
+  default (`kl_estimate="k3"`) κ_t is the sampled-token estimate k3 = β(e^{−ℓ_t} − 1 + ℓ_t)
+  (unbiased for the KL on-policy, ≥ 0; ℓ clamped at −30 inside the exponential); then
+  δ_t = β(1 − π_ref/π_θ)(y_t), still zero-mean on-policy like the exact ρ − κ, but noisier.
+  (k1 = β ℓ_t cannot be used: it makes δ ≡ 0.) `kl_estimate="none"` sets κ = 0
+  (E[δ] = β KL ≠ 0). `exact_kl=True` reads the contract field `kl_ref` [B,T], the exact
+  per-position KL(π_θ ‖ π_ref) from the policy's and the reference's logits (the runner's
+  divergence producer makes it), which is the port's form and overrides `kl_estimate`.
 
   Choices and other differences: sums and the reverse accumulation skip masked positions
   (observation tokens pass the running sum through; the port's loop resets it at every
