@@ -23,6 +23,7 @@ class Field(NamedTuple):
 
   shape: letters, one per axis (B batch, T tokens, K turns/steps, R reward components,
     k top-k entries, M prompt interventions, A tokens of a teacher-forced reference answer,
+    S tokens of the sequence that teacher-forces it (prompt ⊕ response ⊕ answer),
     F follow-up texts, J verifiable subproblems, U unit tests, C rubric items); fields sharing
     a letter must agree on its size.
   dtype: "i" integer, "b" bool (or a 0/1 numeric mask), "f" floating.
@@ -105,6 +106,11 @@ CONTRACT: dict[str, Field] = {
     "logprob_answer_prior": Field("BA", "f", "the same answer tokens after the prompt alone "
                                   "(no response; RLPR debiasing)"),
     "answer_mask": Field("BA", "b", "valid tokens of `logprob_answer` (right-padded)"),
+    "answer_tokens": Field("BS", "i", "the sequence `logprob_answer` is scored on: prompt ⊕ "
+                           "response ⊕ reference answer (padded), so an update can score the "
+                           "answer again under its own parameters (a `TrainedLoss` on it)"),
+    "answer_attn_mask": Field("BS", "b", "attended positions of `answer_tokens`"),
+    "answer_positions": Field("BA", "i", "where each answer token sits in `answer_tokens`"),
     "logprob_followup": Field("BF", "f", "mean per-token log-prob of follow-up text f given "
                               "prompt ⊕ response (FLR; positive follow-ups first)", True),
     "teacher_topk_logprob": Field("BTk", "f", "top-k teacher log-probs (last entry: tail "

@@ -91,14 +91,25 @@ def _confidence(kind: str, name: str, fn: Callable, doc: str | None) -> str:
   return tag
 
 
+# The scores a trained loss can take from the update's own model pass (`TrainedLoss.scores`),
+# each with the contract fields the runner needs to compute it: `logprob` from the rollout's
+# tokens; `logprob_answer` by teacher-forcing `answer_tokens` (prompt ⊕ response ⊕ reference
+# answer) and reading the log-probs at `answer_positions`.
+TRAINED_SCORES: dict[str, tuple[str, ...]] = {
+    "logprob": (),
+    "logprob_answer": ("answer_tokens", "answer_attn_mask", "answer_positions"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainedLoss:
   """A term an estimator adds to the RL objective, differentiable in the policy's current
-  log-probs (VIMPO's terminal-value loss, the only place its reward enters).
+  log-probs (VIMPO's terminal-value loss, the only place its reward enters; VeriFree's and
+  JEPO's weighted likelihood of the reference answer).
 
   Attributes:
-    fn: `fn(*, logprob, <fields>, <targets>, <params>) -> scalar`, called on every minibatch
-      with the update's own `logprob`.
+    fn: `fn(*, <scores>, <fields>, <targets>, <params>) -> scalar`, called on every
+      minibatch with the scores of the update's own model pass.
     fields: contract fields it reads from the batch.
     targets: per-row fields of the estimator's output (computed once over the whole batch,
       e.g. a group-centred reward) that it reads as batch arrays.
@@ -106,6 +117,9 @@ class TrainedLoss:
       estimator's defaults where the run sets none).
     coef: its default weight against the policy loss.
     optional_fields: (field, switch) pairs as `EstimatorSpec.optional_needs`.
+    scores: what it differentiates, recomputed by the update under the current parameters
+      (keys of `TRAINED_SCORES`): `logprob` (the sampled tokens), `logprob_answer` (the
+      reference answer after prompt ⊕ response).
   """
   fn: Callable[..., Any]
   fields: tuple[str, ...]
@@ -113,6 +127,12 @@ class TrainedLoss:
   params: tuple[str, ...]
   coef: float
   optional_fields: tuple[tuple[str, str], ...] = ()
+  scores: tuple[str, ...] = ("logprob",)
+
+  @property
+  def score_inputs(self) -> tuple[str, ...]:
+    """The contract fields the update needs to compute `scores`."""
+    return tuple(f for s in self.scores for f in TRAINED_SCORES[s])
 
   def fields_for(self, hyper: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """`fields` plus the optional ones switched on by the hyperparameters in `hyper`."""
@@ -300,8 +320,11 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
     if trained_loss is not None:
       loss_params = _keyword_params(trained_loss.fn)
       bad = [p for p in trained_loss.params if p not in params or p not in loss_params]
-      if bad or not returns_output or "logprob" not in loss_params:
-        raise ValueError(f"estimator {name!r}: its trained_loss must take `logprob` and "
+      scores = trained_loss.scores
+      if (bad or not returns_output or not scores
+          or any(s not in TRAINED_SCORES or s not in loss_params for s in scores)):
+        raise ValueError(f"estimator {name!r}: its trained_loss must take its scores "
+                         f"{list(scores)} (some of {list(TRAINED_SCORES)}) and "
                          f"hyperparameters of the estimator (not {bad}), and the estimator "
                          "must return a NamedTuple with the loss's targets (returns_output)")
     _check_unique("estimator", name, fn, _ESTIMATORS)

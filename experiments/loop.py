@@ -98,7 +98,8 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
   need(RUNNER_NEEDS, "the runner (update inputs and metrics)")
   need(est.needs_for(dict(c.estimator_kwargs)), f"estimator {est.name!r}")
   if est.trained_loss is not None and estimator_loss_coef(c, est):
-    need(est.trained_loss.fields_for(dict(c.estimator_kwargs)),
+    tl = est.trained_loss
+    need(tl.fields_for(dict(c.estimator_kwargs)) + tl.score_inputs,
          f"estimator {est.name!r}'s loss term")
   need(set(loss_fields) - STEP_FIELDS, f"policy loss {c.policy_loss!r}")
   if "logprob_topk" in loss_fields:  # the update scores the teacher's top-k ids itself
@@ -199,9 +200,10 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
     tl = est.trained_loss
     est_loss = train.EstimatorLoss(
         fn=tl.fn, inputs=tl.fields_for(hyper) + tuple(tl.targets),
-        kwargs=tl.kwargs_for(est.fn, hyper), coef=coef)
+        kwargs=tl.kwargs_for(est.fn, hyper), coef=coef, scores=tl.scores,
+        score_inputs=tl.score_inputs)
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
-                               | (set(est_loss.inputs) if est_loss else set())
+                               | (set(est_loss.batch_fields) if est_loss else set())
                                | ({"logprob_ref"} if c.kl_coef else set())
                                | ({"obs_mask"} if c.obs_ce_coef else set())
                                | ({critical.FIELD} if c.critical.enabled else set())

@@ -948,6 +948,10 @@ def append_answer(tokens_BS: np.ndarray, keep_BS: np.ndarray, answer_BA: np.ndar
   return seq, attn, pos_BA
 
 
+# The forced sequence itself (`answer_tokens` ...), which an update needs to score the answer.
+ANSWER_SEQUENCE = frozenset(credit.registry.TRAINED_SCORES["logprob_answer"])
+
+
 def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
   """logprob_answer [B,A]: the gold answer's tokens (text + eos) teacher-forced after the
   prompt and the response; logprob_answer_prior [B,A]: the same after the prompt alone.
@@ -962,6 +966,10 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
   marker is found as its token ids (`tokenizer.encode(marker)`) in the response; a
   tokenizer that merges it with its neighbours does not find it there (the marker is then
   inserted). `answer_mask` is the same either way: the answer's tokens and eos.
+
+  answer_tokens / answer_attn_mask [B,P+T+A] and answer_positions [B,A]: the sequence
+  `logprob_answer` is read from, for a loss that scores the answer again in the update
+  (VeriFree's and JEPO's `trained_loss`).
   """
   tok, G = s.data.tokenizer, s.group_size
   # A, the answer width, is fixed for the run: the longest gold answer of the train split.
@@ -1001,8 +1009,10 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
     params = state.params
     out = {"answer_mask": parallel.shard_batch(amask_BA, s.mesh)}
     seq, attn, pos = forced(tokens, prompt | body, ans_BA, amask_BA, ~found_B)
-    out["logprob_answer"] = answer_logprobs(params, *parallel.shard_batch(
-        (seq, attn, pos), s.mesh), out["answer_mask"])
+    seq, attn, pos = parallel.shard_batch((seq, attn, pos), s.mesh)
+    out["logprob_answer"] = answer_logprobs(params, seq, attn, pos, out["answer_mask"])
+    if wanted & ANSWER_SEQUENCE:
+      out.update(answer_tokens=seq, answer_attn_mask=attn, answer_positions=pos)
     if "logprob_answer_prior" in wanted:
       seq, attn, pos = forced(tokens[:, :P], prompt[:, :P], ans_BA, amask_BA,
                               np.ones(len(tokens), bool))
@@ -2177,10 +2187,12 @@ PRODUCERS: tuple[Producer, ...] = (
              "(`pivot_positions`; the credit bench's oracle placement, `credit_mask`)",
              when=_task_has("pivot_positions"),
              off_doc="needs a built-in bifurcation task (pivotal, distractor, ...)"),
-    Producer("answer_pass", ("logprob_answer", "answer_mask", "logprob_answer_prior"),
+    Producer("answer_pass", ("logprob_answer", "answer_mask", "logprob_answer_prior",
+                             "answer_tokens", "answer_attn_mask", "answer_positions"),
              ("tokens", "response_mask"), _build_answer_pass, "likelihood",
              "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
-             "(its stop token dropped), and after the prompt alone for the prior"),
+             "(its stop token dropped), and after the prompt alone for the prior; the "
+             "forced sequence too, for a loss that scores the answer in the update"),
     Producer("followup_pass", ("logprob_followup",), ("tokens", "response_mask"),
              _build_followup_pass, "likelihood",
              "the policy teacher-forces each follow-up text (c.followups_pos, then "

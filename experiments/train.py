@@ -173,11 +173,28 @@ def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,
 @dataclasses.dataclass(frozen=True)
 class EstimatorLoss:
   """An estimator's own term in the RL objective (`credit.TrainedLoss` resolved for a run):
-  coef · fn(logprob=<the update's own>, **{f: minibatch[f] for f in inputs}, **kwargs)."""
+  coef · fn(**<the update's own scores>, **{f: minibatch[f] for f in inputs}, **kwargs),
+  the scores being `logprob` (the sampled tokens) and / or `logprob_answer` (the reference
+  answer, teacher-forced again on the minibatch's `answer_tokens`)."""
   fn: Callable
   inputs: tuple[str, ...]      # batch fields: contract fields and the estimator's targets
   kwargs: Mapping[str, Any]    # its hyperparameters
   coef: float
+  scores: tuple[str, ...] = ("logprob",)
+  score_inputs: tuple[str, ...] = ()  # batch fields the scores are computed from
+
+  @property
+  def batch_fields(self) -> tuple[str, ...]:
+    """Every batch field the term reads."""
+    return tuple(self.inputs) + tuple(self.score_inputs)
+
+
+def answer_scores(model, mb: Mapping[str, jax.Array], chunk_size: int | None) -> jax.Array:
+  """[B,A] log-probs of the reference answer's tokens under `model`: one pass over the
+  minibatch's `answer_tokens` (prompt ⊕ response ⊕ answer), read at `answer_positions`."""
+  logprob, _ = score_tokens(model, mb["answer_tokens"], mb["answer_attn_mask"],
+                            chunk_size=chunk_size, return_entropy=False)
+  return jnp.take_along_axis(logprob, mb["answer_positions"], axis=1)
 
 
 def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
@@ -194,7 +211,8 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
   the policy loss (`aggregation_kwargs`), plus ECHO's `obs_ce_coef`·cross-entropy on the
   observation tokens (`credit.losses.observation_ce_loss` over `obs_mask`, reduced by
   `obs_ce_mode`; the same model pass scores every attended position), plus the estimator's
-  own term `estimator_loss` (VIMPO's value loss), on the minibatch's rows with this pass's
+  own term `estimator_loss` (VIMPO's value loss; VeriFree's and JEPO's answer likelihood,
+  for which a second pass scores the answer), on the minibatch's rows with this pass's
   log-probs, metric `estimator_loss`.
   """
   agg = aggregation_kwargs(loss_spec, loss_kwargs)
@@ -234,7 +252,11 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
       loss = loss + ce.loss
       metrics.update(ce.metrics)
     if estimator_loss is not None:
-      term = estimator_loss.fn(logprob=logprob, **{f: mb[f] for f in estimator_loss.inputs},
+      scores = {"logprob": logprob}
+      if "logprob_answer" in estimator_loss.scores:
+        scores["logprob_answer"] = answer_scores(model, mb, chunk_size)
+      term = estimator_loss.fn(**{s: scores[s] for s in estimator_loss.scores},
+                               **{f: mb[f] for f in estimator_loss.inputs},
                                **estimator_loss.kwargs)
       loss = loss + estimator_loss.coef * term
       metrics["estimator_loss"] = term

@@ -19,7 +19,7 @@ N, G, T = 4, 4, 6
 B = N * G
 NUM_PROMPTS = N + 3
 DIMS = {"B": B, "T": T, "K": 3, "R": 2, "k": 4, "M": 2, "A": 3, "F": 3, "J": 2, "U": 3,
-        "C": 3}
+        "C": 3, "S": T + 3}
 
 
 def contiguous_ids(nb: int = B) -> np.ndarray:

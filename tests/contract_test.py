@@ -104,7 +104,7 @@ def test_optional_needs_are_switched_on_by_hyperparameters():
 
 
 def test_contract_is_one_complete_table():
-  letters = set("BTKRkMAFJUC")
+  letters = set("BTKRkMAFJUCS")
   for name, f in credit.CONTRACT.items():
     assert set(f.shape) <= letters and f.shape.startswith("B"), name
     assert f.dtype in ("i", "b", "f") and f.meaning, name

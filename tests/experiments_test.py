@@ -290,8 +290,48 @@ def test_vimpo_value_loss_is_trained_with_the_policy(tmp_path):
         assert metrics["adv_abs_mean"] == 0.0 and "estimator_loss" not in metrics
   assert rewards[0.0] == rewards[None] == [0.0, 0.0625]
   assert moved[0.0] == [0.0, 0.0] and moved[None][1] > 0.0
-  with pytest.raises(loop.SetupError, match=r"'grpo' has no loss term.*\['vimpo'\]"):
+  with pytest.raises(loop.SetupError,
+                     match=r"'grpo' has no loss term.*\['jepo', 'verifree', 'vimpo'\]"):
     loop.check_method(tiny(estimator_loss_coef=1.0))
+
+
+ANSWER_SEQUENCE = {"answer_tokens", "answer_attn_mask", "answer_positions"}
+
+
+@pytest.mark.parametrize("estimator,kwargs", [("jepo", {}), ("verifree", {"answer_weight": "one"})])
+def test_answer_likelihood_term_scores_the_answer_again_in_the_update(estimator, kwargs,
+                                                                       tmp_path):
+  """VeriFree's and JEPO's answer term (`trained_loss` with scores ("logprob_answer",)): the
+  update teacher-forces the reference answer again on the batch's `answer_tokens`. With one
+  minibatch and one epoch the loss is taken at the behaviour parameters, so the logged term
+  equals `answer_likelihood_loss` on the answer pass's `logprob_answer` with the estimator's
+  weights (verifree's "one": w = 1, as its untrained R ≈ 0 would give ≈ 0), and the step
+  lowers it. Off (`estimator_loss_coef=0`), the sequence stays out of the update batch."""
+  c = tiny(estimator=estimator, estimator_kwargs=kwargs, ppo_epochs=1, num_minibatches=1,
+           warmup_steps=0, debug_checks=True, **METHOD_RUN)
+  m = loop.check_method(c)
+  assert ANSWER_SEQUENCE | {"answer_weight", "answer_mask"} <= set(m.update_fields)
+  assert m.estimator_loss.scores == ("logprob_answer",) and m.estimator_loss.coef == 1.0
+  run, rs = loop.setup(c, str(tmp_path / "w"))
+  rs = loop.restore_or_warm_up(run, rs)
+  ctx = loop._context(run, rs)
+  batch, times = {}, {}
+  loop.run_stages(run.stages, rs.train, batch, ctx, times)
+  out = credit.get_estimator(estimator).fn(**{n: batch[n] for n in m.estimator_fields},
+                                           **m.estimator_static)
+  want = float(credit.advantages.implicit.answer_likelihood_loss(
+      logprob_answer=batch["logprob_answer"], answer_mask=batch["answer_mask"],
+      answer_weight=out.answer_weight))
+  assert want > 0.1  # the untrained model's answers are unlikely: −Σ log π is large
+  rs, metrics = loop.learn(run, rs, ctx, dict(batch), times, 0.0)
+  assert metrics["estimator_loss"] == pytest.approx(want, rel=1e-4)
+  model = train.merge_model(run.setup.graphdef, rs.train.params, run.setup.rest)
+  after = float(credit.advantages.implicit.answer_likelihood_loss(
+      logprob_answer=train.answer_scores(model, batch, None), answer_mask=batch["answer_mask"],
+      answer_weight=out.answer_weight))
+  assert after < want
+  off = loop.check_method(tiny(estimator=estimator, estimator_loss_coef=0.0, **METHOD_RUN))
+  assert off.estimator_loss is None and not ANSWER_SEQUENCE & set(off.update_fields)
 
 
 def test_scheduled_estimator_and_oreal_loss_run_end_to_end(tmp_path):

@@ -444,9 +444,10 @@ def test_rescored_logprobs_match_direct_scoring_of_each_row(tmp_path):
 @pytest.mark.parametrize("estimator,wanted", [
     ("perceval", {"flag_mask"}),
     ("logprob_reward", {"logprob_answer", "answer_mask"}),
-    ("verifree", {"logprob_answer", "answer_mask"}),
+    # Their answer terms score the answer again in the update, from the forced sequence.
+    ("verifree", {"logprob_answer", "answer_mask", *producers.ANSWER_SEQUENCE}),
     ("rlpr", {"logprob_answer", "answer_mask", "logprob_answer_prior"}),
-    ("jepo", {"logprob_answer", "answer_mask"}),
+    ("jepo", {"logprob_answer", "answer_mask", *producers.ANSWER_SEQUENCE}),
 ])
 def test_methods_plan_the_new_producers(estimator, wanted):
   plan = {p.producer.name: p.wanted for p in loop.check_method(tiny(estimator=estimator)).plan}

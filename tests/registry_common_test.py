@@ -172,6 +172,17 @@ def test_registering_a_user_estimator():
       registry.register_estimator("_bad", needs=("rewards",), paper="x")(constant_advantages)
     with pytest.raises(ValueError, match="registered twice"):
       registry.register_estimator("grpo", needs=("reward",), paper="x")(constant_advantages)
+    # A trained loss must take the scores it asks for, and only known ones.
+    for scores, loss in ((("logprob_answer",), lambda *, logprob, value=1.0: 0.0),
+                         (("logits",), lambda *, logits, value=1.0: 0.0),
+                         ((), lambda *, value=1.0: 0.0)):
+      with pytest.raises(ValueError, match="must take its scores"):
+        registry.register_estimator(
+            "_bad_loss", needs=("reward", "response_mask"), paper="x", returns_output=True,
+            trained_loss=registry.TrainedLoss(fn=loss, fields=(), targets=(),
+                                              params=("value",), coef=1.0, scores=scores))(
+                                                  constant_advantages)
+    assert "_bad_loss" not in registry.list_estimators()
   finally:
     registry._ESTIMATORS.pop("_user_test_constant", None)
 
@@ -227,17 +238,33 @@ def test_masked_rows_equal_sliced_rows_and_padding_changes_nothing(case):
     np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-5)
 
 
+# Estimators that rank rows batch-wide and break ties by row index (as their code does), so
+# a permutation changes which tied rows win: their permutation test draws the ranked fields
+# without ties.
+RANKS_WITH_INDEX_TIES = {
+    "tp_grpo": ("balancing keeps the turning points with the largest |key| (key Δ = R − V_0 "
+                "or d_k), ties by flat index", ("step_value", "start_value")),
+}
+
+
+def _without_ties(case, b, rng):
+  name = case[0].split("+")[0]
+  for field in RANKS_WITH_INDEX_TIES.get(name, ("", ()))[1]:
+    b[field] = rng.uniform(0.0, 1.0, b[field].shape).astype(np.float32)
+  return b
+
+
 @pytest.mark.parametrize("case", [c for c in EST_CASES if "group_id" in _spec(c).needs],
                          ids=lambda c: c[0])
 def test_permutation_within_groups(case):
   rng = np.random.default_rng(11)
-  b = _batch(9)
+  b = _without_ties(case, _batch(9), rng)
   perm = rng.permutation(B)                # segment path: rows move with their group ids
   out, pout = run(case, b), run(case, {k: v[perm] for k, v in b.items()})
   for o, p_ in zip(out, pout):
     np.testing.assert_allclose(p_, o[perm] if _rows(o) else o, rtol=1e-5, atol=1e-6)
   if case in GROUP_CASES:                  # fast path: permutation inside each group
-    bc = _batch(9, contiguous=True)
+    bc = _without_ties(case, _batch(9, contiguous=True), rng)
     perm = np.concatenate([g * G + rng.permutation(G) for g in range(N)])
     out = run(case, bc, group_size=G)
     pout = run(case, {k: v[perm] for k, v in bc.items()}, group_size=G)

@@ -138,7 +138,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.estimator = "grpo"            # advantage estimator registry name (credit.list_estimators()).
   c.estimator_kwargs = ml_collections.ConfigDict()  # its hyperparameters.
   # Weight of the estimator's own loss term, for one that has one (`EstimatorSpec.trained_loss`:
-  # VIMPO's value loss); None = its registered default (VIMPO 200), 0 = off.
+  # VIMPO's value loss, VeriFree's / JEPO's answer likelihood); None = its registered default
+  # (VIMPO 200, VeriFree and JEPO 1), 0 = off.
   c.estimator_loss_coef = ml_collections.config_dict.placeholder(float)
   c.credit_mask = ""              # a [B,T] bool contract field: the estimator's advantages are
                                   # kept on its tokens only ("decision_mask": the credit bench's

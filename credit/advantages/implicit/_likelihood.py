@@ -36,7 +36,15 @@ def rows(fn: str, group_id, response_mask, num_groups, group_size, batch_values:
 
 def group_advantages(fn: str, score_B: Array, rows_: ops.GroupRows, num_groups: int,
                      group_size: int | None, baseline: str, eps) -> Array:
-  """Per-row score -> [B,T] advantages with a group baseline.
+  """Per-row score -> [B,T] advantages with a group baseline (`row_advantages` on the
+  response tokens)."""
+  return ops.broadcast_to_tokens(
+      row_advantages(fn, score_B, rows_, num_groups, group_size, baseline, eps), rows_.mask)
+
+
+def row_advantages(fn: str, score_B: Array, rows_: ops.GroupRows, num_groups: int,
+                   group_size: int | None, baseline: str, eps) -> Array:
+  """Per-row score -> [B] advantages with a group baseline.
 
   "rloo": R_i − mean_{j≠i} R_j = K/(K−1)(R_i − μ_g); "grpo": (R_i − μ_g)/(σ_g + eps) with
   the unbiased std. Singleton groups, invalid rows and all-equal groups give exact 0.
@@ -52,4 +60,32 @@ def group_advantages(fn: str, score_B: Array, rows_: ops.GroupRows, num_groups: 
                                 scale=False, group_size=group_size)
     n_B = ops.group_count_rows(rows_.group_id, valid_B, num_groups, group_size)
     adv_B = cen_B * n_B / jnp.maximum(n_B - 1.0, 1.0)
-  return ops.broadcast_to_tokens(jnp.where(valid_B, adv_B, 0.0), rows_.mask)
+  return jnp.where(valid_B, adv_B, 0.0)
+
+
+def answer_likelihood_loss(*, logprob_answer: ArrayLike, answer_mask: ArrayLike,
+                           answer_weight: ArrayLike) -> Array:
+  """The reference answer's weighted negative log-likelihood on any subset of rows:
+
+  .. math::
+    L = −mean_b  w_b Σ_j m_{b,j} log π(a*_j | x, z_b, a*_{<j})
+
+  the answer-token term of VeriFree (w = R, its reward) and JEPO (w = the group's
+  self-normalised answer probabilities), which train log π(a* | x, z) besides the policy
+  gradient on z. The runner adds it to every minibatch's loss with `logprob_answer`
+  recomputed under the update's parameters (`TrainedLoss` with scores ("logprob_answer",),
+  from `answer_tokens` / `answer_positions`); `answer_weight` comes from the estimator's
+  output over whole groups and carries no gradient.
+
+  Args:
+    logprob_answer: [B,A] float log-probs of the answer tokens (differentiated).
+    answer_mask: [B,A] bool.
+    answer_weight: [B] float w_b (0 on rows that take no part).
+
+  Returns:
+    The scalar loss.
+  """
+  w_B = jax.lax.stop_gradient(jnp.asarray(answer_weight, jnp.float32))
+  chex.assert_rank(w_B, 1)
+  lp_BA, _, _ = answer_inputs(logprob_answer, answer_mask, jnp.shape(w_B)[0])
+  return -jnp.mean(w_B * jnp.sum(lp_BA, axis=-1))

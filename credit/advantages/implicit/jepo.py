@@ -2,17 +2,26 @@
 by its leave-one-out contribution."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit import ops
 from credit.advantages.implicit import _likelihood as lk
-from credit.registry import register_estimator
+from credit.registry import TrainedLoss, register_estimator
 
 Array = jax.Array
 
-__all__ = ["jepo_advantages"]
+__all__ = ["jepo_advantages", "JepoOutput", "answer_likelihood_loss"]
+
+answer_likelihood_loss = lk.answer_likelihood_loss
+
+
+class JepoOutput(NamedTuple):
+  advantages: Array     # [B,T] leave-one-out credit of each chain of thought
+  answer_weight: Array  # [B] n_g · the group's self-normalised answer probability
 
 _PAPER = ("Beyond Verifiable Rewards: Scaling Reinforcement Learning for Language Models to "
           "Unverifiable Data (JEPO) (Tang, Wang, Madaan, Munos), arXiv 2503.19618")
@@ -35,10 +44,16 @@ def _masked_logmeanexp(x_B: Array, sel_BB: Array) -> tuple[Array, Array]:
 
 @register_estimator("jepo",
                     needs=("group_id", "response_mask", "logprob_answer", "answer_mask"),
-                    paper=_PAPER, static_argnames=("num_groups", "group_size"))
+                    paper=_PAPER, static_argnames=("num_groups", "group_size"),
+                    returns_output=True,
+                    trained_loss=TrainedLoss(
+                        fn=lk.answer_likelihood_loss, fields=("answer_mask",),
+                        targets=("answer_weight",), params=(), coef=1.0,
+                        scores=("logprob_answer",)))
 def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_answer: ArrayLike, answer_mask: ArrayLike, num_groups: int,
-                    group_size: int | None = None, reward_scale: ArrayLike = 1.0) -> Array:
+                    group_size: int | None = None,
+                    reward_scale: ArrayLike = 1.0) -> JepoOutput:
   """Multi-sample JEPO: leave-one-out credit for the group's Jensen evidence bound.
 
   Paper: "Beyond Verifiable Rewards: Scaling Reinforcement Learning for Language Models to
@@ -56,9 +71,16 @@ def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
     A_g = L_G − log (1/(G−1)) Σ_{h≠g} exp(ℓ_h)
 
   constant over the response tokens of sample g. A_g > 0 when z_g raises the group's
-  answer likelihood. The supervised term on the answer tokens (∇ of L_G through ℓ) is a
-  separate loss, not part of these advantages. Rows with an empty response or no answer
-  tokens take no part; singleton groups get 0; a group whose ℓ are all equal gets 0.
+  answer likelihood. The bound's gradient through the answer tokens is
+  ∇_ℓ L_G = Σ_g w_g ∇ℓ_g with w_g = π(a* | x, z_g) / Σ_h π(a* | x, z_h), the group's
+  self-normalised answer probabilities: `answer_likelihood_loss` with the per-row weight
+  `answer_weight` = n_g·w_g (n_g the group's rows), so that its mean over the rows of whole
+  groups is −mean_groups Σ_g w_g ℓ_g. The registry's `trained_loss` makes the experiment
+  runner add it to each minibatch's loss with the answer rescored under the update's
+  parameters (coefficient 1: the bound's own gradient; this term and its weights are
+  derived here from the bound, no code was read). Rows with an empty response or no
+  answer tokens take no part (weight 0); singleton groups get advantage 0 (and weight 1: their
+  bound is ℓ itself); a group whose ℓ are all equal gets advantage 0 and weights 1.
   The leave-one-out sums are taken over [N,G,G] masks with contiguous groups (`group_size`,
   O(B·G)) and over a [B,B] same-group mask otherwise (O(B²) memory).
 
@@ -69,10 +91,11 @@ def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
     answer_mask: [B,A] bool.
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    reward_scale: multiplies A (ours).
+    reward_scale: multiplies A (ours; not the answer weights).
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`.
+    JepoOutput: advantages [B,T] float32 (zero outside `response_mask`) and answer_weight
+    [B] float32 (0 on rows that take no part).
   """
   fn = "jepo_advantages"
   lp_BA, _, has_B = lk.answer_inputs(logprob_answer, answer_mask,
@@ -96,4 +119,7 @@ def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   full_B, n_B, loo_B = full.reshape(B), n.reshape(B), loo.reshape(B)
   adv_B = jnp.where(valid_B & (n_B > 1), full_B - loo_B, 0.0)
   adv_B = jnp.asarray(reward_scale, jnp.float32) * adv_B
-  return ops.broadcast_to_tokens(adv_B, rows.mask)
+  # n·softmax(ℓ) = exp(ℓ − log mean exp ℓ) ≤ n.
+  log_n_B = jnp.log(jnp.maximum(n_B, 1.0))
+  w_B = jnp.where(valid_B & (n_B > 0), jnp.exp(jnp.minimum(ell_B - full_B, log_n_B)), 0.0)
+  return JepoOutput(ops.broadcast_to_tokens(adv_B, rows.mask), w_B)
