@@ -99,15 +99,26 @@ def test_step_judge_is_exact_and_independent_of_the_step_split(name, kw, data):
     assert ok == (not wrong[0])
 
 
-@pytest.mark.parametrize("name", ["pivotal", "distractor", "delayed"])
-def test_interventions_preserve_the_rule(name):
-  task, ex = _task_examples(name, {}, n=10)
+@pytest.mark.parametrize("name,kwargs,m", [
+    ("pivotal", {}, 2), ("distractor", {}, 2), ("delayed", {}, 2),
+    ("pivotal_and", {}, 1), ("pivotal_or", {"num_pivots": 3}, 2)])
+def test_interventions_preserve_the_rule(name, kwargs, m):
+  task, ex = _task_examples(name, kwargs, n=10)
   for e in ex:
-    for prompt in task.interventions(e):
+    prompts = task.interventions(e)
+    assert len(prompts) == m == len(set(prompts))
+    for prompt in prompts:
       assert prompt != e["prompt"]
       moved = {"prompt": prompt}  # parsed from the rewritten prompt alone
       assert task.verify(moved, e["answer"]) == 1.0
       assert task.pivot_positions(moved) == task.pivot_positions(e)
+      assert task.decided_at(moved) == task.decided_at(e)
+      # A wrong digit at any pivot is judged the same under the rewrite.
+      wrong = e["answer"][:task.pivot_positions(e)[0]] + "x" + e["answer"][
+          task.pivot_positions(e)[0] + 1:]
+      assert task.verify(moved, wrong) == task.verify(e, wrong)
+  with pytest.raises(ValueError, match="one pivot"):
+    ct.get_task("pivotal_and", num_pivots=1).interventions({"prompt": "3:4="})
 
 
 def test_distractors_are_high_entropy_in_demonstrations_and_never_matter():

@@ -146,9 +146,21 @@ class _MultiPivot:
     return self.response_len
 
   def _parse(self, example: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(positions in ascending order, the digit each asks for): the pairs in any order."""
     pos, digits = text_field(example, "prompt").rstrip("=").split(":")
-    return (tuple(int(c) for c in pos),
-            tuple(str((int(c) + self.shift) % 10) for c in digits))
+    pairs = sorted(zip((int(c) for c in pos),
+                       (str((int(c) + self.shift) % 10) for c in digits)))
+    return tuple(p for p, _ in pairs), tuple(w for _, w in pairs)
+
+  def interventions(self, example: Mapping[str, Any]) -> list[str]:
+    """SCAPO's answer-preserving prompt rewrites: the k (position, digit) pairs rotated by
+    1, ..., k − 1 ("14:37=" -> ["41:73="]; M = k − 1). The rule is unchanged, in an order
+    the demonstrations never show (they list the positions ascending)."""
+    pos, digits = text_field(example, "prompt").rstrip("=").split(":")
+    if len(pos) < 2:
+      raise ValueError(f"{self.name}: one pivot has no reordering to rewrite its prompt "
+                       "with (SCAPO's interventions); use num_pivots >= 2, or `pivotal`")
+    return [f"{pos[r:]}{pos[:r]}:{digits[r:]}{digits[:r]}=" for r in range(1, len(pos))]
 
   def generate(self, rng: np.random.Generator, n: int) -> list[dict]:
     out = []
