@@ -14,7 +14,9 @@ cuts each response right after its first "=" (a response without one gets the ma
 inserted) and scores a* ⊕ eos there, so the reward is the policy's own belief that its
 reasoning leads to the gold answer; no verifier is called for the advantages (the verifier
 only reports accuracy). VeriFree (arXiv 2505.21493): R = π(a* | x, z), RLOO baseline over
-the group of 8; the paper's extra answer-token loss is not part of this recipe.
+the group of 8, plus its answer-token loss −R·log π(a* | x, z) (the estimator's
+`trained_loss`, weight 1 as in the authors' run script; `--config.estimator_loss_coef=0`
+drops it; JEPO has one too, weighted by the group's self-normalised answer probabilities).
 
 The warm-up imitates a demonstrator that forgets the carry or borrow of each running-sum
 step that needs one with probability 0.7 (`task_kwargs.demo_carry_error`) and carries the
@@ -35,6 +37,15 @@ machine shared with other jobs, load average ~11):
   * wall time 14 min 24 s start to exit (GRPO 14 min 1 s) under that load; process CPU
     time 5 min 41 s (user 4:36 + sys 1:05); not measured on an idle machine. The answer
     pass costs ~0.26 s of a VeriFree step (`time_likelihood`).
+The runs above predate the answer-token loss. With it (2026-12-06, seed 0, one pinned core
+each, the same fresh warm-up at 0.434 for all four runs):
+  * VeriFree 0.805 / 0.859 / 0.867 / 0.867 at steps 25 / 50 / 75 / 100; without the term
+    (`estimator_loss_coef=0`) 0.797 / 0.859 / 0.848 / 0.844;
+  * JEPO 0.746 / 0.820 / 0.859 / 0.848; without the term 0.781 / 0.816 / 0.871 / 0.883;
+  * within one seed's noise either way here: the policy's own answers already follow its
+    reasoning after the warm-up, so −log π(a* | x, z) is small (VeriFree's term 2e-4 at step
+    100, JEPO's 0.20). The term's second pass over prompt ⊕ reasoning ⊕ answer doubles the
+    update (0.30 → 0.61 s; step 0.55 → 0.85 s).
 """
 from experiments.configs import common
 
