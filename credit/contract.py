@@ -106,11 +106,6 @@ CONTRACT: dict[str, Field] = {
     "logprob_answer_prior": Field("BA", "f", "the same answer tokens after the prompt alone "
                                   "(no response; RLPR debiasing)"),
     "answer_mask": Field("BA", "b", "valid tokens of `logprob_answer` (right-padded)"),
-    "answer_tokens": Field("BS", "i", "the sequence `logprob_answer` is scored on: prompt ⊕ "
-                           "response ⊕ reference answer (padded), so an update can score the "
-                           "answer again under its own parameters (a `TrainedLoss` on it)"),
-    "answer_attn_mask": Field("BS", "b", "attended positions of `answer_tokens`"),
-    "answer_positions": Field("BA", "i", "where each answer token sits in `answer_tokens`"),
     "logprob_followup": Field("BF", "f", "mean per-token log-prob of follow-up text f given "
                               "prompt ⊕ response (FLR; positive follow-ups first)", True),
     "teacher_topk_logprob": Field("BTk", "f", "top-k teacher log-probs (last entry: tail "
@@ -180,6 +175,12 @@ CONTRACT: dict[str, Field] = {
                        "calculator operations issued over all rounds)", True),
     "token_rm_logit": Field("BT", "f", "logit of a token-level reward model at each response "
                             "token (OREAL's importance weights)", True),
+    # --- sequences for scoring again in the update (a trained loss's inputs) ---
+    "answer_tokens": Field("BS", "i", "the sequence `logprob_answer` is scored on: prompt ⊕ "
+                           "response ⊕ reference answer (padded), so an update can score the "
+                           "answer again under its own parameters (a `TrainedLoss` on it)"),
+    "answer_attn_mask": Field("BS", "b", "attended positions of `answer_tokens`"),
+    "answer_positions": Field("BA", "i", "where each answer token sits in `answer_tokens`"),
 }
 
 _REQUIRED = ("tokens", "response_mask")
