@@ -661,8 +661,9 @@ def rebuild(out: str, add: Sequence[str], tasks: Sequence[str], s: Settings,
   """`--tables`: no runs. Folds each `add` file, the results.csv or learning.csv of a
   follow-up `--only` run made into its own --out, into `out`'s (its (task, estimator, seed)
   learning runs and its (task, estimator) credit rows (`merge_rows`) replacing the ones
-  there), recomputes results.csv's learning rows from learning.csv, and writes results.csv, table.md, summary.md, learning_<task>.md, and
-  bars_<task>.png / curves_<task>.png (the heatmaps need a run); skipped.md takes in the
+  there), recomputes results.csv's learning rows from learning.csv, and writes results.csv,
+  table.md, summary.md, learning_<task>.md, and bars_<task>.png / curves_<task>.png (the
+  heatmaps need a run); skipped.md takes in the
   skipped.md beside an added results.csv. `tasks` (default: all): the tasks taken from the
   added files and the learning tables written. A follow-up's --out starts as a copy of the
   record, so its other tasks' runs may predate a later rerun; naming its tasks keeps them

@@ -121,5 +121,5 @@ def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   adv_B = jnp.asarray(reward_scale, jnp.float32) * adv_B
   # n·softmax(ℓ) = exp(ℓ − log mean exp ℓ) ≤ n.
   log_n_B = jnp.log(jnp.maximum(n_B, 1.0))
-  w_B = jnp.where(valid_B & (n_B > 0), jnp.exp(jnp.minimum(ell_B - full_B, log_n_B)), 0.0)
+  w_B = jnp.where(valid_B, jnp.exp(jnp.minimum(ell_B - full_B, log_n_B)), 0.0)  # valid: n ≥ 1
   return JepoOutput(ops.broadcast_to_tokens(adv_B, rows.mask), w_B)
