@@ -114,7 +114,7 @@ LEARN_METRICS = ("final_accuracy", "auc", "steps_to_threshold")
 
 
 LEARN_SFT_BY_TASK = (("distractor", 170), ("delayed", 120), ("pivotal_and", 105),
-                     ("pivotal_or", 60))
+                     ("pivotal_or", 60), ("pivot_turn", 60))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,9 @@ class Settings:
   # / 0.28-0.47 / 0.58-0.73 / 1.00; delayed 90 / 120 / 150 give 0.17-0.23 / 0.20-0.41 /
   # 0.73-0.86; pivotal_and 90 / 105 / 120 / 150 give 0.08-0.20 / 0.27-0.44 / 0.33-0.44 /
   # 0.38-0.55; pivotal_or 60 / 75 / 90 / 150 give 0.22-0.41 / 0.48-0.59 / 0.52-0.67 /
-  # 0.88-0.94 (2026-12-06). Tasks not listed take `learn_sft_steps`.
+  # 0.88-0.94 (2026-12-06); pivot_turn 60 / 90 give 0.28 / 0.20 / 0.33 and 1.00 on every
+  # seed (2026-12-06, so its learning starts from the credit part's 60-step warm-up).
+  # Tasks not listed take `learn_sft_steps`.
   learn_sft_by_task: tuple[tuple[str, int], ...] = LEARN_SFT_BY_TASK
   # > 0: estimators that need branch fields are scored on tree batches (`tree_config`):
   # G/2 roots, `tree_points` branch points per prompt with `tree_branches` continuations each.
