@@ -53,6 +53,13 @@ def group_moments(values: ArrayLike, group_id: ArrayLike, num_groups: int,
     num_groups: static number of segments.
     valid: optional [M] bool; invalid items are excluded from the statistics.
   """
+  return _segment_stats(values, group_id, num_groups, valid)[0]
+
+
+def _segment_stats(values: ArrayLike, group_id: ArrayLike, num_groups: int,
+                   valid: ArrayLike | None) -> tuple[GroupMoments, Array]:
+  """`group_moments` and each item's value − its group mean [M] (0 where not taken part),
+  the deviation the variance is summed from."""
   v = as_f32(values)
   gid = jnp.asarray(group_id, jnp.int32)
   ok = (gid >= 0) & (gid < num_groups)
@@ -61,21 +68,28 @@ def group_moments(values: ArrayLike, group_id: ArrayLike, num_groups: int,
   seg = jnp.where(ok, gid, num_groups)  # out-of-range goes to a dropped bucket
   okf = ok.astype(jnp.float32)
   ns = num_groups + 1
+  safe = jnp.clip(seg, 0, num_groups - 1)
   count = jax.ops.segment_sum(okf, seg, ns)[:num_groups]
   pivot = jax.ops.segment_max(jnp.where(ok, v, -jnp.inf), seg, ns)[:num_groups]
   pivot = jnp.where(count > 0, pivot, 0.0)
-  d = jnp.where(ok, v - pivot[jnp.clip(seg, 0, num_groups - 1)], 0.0)
+  d = jnp.where(ok, v - pivot[safe], 0.0)
   dsum = jax.ops.segment_sum(d, seg, ns)[:num_groups]
   dmean = dsum / jnp.maximum(count, 1.0)
-  c = jnp.where(ok, d - dmean[jnp.clip(seg, 0, num_groups - 1)], 0.0)
+  c = jnp.where(ok, d - dmean[safe], 0.0)
   ss = jax.ops.segment_sum(c * c, seg, ns)[:num_groups]
   var = jnp.where(count > 1, ss / jnp.maximum(count - 1.0, 1.0), 0.0)
-  return GroupMoments(count=count, mean=pivot + dmean, std=safe_sqrt(var))
+  return GroupMoments(count=count, mean=pivot + dmean, std=safe_sqrt(var)), c
 
 
 def group_moments_dense(values_NG: ArrayLike,
                         valid_NG: ArrayLike | None = None) -> GroupMoments:
   """Fast path of `group_moments` for contiguous groups reshaped to [N,G]."""
+  return _dense_stats(values_NG, valid_NG)[0]
+
+
+def _dense_stats(values_NG: ArrayLike,
+                 valid_NG: ArrayLike | None) -> tuple[GroupMoments, Array]:
+  """`group_moments_dense` and each item's value − its group mean [N,G] (0 where invalid)."""
   v = as_f32(values_NG)
   ok = jnp.ones(v.shape, bool) if valid_NG is None else jnp.asarray(valid_NG, bool)
   okf = ok.astype(jnp.float32)
@@ -87,37 +101,26 @@ def group_moments_dense(values_NG: ArrayLike,
   c = jnp.where(ok, d - dmean[..., None], 0.0)
   ss = jnp.sum(c * c, axis=-1)
   var = jnp.where(count > 1, ss / jnp.maximum(count - 1.0, 1.0), 0.0)
-  return GroupMoments(count=count, mean=pivot + dmean, std=safe_sqrt(var))
+  return GroupMoments(count=count, mean=pivot + dmean, std=safe_sqrt(var)), c
 
 
 def _centred(values: Array, group_id: Array, num_groups: int, valid: Array | None,
              group_size: int | None) -> tuple[Array, Array, Array]:
   """Returns (value − group mean, group std, group count), each per item [M].
 
-  The centred value is computed from pivot-shifted deviations, never as
-  `value − mean` of two large numbers.
+  The centred value is the deviation the variance is summed from (pivot-shifted, never
+  `value − mean` of two large numbers), so σ and it come from one computation: a group of
+  equal values gets exactly 0 and σ = 0 together.
   """
   v = as_f32(values)
   ok = jnp.ones(v.shape, bool) if valid is None else jnp.asarray(valid, bool)
   if group_size is not None:
-    vNG = v.reshape(-1, group_size)
-    okNG = ok.reshape(-1, group_size)
-    mom = group_moments_dense(vNG, okNG)
-    pivot = jnp.max(jnp.where(okNG, vNG, -jnp.inf), axis=-1)
-    pivot = jnp.where(mom.count > 0, pivot, 0.0)
-    cen = (vNG - pivot[:, None]) - (mom.mean - pivot)[:, None]
+    mom, cen = _dense_stats(v.reshape(-1, group_size), ok.reshape(-1, group_size))
     rep = lambda a: jnp.repeat(a, group_size, total_repeat_length=v.shape[0])
     return cen.reshape(-1), rep(mom.std), rep(mom.count)
   gid = jnp.asarray(group_id, jnp.int32)
-  mom = group_moments(v, gid, num_groups, ok)
+  mom, cen = _segment_stats(v, gid, num_groups, ok)
   safe = jnp.clip(gid, 0, num_groups - 1)
-  inrange = (gid >= 0) & (gid < num_groups)
-  # Recompute the pivot gather so that (v − pivot) − (mean − pivot) keeps precision.
-  seg = jnp.where(ok & inrange, gid, num_groups)
-  pivot = jax.ops.segment_max(jnp.where(ok & inrange, v, -jnp.inf), seg,
-                              num_groups + 1)[:num_groups]
-  pivot = jnp.where(mom.count > 0, pivot, 0.0)
-  cen = (v - pivot[safe]) - (mom.mean - pivot)[safe]
   return cen, mom.std[safe], mom.count[safe]
 
 
@@ -148,11 +151,6 @@ def group_normalize(values: ArrayLike, group_id: ArrayLike | None = None,
   check_choice("group_normalize", "singleton", singleton, SINGLETONS)
   v = as_f32(values)
   cen, std, count = _centred(v, group_id, num_groups, valid, group_size)
-  # σ = 0 means the valid values are equal, so the centred value is exactly 0. Stated
-  # explicitly: XLA:CPU at --xla_backend_optimization_level=0 with the legacy emitters (the
-  # test suite's flags) was seen to give v − max(v) = 1 ulp for bitwise-equal values, which
-  # ε = 1e-6 turns into an advantage of 0.12.
-  cen = jnp.where(std > 0, cen, 0.0)
   out = cen / (std + eps) if scale else cen
   out = jnp.where(count == 1, v if singleton == "raw" else 0.0, out)
   ok = count > 0
