@@ -27,10 +27,13 @@ def _module_path(module: str) -> str:
   return module.replace(".", "/") + ".py"
 
 
-def _needs(needs, optional=()) -> str:
+def _needs(needs, optional=(), default_on=frozenset()) -> str:
+  """The needs cell; `default_on`: optional fields whose switch is on by default."""
   out = ", ".join(f"`{n}`" for n in sorted(needs))
   if optional:
-    out += "; optional " + ", ".join(f"`{f}` (with `{s}`)" for f, s in optional)
+    out += "; optional " + ", ".join(
+        f"`{f}` (with `{s}`, on by default)" if f in default_on else f"`{f}` (with `{s}`)"
+        for f, s in optional)
   return out
 
 
@@ -40,7 +43,8 @@ def estimator_table() -> str:
   for fam, names in registry.list_families().items():
     for name in names:
       s = registry.get_estimator(name)
-      lines.append(f"| `{name}` | {fam} | {_needs(s.needs, s.optional_needs)} | "
+      on = s.needs_for({}) - s.needs
+      lines.append(f"| `{name}` | {fam} | {_needs(s.needs, s.optional_needs, on)} | "
                    f"{_cell(s.paper)} | {s.confidence} | `{_module_path(s.module)}` |")
   return "\n".join(lines)
 

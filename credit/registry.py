@@ -161,8 +161,10 @@ class EstimatorSpec:
     static_argnames: hyperparameters that change shapes/control flow (jit static).
     returns_output: True when it returns a NamedTuple with an `advantages` field.
     optional_needs: (field, switch) pairs for inputs the function takes only in some settings:
-      `field` is needed when the hyperparameter `switch` is truthy (REINFORCE++ takes
-      `logprob_ref` when `kl_coef` != 0). `needs_for(hyper)` resolves them.
+      `field` is needed when the hyperparameter `switch` is truthy, its value in the run's
+      hyperparameters or else its default (REINFORCE++ takes `logprob_ref` when `kl_coef`
+      != 0; VeriFree takes `format_ok` unless `format_gate=False`). `needs_for(hyper)`
+      resolves them.
     init_state: for stateful estimators, `init_state(num_prompts) -> state`; the function
       then takes `state=` and returns a NamedTuple with `advantages` and `state`.
     params: the function's keyword parameters (from its signature, computed once).
@@ -196,9 +198,18 @@ class EstimatorSpec:
                  and p != "state")
 
   def needs_for(self, hyper: Mapping[str, Any] | None = None) -> frozenset[str]:
-    """`needs` plus the optional inputs switched on by the hyperparameters in `hyper`."""
+    """`needs` plus the optional inputs switched on by the hyperparameters in `hyper` (a
+    switch not in `hyper` takes the function's default)."""
     hyper = hyper or {}
-    return self.needs | {f for f, switch in self.optional_needs if hyper.get(switch)}
+    params = _keyword_params(self.fn) if self.optional_needs else {}
+
+    def on(switch):
+      if switch in hyper:
+        return bool(hyper[switch])
+      default = params[switch].default
+      return default is not inspect.Parameter.empty and bool(default)
+
+    return self.needs | {f for f, switch in self.optional_needs if on(switch)}
 
   def split_arguments(self, hyper: Mapping[str, Any] | None = None, *,
                       num_groups: int | None = None,

@@ -298,14 +298,16 @@ def test_vimpo_value_loss_is_trained_with_the_policy(tmp_path):
 ANSWER_SEQUENCE = {"answer_tokens", "answer_attn_mask", "answer_positions"}
 
 
-@pytest.mark.parametrize("estimator,kwargs", [("jepo", {}), ("verifree", {"answer_weight": "one"})])
+@pytest.mark.parametrize("estimator,kwargs", [
+    ("jepo", {}), ("verifree", {"answer_weight": "one", "format_gate": False})])
 def test_answer_likelihood_term_scores_the_answer_again_in_the_update(estimator, kwargs,
                                                                        tmp_path):
   """VeriFree's and JEPO's answer term (`trained_loss` with scores ("logprob_answer",)): the
   update teacher-forces the reference answer again on the batch's `answer_tokens`. With one
   minibatch and one epoch the loss is taken at the behaviour parameters, so the logged term
   equals `answer_likelihood_loss` on the answer pass's `logprob_answer` with the estimator's
-  weights (verifree's "one": w = 1, as its untrained R ≈ 0 would give ≈ 0), and the step
+  weights (verifree's "one": w = 1, as its untrained R ≈ 0 would give ≈ 0; its format gate
+  off, as the untrained responses run to the length limit and would get w = 0), and the step
   lowers it. Off (`estimator_loss_coef=0`), the sequence stays out of the update batch."""
   c = tiny(estimator=estimator, estimator_kwargs=kwargs, ppo_epochs=1, num_minibatches=1,
            warmup_steps=0, debug_checks=True, **METHOD_RUN)

@@ -452,6 +452,8 @@ def test_rescored_logprobs_match_direct_scoring_of_each_row(tmp_path):
 def test_methods_plan_the_new_producers(estimator, wanted):
   plan = {p.producer.name: p.wanted for p in loop.check_method(tiny(estimator=estimator)).plan}
   assert plan["task_flags" if estimator == "perceval" else "answer_pass"] == wanted
+  # VeriFree's format gate (on by default, as in its port) asks for format_ok.
+  assert ("format_check" in plan) == (estimator == "verifree")
 
 
 def test_scapo_plans_interventions_and_gives_finite_advantages(tmp_path):

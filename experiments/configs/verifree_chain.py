@@ -46,6 +46,11 @@ each, the same fresh warm-up at 0.434 for all four runs):
     reasoning after the warm-up, so −log π(a* | x, z) is small (VeriFree's term 2e-4 at step
     100, JEPO's 0.20). The term's second pass over prompt ⊕ reasoning ⊕ answer doubles the
     update (0.30 → 0.61 s; step 0.55 → 0.85 s).
+Since 2026-12-07 VeriFree's format gate is on, as in its port (R = 0, and no answer term,
+for a response without the answer tag or stopped by the length limit): here a response
+that fails the chain task's `format_ok` (running sums, "=", an integer answer) gets R = 0
+(`--config.estimator_kwargs.format_gate=False` turns it off). The runs above predate it
+and were not repeated (their warmed-up policy wrote the marker in every sampled response).
 """
 from experiments.configs import common
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -31,7 +32,9 @@ _PAPER = ("Reinforcing General Reasoning without Verifiers (VeriFree) (Zhou et a
 @register_estimator("verifree",
                     needs=("group_id", "response_mask", "logprob_answer", "answer_mask"),
                     paper=_PAPER, returns_output=True,
-                    static_argnames=("num_groups", "group_size", "baseline", "answer_weight"),
+                    static_argnames=("num_groups", "group_size", "baseline", "answer_weight",
+                                     "format_gate"),
+                    optional_needs={"format_ok": "format_gate"},
                     # The released run's loss: policy gradient + answer term, unweighted.
                     trained_loss=TrainedLoss(
                         fn=lk.answer_likelihood_loss, fields=("answer_mask",),
@@ -39,7 +42,8 @@ _PAPER = ("Reinforcing General Reasoning without Verifiers (VeriFree) (Zhou et a
                         scores=("logprob_answer",)))
 def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                         logprob_answer: ArrayLike, answer_mask: ArrayLike, num_groups: int,
-                        group_size: int | None = None, reward_scale: ArrayLike = 1.0,
+                        group_size: int | None = None, format_ok: ArrayLike | None = None,
+                        format_gate: bool = True, reward_scale: ArrayLike = 1.0,
                         baseline: Literal["rloo", "grpo"] = "rloo",
                         answer_weight: Literal["reward", "advantage", "one"] = "reward",
                         eps: ArrayLike = 1e-6) -> VerifreeOutput:
@@ -53,7 +57,7 @@ def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   reasoning and a* the reference answer:
 
   .. math::
-    R_b = exp(Σ_j log π(a*_j | x, z_b, a*_{<j}))
+    R_b = exp(Σ_j log π(a*_j | x, z_b, a*_{<j}))   (0 where format_ok_b is false)
     A_b = R_b − mean_{j≠b in group} R_j       ("rloo", default; "grpo" z-scores instead)
     L = −mean_b A_b Σ_t log π(z_{b,t})  −  mean_b w_b Σ_j log π(a*_j | x, z_b, a*_{<j})
 
@@ -67,10 +71,18 @@ def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   Rows with an empty response or no answer tokens, singleton groups and equal rewards
   give exact 0 advantage; rows with an empty response or no answer tokens get w = 0.
 
-  Differences from the port: it scores the answer after the response cut at "<answer"
-  (its template's tag) and gives R = 0 to a response without the tag or cut at the length
-  limit; the runner's `answer_pass` cuts at the task's `answer_marker` when it has one and
-  otherwise appends the answer to the whole response, and scores truncated responses too.
+  The format gate (the port's default, on here): the port scores the answer after the
+  response cut at "<answer" (its template's tag) and gives R = 0 (log R = −inf) to a
+  response without the tag or stopped by the length limit; such a row stays in its group
+  (its RLOO baseline counts it) and trains no answer tokens. Here a row with
+  `format_ok` false gets R = 0 and w = 0 and stays in its group. The runner's
+  `format_check` producer makes `format_ok`: the task's own format check where it has
+  one (`chain`: running sums, the marker, an integer answer — stricter than the tag
+  alone), else "the response ended by itself" (a stop token, not the length limit).
+  `format_gate=False` (static) does not ask for `format_ok`: every row's answer is
+  scored, after the response cut at the task's `answer_marker` (`answer_pass`; a row
+  without it gets the marker inserted) or after the whole response. A `format_ok` given
+  with the gate off is applied too; without `format_ok` no row is gated.
   The port's policy term sums the reasoning tokens' log-probs per row without a ratio (one
   epoch); in the runner that is the policy loss's choice (`policy_loss`, its aggregation).
 
@@ -81,7 +93,11 @@ def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
     answer_mask: [B,A] bool.
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    reward_scale: multiplies R (ours; 1 = the answer probability).
+    format_ok: optional [B] bool, the response has the output format and ended by itself;
+      R = 0 and w = 0 where false.
+    format_gate: static; True (default) makes the registry ask for `format_ok`.
+    reward_scale: multiplies R (ours; 1 = the answer probability; the port's
+      `reward_scale` multiplies log R instead, 1 in its run).
     baseline: static, "rloo" | "grpo".
     answer_weight: static, the answer term's weight: "reward" (R), "advantage" (A) or
       "one".
@@ -96,10 +112,15 @@ def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   check_choice(fn, "answer_weight", answer_weight, _ANSWER_WEIGHTS)
   lp_BA, _, has_B = lk.answer_inputs(logprob_answer, answer_mask,
                                      jnp.shape(logprob_answer)[0])
-  r_B = jnp.where(has_B, jnp.exp(jnp.minimum(jnp.sum(lp_BA, axis=-1), 0.0)), 0.0)
+  if format_ok is not None:
+    ok_B = jnp.asarray(format_ok, bool)
+    chex.assert_shape(ok_B, (jnp.shape(logprob_answer)[0],))
+  else:
+    ok_B = jnp.ones(jnp.shape(logprob_answer)[0], bool)
+  r_B = jnp.where(has_B & ok_B, jnp.exp(jnp.minimum(jnp.sum(lp_BA, axis=-1), 0.0)), 0.0)
   r_B = jnp.asarray(reward_scale, jnp.float32) * r_B
   rows = lk.rows(fn, group_id, response_mask, num_groups, group_size, r_B, has_B)
   adv_B = lk.row_advantages(fn, r_B, rows, num_groups, group_size, baseline, eps)
   w_B = {"reward": r_B, "advantage": adv_B, "one": jnp.ones_like(r_B)}[answer_weight]
   return VerifreeOutput(ops.broadcast_to_tokens(adv_B, rows.mask),
-                        jnp.where(rows.valid, w_B, 0.0))
+                        jnp.where(rows.valid & ok_B, w_B, 0.0))

@@ -19,20 +19,26 @@ from tests.advantages.implicit._lik import (B, G, N, T, answer_rows, batches, re
 ANS = np.array([[-0.2, -0.1, -0.05], [-1.5, -2.0, -0.7]], np.float32)
 CONFIGS = {"default": dict(), "grpo_fast": dict(baseline="grpo", group_size=G),
            "scaled": dict(reward_scale=3.0, answer_weight="advantage"),
-           "one": dict(answer_weight="one")}
-_STATIC = ("baseline", "group_size", "answer_weight")
+           "one": dict(answer_weight="one"),
+           "gated": dict(format_ok=True, answer_weight="advantage"),
+           "gate_off": dict(format_ok=True, format_gate=False, answer_weight="one")}
+_STATIC = ("baseline", "group_size", "answer_weight", "format_gate")
 
 
-def ref(b, reward_scale=1.0, baseline="rloo", group_size=None, answer_weight="reward"):
-  """(advantages [B,T], answer weights [B])."""
+def ref(b, reward_scale=1.0, baseline="rloo", group_size=None, answer_weight="reward",
+        format_ok=None, format_gate=True):
+  """(advantages [B,T], answer weights [B]); `format_ok` True: read b["format_ok"]."""
+  del format_gate  # only what the registry asks for; a given format_ok applies either way
   rows = answer_rows(b["logprob_answer"], b["answer_mask"])
-  score = [reward_scale * math.exp(sum(r)) if r else 0.0 for r in rows]
+  ok = b["format_ok"] if format_ok else np.ones(B, bool)
+  score = [reward_scale * math.exp(sum(r)) if r and ok[i] else 0.0
+           for i, r in enumerate(rows)]
   gid = b["group_id"] if group_size is None else np.arange(B) // group_size
   valid = valid_rows(b["response_mask"], gid, group_size=group_size,
                      extra=[bool(r) for r in rows])
   adv = ref_baseline(score, gid, valid, baseline)
   w = {"reward": score, "advantage": adv, "one": np.ones(B)}[answer_weight]
-  return to_tokens(adv, b["response_mask"]), np.where(valid, w, 0.0)
+  return to_tokens(adv, b["response_mask"]), np.where(np.asarray(valid) & ok, w, 0.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,6 +52,9 @@ def test_registered():
   assert spec.family == "implicit" and spec.confidence == "code-verified"
   assert spec.trained_loss.scores == ("logprob_answer",)
   assert "2505.21493" in spec.paper
+  # The port's format gate is on by default, so the runner asks for format_ok.
+  assert spec.needs_for({}) == spec.needs | {"format_ok"}
+  assert spec.needs_for({"format_gate": False}) == spec.needs
 
 
 def test_spec_example():
@@ -65,6 +74,14 @@ def test_spec_example():
   g = jax.grad(lambda x: vf.answer_likelihood_loss(logprob_answer=x, answer_mask=amask,
                                                    answer_weight=np.array([2.0, 1.0])))(ANS)
   np.testing.assert_allclose(np.asarray(g), [[-1, -1, 0], [-0.5, -0.5, -0.5]])
+  # The port's gate: the second response has no answer tag (or hit the length limit), so
+  # R = [0.7047, 0] (it stays in the RLOO baseline) and it trains no answer tokens.
+  out = vf.verifree_advantages(group_id=np.zeros(2, np.int32),
+                               response_mask=np.ones((2, 1), bool), logprob_answer=ANS,
+                               answer_mask=np.ones((2, 3), bool), num_groups=1,
+                               format_ok=np.array([True, False]))
+  np.testing.assert_allclose(np.asarray(out.advantages)[:, 0], [0.7047, -0.7047], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out.answer_weight), [0.7047, 0.0], atol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -74,7 +91,10 @@ def test_matches_numpy_reference(name, data):
   cfg = CONFIGS[name]
   b = data.draw(batches(contiguous="group_size" in cfg))
   kw = {k: b[k] for k in ("group_id", "response_mask", "logprob_answer", "answer_mask")}
-  hyper = {k: v for k, v in cfg.items() if k not in _STATIC}
+  if cfg.get("format_ok"):
+    b["format_ok"] = np.array(data.draw(st.lists(st.booleans(), min_size=B, max_size=B)))
+    kw["format_ok"] = b["format_ok"]
+  hyper = {k: v for k, v in cfg.items() if k not in _STATIC and k != "format_ok"}
   out = jitted(name)(**kw, **hyper)
   adv, w = ref(b, **cfg)
   np.testing.assert_allclose(np.asarray(out.advantages, np.float64), adv, rtol=1e-4, atol=1e-6)
@@ -92,6 +112,10 @@ def test_vanishing_probabilities_stay_finite_and_bad_args():
     vf.verifree_advantages(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, T), bool),
                            logprob_answer=lp, answer_mask=np.ones((4, 3), bool), num_groups=1,
                            answer_weight="adv")
+  with pytest.raises(AssertionError, match="format_ok|shape"):
+    vf.verifree_advantages(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, T), bool),
+                           logprob_answer=lp, answer_mask=np.ones((4, 3), bool), num_groups=1,
+                           format_ok=np.ones(3, bool))
   with pytest.raises(ValueError, match="baseline"):
     vf.verifree_advantages(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, T), bool),
                            logprob_answer=lp, answer_mask=np.ones((4, 3), bool), num_groups=1,
