@@ -79,6 +79,20 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   concern (not here). Rows with an empty response or no answer tokens, singleton groups
   and equal rewards give exact 0; the std is the unbiased one (ours).
 
+  Read against the authors' code (OpenBMB/RLPR at 8490fca, `reward_manager/prob.py`,
+  `ray_trainer.py` and `examples/RLPR/reproduce_qwen.sh`, 2026-12-07). Agrees: the mean
+  token probability (`compute_score_name=mean_exp_log_softmax`), the debiasing clipped at
+  0 (`shaping_function_name=threshold_0`; R − R_prior ≤ 1 already), the gold answer
+  written after the response's answer tag (appended with the tag when the response has
+  none; the runner's `answer_pass` does the same with the task's `answer_marker`), GRPO
+  advantages. Not reproduced yet: (1) the reward is (1 − c)·Δ + c·format with c = 0.1
+  (`format_coefficient`; the R1 tag format of the response), not Δ alone; (2) the prior
+  R_prior is computed once, before training, with the initial policy and kept fixed
+  (`compute_promptgt2scoreA(0)`), while the runner scores it with the current policy at
+  every step; (3) a repetition penalty (−1 for a response in which a 10-word window
+  repeats 10 times; `repetition_penalty=True`) and the EMA reward-std prompt filter are
+  training-loop parts of its runs.
+
   Args:
     group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
     response_mask: [B,T] bool.
