@@ -952,9 +952,36 @@ def append_answer(tokens_BS: np.ndarray, keep_BS: np.ndarray, answer_BA: np.ndar
 ANSWER_SEQUENCE = frozenset(credit.registry.TRAINED_SCORES["logprob_answer"])
 
 
-def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
+# answer_prior_scorer = "auto": the estimators whose code scores the prior with the initial
+# model (RLPR: once, before training); the others with the behaviour policy.
+ANSWER_PRIOR_REFERENCE_ESTIMATORS = frozenset({"rlpr"})
+
+
+def answer_prior_scorer(c: ml_collections.ConfigDict) -> str:
+  """Who scores `logprob_answer_prior` (`c.answer_prior_scorer`, "auto" resolved)."""
+  v = c.get("answer_prior_scorer", "auto")
+  if v != "auto":
+    return v
+  return "reference" if c.estimator in ANSWER_PRIOR_REFERENCE_ESTIMATORS else "policy"
+
+
+def _check_answer_prior(c: ml_collections.ConfigDict) -> None:
+  v = c.get("answer_prior_scorer", "auto")
+  if v not in ("auto", "policy", "reference"):
+    raise SetupError(f"answer_prior_scorer={v!r}; valid: auto | policy | reference")
+
+
+def _build_answer_prior_ref(s: Setup, wanted: frozenset) -> Produce:
+  """logprob_answer_prior [B,A] scored by the frozen reference (`_build_answer_pass`)."""
+  return _build_answer_pass(s, wanted, prior_from_reference=True)
+
+
+def _build_answer_pass(s: Setup, wanted: frozenset, prior_from_reference: bool = False
+                       ) -> Produce:
   """logprob_answer [B,A]: the gold answer's tokens (text + eos) teacher-forced after the
-  prompt and the response; logprob_answer_prior [B,A]: the same after the prompt alone.
+  prompt and the response; logprob_answer_prior [B,A]: the same after the prompt alone, by
+  the policy or (`prior_from_reference`, the `answer_prior_ref` producer) by the frozen
+  initial policy.
 
   Without a task `answer_marker` the answer follows the whole response with its final stop
   token dropped (`_response_body`), and the prior follows the prompt. With one (`chain`:
@@ -1005,18 +1032,20 @@ def _build_answer_pass(s: Setup, wanted: frozenset) -> Produce:
                        f"run's answer width A={A} (the longest of the train split)")
     ans_NA, amask_NA = tasks_lib.pad_rows(rows, A, pad_id=tok.pad_id, pad_left=False)
     ans_BA, amask_BA = np.repeat(ans_NA, G, axis=0), np.repeat(amask_NA, G, axis=0)
-    body, found_B = _cut_after_marker(tokens, _response_body(tok, tokens, resp), marker_ids)
     params = state.params
     out = {"answer_mask": parallel.shard_batch(amask_BA, s.mesh)}
-    seq, attn, pos = forced(tokens, prompt | body, ans_BA, amask_BA, ~found_B)
-    seq, attn, pos = parallel.shard_batch((seq, attn, pos), s.mesh)
-    out["logprob_answer"] = answer_logprobs(params, seq, attn, pos, out["answer_mask"])
-    if wanted & ANSWER_SEQUENCE:
-      out.update(answer_tokens=seq, answer_attn_mask=attn, answer_positions=pos)
+    if wanted - {"answer_mask", "logprob_answer_prior"}:
+      body, found_B = _cut_after_marker(tokens, _response_body(tok, tokens, resp), marker_ids)
+      seq, attn, pos = forced(tokens, prompt | body, ans_BA, amask_BA, ~found_B)
+      seq, attn, pos = parallel.shard_batch((seq, attn, pos), s.mesh)
+      out["logprob_answer"] = answer_logprobs(params, seq, attn, pos, out["answer_mask"])
+      if wanted & ANSWER_SEQUENCE:
+        out.update(answer_tokens=seq, answer_attn_mask=attn, answer_positions=pos)
     if "logprob_answer_prior" in wanted:
       seq, attn, pos = forced(tokens[:, :P], prompt[:, :P], ans_BA, amask_BA,
                               np.ones(len(tokens), bool))
-      out["logprob_answer_prior"] = answer_logprobs(params, *parallel.shard_batch(
+      prior_params = ctx.ref_params if prior_from_reference else params
+      out["logprob_answer_prior"] = answer_logprobs(prior_params, *parallel.shard_batch(
           (seq, attn, pos), s.mesh), out["answer_mask"])
     return out
 
@@ -2187,12 +2216,20 @@ PRODUCERS: tuple[Producer, ...] = (
              "(`pivot_positions`; the credit bench's oracle placement, `credit_mask`)",
              when=_task_has("pivot_positions"),
              off_doc="needs a built-in bifurcation task (pivotal, distractor, ...)"),
+    # Before answer_pass: under answer_prior_scorer=reference it makes the prior instead.
+    Producer("answer_prior_ref", ("logprob_answer_prior",), ("tokens", "response_mask"),
+             _build_answer_prior_ref, "likelihood",
+             "the frozen initial policy teacher-forces the gold answer (+ eos) after the "
+             "prompt alone (RLPR's prior, computed once before training in its code)",
+             when=lambda c: answer_prior_scorer(c) == "reference", check=_check_answer_prior,
+             keeps_reference=True, off_doc="answer_prior_scorer='reference'"),
     Producer("answer_pass", ("logprob_answer", "answer_mask", "logprob_answer_prior",
                              "answer_tokens", "answer_attn_mask", "answer_positions"),
              ("tokens", "response_mask"), _build_answer_pass, "likelihood",
              "the policy teacher-forces the gold answer (+ eos) after prompt ⊕ response "
              "(its stop token dropped), and after the prompt alone for the prior; the "
-             "forced sequence too, for a loss that scores the answer in the update"),
+             "forced sequence too, for a loss that scores the answer in the update",
+             check=_check_answer_prior),
     Producer("followup_pass", ("logprob_followup",), ("tokens", "response_mask"),
              _build_followup_pass, "likelihood",
              "the policy teacher-forces each follow-up text (c.followups_pos, then "

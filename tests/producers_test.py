@@ -190,6 +190,7 @@ def test_answer_logprobs_after_the_task_marker_match_direct_scoring(tmp_path):
   the sampled responses (none, one, two) so that every case occurs."""
   c = tiny("verifree_chain", estimator="rlpr", mesh="data=4", sft_steps=0)
   run, rs = loop.setup(c, str(tmp_path / "w"))
+  rs = loop.restore_or_warm_up(run, rs)  # the frozen reference scores rlpr's prior
   ctx = loop._context(run, rs)
   tok = run.data.tokenizer
   (m,) = tok.encode(run.data.task.answer_marker)
@@ -446,14 +447,54 @@ def test_rescored_logprobs_match_direct_scoring_of_each_row(tmp_path):
     ("logprob_reward", {"logprob_answer", "answer_mask"}),
     # Their answer terms score the answer again in the update, from the forced sequence.
     ("verifree", {"logprob_answer", "answer_mask", *producers.ANSWER_SEQUENCE}),
-    ("rlpr", {"logprob_answer", "answer_mask", "logprob_answer_prior"}),
+    # RLPR's prior comes from answer_prior_ref (the frozen initial policy).
+    ("rlpr", {"logprob_answer", "answer_mask"}),
     ("jepo", {"logprob_answer", "answer_mask", *producers.ANSWER_SEQUENCE}),
 ])
 def test_methods_plan_the_new_producers(estimator, wanted):
   plan = {p.producer.name: p.wanted for p in loop.check_method(tiny(estimator=estimator)).plan}
   assert plan["task_flags" if estimator == "perceval" else "answer_pass"] == wanted
-  # VeriFree's format gate (on by default, as in its port) asks for format_ok.
-  assert ("format_check" in plan) == (estimator == "verifree")
+  # VeriFree's format gate and RLPR's format term (on by default, as in their code) ask
+  # for format_ok.
+  assert ("format_check" in plan) == (estimator in ("verifree", "rlpr"))
+  assert ("answer_prior_ref" in plan) == (estimator == "rlpr")
+
+
+def test_rlpr_prior_is_scored_by_the_frozen_initial_policy(tmp_path):
+  """answer_prior_scorer="auto" gives rlpr its prior from the frozen reference (RLPR's code
+  computes it once, before training, with the initial model): with the policy moved away
+  from the reference the prior stays, while logprob_answer follows the policy. Under
+  "policy" the prior moves with the policy and no reference is kept."""
+  out = {}
+  for scorer, maker in (("auto", "answer_prior_ref"), ("policy", "answer_pass")):
+    c = tiny("verifree_chain", estimator="rlpr", sft_steps=0, answer_prior_scorer=scorer)
+    m = loop.check_method(c)
+    plan = {p.producer.name: p.wanted for p in m.plan}
+    assert "logprob_answer_prior" in plan[maker] and "format_ok" in plan["format_check"]
+    assert m.keeps_reference == (scorer == "auto")
+    run, rs = loop.setup(c, str(tmp_path / scorer))
+    rs = loop.restore_or_warm_up(run, rs)
+    ctx = loop._context(run, rs)
+    batch = {}
+    for stage in run.stages:
+      batch.update(stage(rs.train, batch, ctx))
+    moved = rs.train.replace(params=jax.tree.map(lambda x: x * 1.5, rs.train.params))
+    for state, key in ((rs.train, False), (moved, True)):
+      got = {}
+      for stage in run.stages:
+        if stage.name in ("answer_pass", "answer_prior_ref"):
+          got.update(stage(state, batch, ctx))
+      out[scorer, key] = {k: np.asarray(got[k]) for k in (
+          "logprob_answer", "logprob_answer_prior")}
+  for scorer in ("auto", "policy"):
+    assert not np.allclose(out[scorer, False]["logprob_answer"],
+                           out[scorer, True]["logprob_answer"])
+  np.testing.assert_array_equal(out["auto", False]["logprob_answer_prior"],
+                                out["auto", True]["logprob_answer_prior"])
+  assert not np.allclose(out["policy", False]["logprob_answer_prior"],
+                         out["policy", True]["logprob_answer_prior"])
+  with pytest.raises(producers.SetupError, match="answer_prior_scorer"):
+    loop.check_method(tiny("verifree_chain", estimator="rlpr", answer_prior_scorer="init"))
 
 
 def test_scapo_plans_interventions_and_gives_finite_advantages(tmp_path):

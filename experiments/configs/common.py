@@ -94,6 +94,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.gold_scorer = "auto"          # who scores the gold answer: policy (the behaviour policy, IGPO)
                                   # | reference (the frozen initial policy, TRACE) | auto (the
                                   # estimator's paper: trace reference, others policy).
+  c.answer_prior_scorer = "auto"  # who scores logprob_answer_prior (the answer after the prompt
+                                  # alone): policy (the behaviour policy, every step) | reference
+                                  # (the frozen initial policy: RLPR's code computes it once,
+                                  # before training) | auto (rlpr reference, others policy).
   c.step_delimiters = (",", ";", "\n")  # step-level methods (step_id) on single-turn responses:
                                   # a token holding one of these closes a step (multi-turn: turns).
   # Branch sampling (credit.trees; tree estimators such as cbpo, slate): G roots per prompt,

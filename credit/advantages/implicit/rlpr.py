@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -55,11 +56,14 @@ def rlpr_reward(*, logprob_answer: ArrayLike, answer_mask: ArrayLike,
                     needs=("group_id", "response_mask", "logprob_answer", "answer_mask",
                            "logprob_answer_prior"),
                     paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "debias", "baseline"))
+                    static_argnames=("num_groups", "group_size", "debias", "baseline",
+                                     "format_coef"),
+                    optional_needs={"format_ok": "format_coef"})
 def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_answer: ArrayLike, answer_mask: ArrayLike,
                     logprob_answer_prior: ArrayLike | None, num_groups: int,
-                    group_size: int | None = None, reward_scale: ArrayLike = 1.0,
+                    group_size: int | None = None, format_ok: ArrayLike | None = None,
+                    format_coef: float = 0.1, reward_scale: ArrayLike = 1.0,
                     debias: bool = True, baseline: Literal["rloo", "grpo"] = "grpo",
                     eps: ArrayLike = 1e-6) -> Array:
   """RLPR: debiased mean answer-token probability, group-normalised.
@@ -73,7 +77,8 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   .. math::
     R_b = 1/|a*| Σ_j π(a*_j | x, z_b, a*_{<j})            (mean token probability)
     R'_b = clip(R_b − 1/|a*| Σ_j π(a*_j | x, a*_{<j}), 0, 1)     (`debias=True`)
-    A_b = (R'_b − μ_g)/(σ_g + ε)                        ("grpo", default; or "rloo")
+    S_b = (1 − c)·R'_b + c·f_b          (f_b = format_ok_b ∈ {0, 1}, c = `format_coef`)
+    A_b = (S_b − μ_g)/(σ_g + ε)                         ("grpo", default; or "rloo")
 
   The paper's filter of prompts whose reward std is below a threshold is a training-loop
   concern (not here). Rows with an empty response or no answer tokens, singleton groups
@@ -85,13 +90,18 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   0 (`shaping_function_name=threshold_0`; R − R_prior ≤ 1 already), the gold answer
   written after the response's answer tag (appended with the tag when the response has
   none; the runner's `answer_pass` does the same with the task's `answer_marker`), GRPO
-  advantages. Not reproduced yet: (1) the reward is (1 − c)·Δ + c·format with c = 0.1
-  (`format_coefficient`; the R1 tag format of the response), not Δ alone; (2) the prior
-  R_prior is computed once, before training, with the initial policy and kept fixed
-  (`compute_promptgt2scoreA(0)`), while the runner scores it with the current policy at
-  every step; (3) a repetition penalty (−1 for a response in which a 10-word window
-  repeats 10 times; `repetition_penalty=True`) and the EMA reward-std prompt filter are
-  training-loop parts of its runs.
+  advantages, and two parts now reproduced: the format term S = (1 − c)·R' + c·f with
+  c = 0.1 (`format_coefficient`'s default; f the response's R1 tag format there, the
+  runner's `format_ok` here: the task's format check, else the response ended by itself),
+  and the prior computed with the initial policy and kept fixed
+  (`compute_promptgt2scoreA(0)` before training; the runner's `answer_prior_scorer`
+  "auto" scores it with the frozen reference for `rlpr`). Not reproduced: a repetition
+  penalty (−1 for a response in which a 10-word window repeats 10 times;
+  `repetition_penalty=True`) and the EMA reward-std prompt filter, training-loop parts of
+  its runs, and its `format_coefficient=-1` mode (S = R' when formatted, else −1).
+  `format_coef=0` (static switch: the registry then does not ask for `format_ok`) gives
+  the reward without the format term; a `format_ok` left out counts every row as
+  formatted.
 
   Args:
     group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
@@ -102,7 +112,9 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
       ignored (may be None) with `debias=False`.
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    reward_scale: multiplies R' (ours; 1 = RLPR).
+    format_ok: optional [B] bool, the response has the output format (f_b); None: all 1.
+    format_coef: static c in [0, 1], the format term's weight (0.1, the code's default).
+    reward_scale: multiplies S (ours; 1 = RLPR).
     debias: static; subtract the prompt-only probability and clip to [0, 1].
     baseline: static, "grpo" | "rloo".
     eps: added to σ_g under "grpo".
@@ -116,8 +128,17 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
     raise ValueError(f"{fn}: debias must be a Python bool (static), got {debias!r}")
   if debias and logprob_answer_prior is None:
     raise ValueError(f"{fn}: debias=True needs logprob_answer_prior (or pass debias=False)")
+  if not 0.0 <= float(format_coef) <= 1.0:
+    raise ValueError(f"{fn}: format_coef must be in [0, 1], got {format_coef!r}")
   r_B = rlpr_reward(logprob_answer=logprob_answer, answer_mask=answer_mask,
                     logprob_answer_prior=logprob_answer_prior if debias else None)
+  if format_ok is not None:
+    f_B = jnp.asarray(format_ok, bool)
+    chex.assert_shape(f_B, r_B.shape)
+    f_B = f_B.astype(jnp.float32)
+  else:
+    f_B = jnp.ones_like(r_B)
+  r_B = (1.0 - format_coef) * r_B + format_coef * f_B
   r_B = jnp.asarray(reward_scale, jnp.float32) * r_B
   has_B = jnp.any(jnp.asarray(answer_mask).astype(bool), axis=-1)
   rows = lk.rows(fn, group_id, response_mask, num_groups, group_size, r_B, has_B)
