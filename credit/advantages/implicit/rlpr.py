@@ -25,8 +25,9 @@ def rlpr_reward(*, logprob_answer: ArrayLike, answer_mask: ArrayLike,
                 logprob_answer_prior: ArrayLike | None = None) -> Array:
   """R_b = mean_j π(a*_j | x, z_b, a*_{<j}); with the prior, clip(R_b − R_prior_b, 0, 1).
 
-  Confidence: inferred (spec §17, "RLPR details recalled, unverified"). Rows without
-  answer tokens get 0.
+  Confidence: code-verified (OpenBMB/RLPR at 8490fca, `compute_scoreB` with
+  `mean_exp_log_softmax` and the `threshold_0` shaping; the spec's §17 was recalled).
+  Rows without answer tokens get 0.
 
   Args:
     logprob_answer: [B,A] float answer-token log-probs after prompt ⊕ response.
@@ -71,8 +72,9 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   Paper: "RLPR: Extrapolating RLVR to General Domains without Verifiers" (Yu et al.),
   arXiv 2506.18254 (`shared/methods/token_and_implicit.md` §17).
 
-  Confidence: inferred (the spec's RLPR details are recalled, not read in the code). With
-  z_b the sampled reasoning, a* the reference answer of |a*| tokens:
+  Confidence: code-verified (the spec's RLPR details were recalled; the authors' code was
+  read for this, see below). With z_b the sampled reasoning, a* the reference answer of
+  |a*| tokens:
 
   .. math::
     R_b = 1/|a*| Σ_j π(a*_j | x, z_b, a*_{<j})            (mean token probability)

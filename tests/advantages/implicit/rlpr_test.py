@@ -53,7 +53,7 @@ def jitted(name):
 
 def test_registered():
   spec = registry.get_estimator("rlpr")
-  assert spec.family == "implicit" and spec.confidence == "inferred"
+  assert spec.family == "implicit" and spec.confidence == "code-verified"
   assert "logprob_answer_prior" in spec.needs and "2506.18254" in spec.paper
   # The code's format term (c = 0.1) is on by default, so the runner asks for format_ok.
   assert spec.needs_for({}) == spec.needs | {"format_ok"}
