@@ -27,6 +27,15 @@ def answer_inputs(logprob_answer: ArrayLike, answer_mask: ArrayLike,
   return jnp.where(m_BA, lp_BA, 0.0), m_BA, jnp.any(m_BA, axis=-1)
 
 
+def format_flags(format_ok: ArrayLike | None, batch: int) -> Array:
+  """[B] bool: the optional per-row `format_ok` (shape-checked), all True when None."""
+  if format_ok is None:
+    return jnp.ones(batch, bool)
+  ok_B = jnp.asarray(format_ok).astype(bool)
+  chex.assert_shape(ok_B, (batch,))
+  return ok_B
+
+
 def rows(fn: str, group_id, response_mask, num_groups, group_size, batch_values: Array,
          extra_valid: Array | None = None) -> ops.GroupRows:
   """`ops.group_rows` on a per-row score (rows also need `extra_valid`)."""

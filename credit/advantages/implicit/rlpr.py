@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -134,12 +133,7 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
     raise ValueError(f"{fn}: format_coef must be in [0, 1], got {format_coef!r}")
   r_B = rlpr_reward(logprob_answer=logprob_answer, answer_mask=answer_mask,
                     logprob_answer_prior=logprob_answer_prior if debias else None)
-  if format_ok is not None:
-    f_B = jnp.asarray(format_ok, bool)
-    chex.assert_shape(f_B, r_B.shape)
-    f_B = f_B.astype(jnp.float32)
-  else:
-    f_B = jnp.ones_like(r_B)
+  f_B = lk.format_flags(format_ok, r_B.shape[0]).astype(jnp.float32)
   r_B = (1.0 - format_coef) * r_B + format_coef * f_B
   r_B = jnp.asarray(reward_scale, jnp.float32) * r_B
   has_B = jnp.any(jnp.asarray(answer_mask).astype(bool), axis=-1)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -112,11 +111,7 @@ def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
   check_choice(fn, "answer_weight", answer_weight, _ANSWER_WEIGHTS)
   lp_BA, _, has_B = lk.answer_inputs(logprob_answer, answer_mask,
                                      jnp.shape(logprob_answer)[0])
-  if format_ok is not None:
-    ok_B = jnp.asarray(format_ok, bool)
-    chex.assert_shape(ok_B, (jnp.shape(logprob_answer)[0],))
-  else:
-    ok_B = jnp.ones(jnp.shape(logprob_answer)[0], bool)
+  ok_B = lk.format_flags(format_ok, lp_BA.shape[0])
   r_B = jnp.where(has_B & ok_B, jnp.exp(jnp.minimum(jnp.sum(lp_BA, axis=-1), 0.0)), 0.0)
   r_B = jnp.asarray(reward_scale, jnp.float32) * r_B
   rows = lk.rows(fn, group_id, response_mask, num_groups, group_size, r_B, has_B)
