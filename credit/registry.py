@@ -1,20 +1,26 @@
 """Name -> spec registries for advantage estimators and policy losses.
 
 A method registers itself where it is defined, with the contract fields it needs, its
-paper, and (for stateful estimators) how to build its state::
+paper, its provenance (`confidence` and `source`) and (for stateful estimators) how to
+build its state::
 
     @register_estimator("grpo", needs=("reward", "group_id", "response_mask"), paper=...,
+                        confidence="code-verified", source=...,
                         static_argnames=("num_groups", "group_size", "scale", "singleton"))
     def grpo_advantages(*, reward, group_id, response_mask, num_groups, ...): ...
+
+Provenance is given, never derived: `confidence` is one of `CONFIDENCE_TAGS`
+("code-verified": checked against the authors' code or a reference implementation;
+"paper-equation": the paper's equations; "inferred": reconstructed from the paper's text
+where it gives no equation) and `source` names what was read (the paper's title and arXiv
+id, and for "code-verified" the repository, with its commit where it was recorded, as
+``code: owner/repo@commit path``). Registration without them fails, naming the method.
 
 What the registry derives instead of being told:
 
 * the family, from the defining module: `credit/advantages/<family>/<name>.py` is family
   `<family>` (one of `FAMILIES`); a function defined outside `credit.advantages` (a
   user's own estimator) is family "user";
-* the confidence, from the docstring: it must name one of `CONFIDENCE_TAGS`
-  ("code-verified", "paper-equation", "inferred") — registration of a library method
-  without one fails;
 * the data arguments and hyperparameters, from the signature (computed once): `needs` must
   be contract fields (`credit.contract.CONTRACT`) the function takes as keywords.
 
@@ -34,7 +40,7 @@ __all__ = [
     "FAMILIES", "CONFIDENCE_TAGS", "EstimatorSpec", "PolicyLossSpec", "TrainedLoss",
     "UnknownNameError",
     "register_estimator", "register_policy_loss", "get_estimator", "list_estimators",
-    "list_families", "get_policy_loss", "list_policy_losses", "confidence_of",
+    "list_families", "get_policy_loss", "list_policy_losses",
 ]
 
 # Estimator families, one package each under credit/advantages/.
@@ -45,13 +51,6 @@ _ADV_PREFIX = "credit.advantages."
 
 # Arguments the runner supplies from the batch layout rather than from fields.
 _LAYOUT_ARGS = ("num_groups", "group_size")
-
-
-def confidence_of(doc: str | None) -> str | None:
-  """The first confidence tag named in a docstring, or None."""
-  doc = (doc or "").lower()
-  found = [(doc.find(t), t) for t in CONFIDENCE_TAGS if t in doc]
-  return min(found)[1] if found else None
 
 
 def _family_of(fn: Callable) -> str:
@@ -81,14 +80,35 @@ def _check_needs(kind: str, name: str, fn: Callable, needs: Iterable[str],
                      "that it declares in `needs`")
 
 
-def _confidence(kind: str, name: str, fn: Callable, doc: str | None) -> str:
-  tag = confidence_of(doc)
-  if tag is None:
-    if _is_library(fn):
-      raise ValueError(f"{kind} {name!r}: the docstring of {fn.__qualname__} must state its "
-                       f"confidence, one of {list(CONFIDENCE_TAGS)}")
-    return "unstated"
-  return tag
+_CODE_REF = re.compile(r"\bcode: [\w.-]+/[\w.-]+")
+
+
+def _legacy_confidence(doc: str | None) -> str:  # transition only: removed below
+  doc = (doc or "").lower()
+  found = [(doc.find(t), t) for t in CONFIDENCE_TAGS if t in doc]
+  return min(found)[1] if found else "inferred"
+
+
+def _provenance(kind: str, name: str, confidence: str | None,
+                source: str | None) -> tuple[str, str]:
+  """Checks the `confidence` and `source` of a registration; errors name the method."""
+  if confidence is None and source is None:  # transition only
+    return None, None
+  missing = [a for a, v in (("confidence", confidence), ("source", source)) if v is None]
+  if missing:
+    raise ValueError(f"{kind} {name!r}: register it with {' and '.join(missing)}= "
+                     f"(confidence: one of {list(CONFIDENCE_TAGS)}; source: the paper's title "
+                     "and arXiv id, plus 'code: owner/repo@commit path' where code was read)")
+  if confidence not in CONFIDENCE_TAGS:
+    raise ValueError(f"{kind} {name!r}: confidence={confidence!r} is not one of "
+                     f"{list(CONFIDENCE_TAGS)}")
+  if not isinstance(source, str) or not source.strip():
+    raise ValueError(f"{kind} {name!r}: source must be a non-empty string naming what was "
+                     f"read, got {source!r}")
+  if confidence == "code-verified" and not _CODE_REF.search(source):
+    raise ValueError(f"{kind} {name!r}: a code-verified source must name the code it was "
+                     f"checked against as 'code: owner/repo[@commit] [path]', got {source!r}")
+  return confidence, " ".join(source.split())
 
 
 # The scores a trained loss can take from the update's own model pass (`TrainedLoss.scores`),
@@ -157,7 +177,9 @@ class EstimatorSpec:
     needs: contract fields the function always takes as data.
     paper: citation (title, arXiv id).
     family: derived from the defining package (`FAMILIES`, or "user").
-    confidence: "code-verified" | "paper-equation" | "inferred", from the docstring.
+    confidence: "code-verified" | "paper-equation" | "inferred", as registered.
+    source: what the implementation was written from, as registered: the paper and, for
+      "code-verified", the code (``code: owner/repo@commit path``).
     static_argnames: hyperparameters that change shapes/control flow (jit static).
     returns_output: True when it returns a NamedTuple with an `advantages` field.
     optional_needs: (field, switch) pairs for inputs the function takes only in some settings:
@@ -176,6 +198,7 @@ class EstimatorSpec:
   paper: str
   family: str
   confidence: str
+  source: str = ""
   static_argnames: tuple[str, ...] = ()
   returns_output: bool = False
   optional_needs: tuple[tuple[str, str], ...] = ()
@@ -250,7 +273,8 @@ class PolicyLossSpec:
       metrics)`; `fn` is `token_fn` followed by `credit.losses.reduce_policy_loss`.
     needs: contract fields the loss takes as data.
     paper: citation.
-    confidence: from the per-token function's docstring.
+    confidence: "code-verified" | "paper-equation" | "inferred", as registered.
+    source: what the implementation was written from, as registered (see `EstimatorSpec`).
     static_argnames: arguments that change shapes/control flow (jit static).
     batch_coupled: the per-token value depends on statistics of the whole (micro-)batch
       (e.g. covariance top-k selection), so micro-batch sums differ from the full batch.
@@ -265,6 +289,7 @@ class PolicyLossSpec:
   needs: frozenset[str]
   paper: str
   confidence: str
+  source: str = ""
   static_argnames: tuple[str, ...] = ()
   batch_coupled: bool = False
   whole_groups: bool = False
@@ -301,6 +326,7 @@ def _keyword_params(fn: Callable) -> dict[str, inspect.Parameter]:
 
 
 def register_estimator(name: str, *, needs: Iterable[str], paper: str,
+                       confidence: str | None = None, source: str | None = None,
                        static_argnames: Iterable[str] = (), returns_output: bool = False,
                        optional_needs: Mapping[str, str] | Iterable[tuple[str, str]] = (),
                        init_state: Callable[[int], Any] | None = None,
@@ -310,7 +336,10 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
   Args:
     name: registry key.
     needs: contract fields the function always takes.
-    paper: citation.
+    paper: citation (title, arXiv id where one exists).
+    confidence: required; one of `CONFIDENCE_TAGS`.
+    source: required; what was read: the paper (title, arXiv id) and, where code was
+      read, ``code: owner/repo@commit path`` (required for "code-verified").
     static_argnames: arguments that change shapes or control flow.
     returns_output: the function returns a NamedTuple with `advantages`.
     optional_needs: {field: switching hyperparameter}, see `EstimatorSpec`.
@@ -321,6 +350,7 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
   opt = tuple(sorted(dict(optional_needs).items()))
   if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
     raise ValueError(f"estimator name {name!r}: use lower_snake_case")
+  confidence, source = _provenance("estimator", name, confidence, source)
 
   def deco(fn):
     params = _keyword_params(fn)
@@ -341,7 +371,7 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
     _check_unique("estimator", name, fn, _ESTIMATORS)
     _ESTIMATORS[name] = EstimatorSpec(
         name=name, fn=fn, needs=frozenset(needs), paper=paper, family=_family_of(fn),
-        confidence=_confidence("estimator", name, fn, fn.__doc__),
+        confidence=confidence or _legacy_confidence(fn.__doc__), source=source or paper,
         static_argnames=tuple(static_argnames), returns_output=returns_output,
         optional_needs=opt, init_state=init_state, params=tuple(params),
         trained_loss=trained_loss)
@@ -351,6 +381,7 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
 
 
 def register_policy_loss(name: str, *, needs: Iterable[str], paper: str,
+                         confidence: str | None = None, source: str | None = None,
                          static_argnames: Iterable[str] = (), batch_coupled: bool = False,
                          whole_groups: bool = False,
                          token_fn: Callable[..., Any] | None = None):
@@ -359,7 +390,9 @@ def register_policy_loss(name: str, *, needs: Iterable[str], paper: str,
   `credit.losses` builds `fn` from a per-token function and the shared reduction; a user
   may register any function with the `fn` signature (then `token_fn` defaults to `fn`).
   `whole_groups`: see `PolicyLossSpec`; such a loss must take `group_id`.
+  `confidence` and `source` are required, as for `register_estimator`.
   """
+  confidence, source = _provenance("policy loss", name, confidence, source)
 
   def deco(fn):
     tfn = token_fn or fn
@@ -370,7 +403,7 @@ def register_policy_loss(name: str, *, needs: Iterable[str], paper: str,
     _check_unique("policy loss", name, tfn, _POLICY_LOSSES)
     _POLICY_LOSSES[name] = PolicyLossSpec(
         name=name, fn=fn, token_fn=tfn, needs=frozenset(needs), paper=paper,
-        confidence=_confidence("policy loss", name, tfn, tfn.__doc__),
+        confidence=confidence or _legacy_confidence(tfn.__doc__), source=source or paper,
         static_argnames=tuple(static_argnames), batch_coupled=batch_coupled,
         whole_groups=bool(whole_groups), params=tuple(params))
     return fn

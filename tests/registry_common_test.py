@@ -157,14 +157,16 @@ def test_unknown_names_list_the_known_ones():
 
 def test_registering_a_user_estimator():
   @registry.register_estimator("_user_test_constant", needs=("reward", "response_mask"),
-                               paper="none (test), http://example.invalid")
+                               paper="none (test), http://example.invalid",
+                               confidence="inferred", source="a test")
   def constant_advantages(*, reward, response_mask, value: float = 1.0):
-    """A user's estimator (inferred)."""
+    """A user's estimator."""
     return jnp.where(response_mask, value, 0.0)
 
   try:
     spec = registry.get_estimator("_user_test_constant")
     assert spec.family == "user" and spec.confidence == "inferred"
+    assert spec.source == "a test"
     assert spec.hyperparameters == ("value",)
     with pytest.raises(ValueError, match="valid: \\['value'\\]"):
       spec.split_arguments({"valeu": 2.0})

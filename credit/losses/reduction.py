@@ -261,7 +261,8 @@ def _full_loss(name: str, token_fn: Callable, loss_agg_mode: str) -> Callable[..
   return fn
 
 
-def policy_loss(name: str, paper: str, *, static_argnames: Iterable[str] = (),
+def policy_loss(name: str, paper: str, *, confidence: str | None = None,
+                source: str | None = None, static_argnames: Iterable[str] = (),
                 batch_coupled: bool = False, loss_agg_mode: str = "token-mean"):
   """Decorator: registers the full loss built from a per-token function.
 
@@ -273,7 +274,9 @@ def policy_loss(name: str, paper: str, *, static_argnames: Iterable[str] = (),
 
   Args:
     name: registry key.
-    paper: citation.
+    paper: citation (title, arXiv id where one exists).
+    confidence: required; one of `credit.registry.CONFIDENCE_TAGS`.
+    source: required; what was read (see `credit.registry.register_policy_loss`).
     static_argnames: the loss's own static hyperparameters (added to `loss_agg_mode`,
       `is_level`, `is_mode`).
     batch_coupled: the per-token value depends on statistics of the whole (micro-)batch.
@@ -283,8 +286,8 @@ def policy_loss(name: str, paper: str, *, static_argnames: Iterable[str] = (),
 
   def deco(token_fn):
     full = _full_loss(name, token_fn, loss_agg_mode)
-    register_policy_loss(name, needs=POLICY_NEEDS, paper=paper,
-                         static_argnames=STATIC_ARGNAMES + tuple(static_argnames),
+    register_policy_loss(name, needs=POLICY_NEEDS, paper=paper, confidence=confidence,
+                         source=source, static_argnames=STATIC_ARGNAMES + tuple(static_argnames),
                          batch_coupled=batch_coupled, token_fn=token_fn)(full)
     return token_fn
 
