@@ -576,16 +576,31 @@ def test_loss_vmap_over_a_hyperparameter(name):
 
 
 # --------------------------------------------------------------------------
-# The catalog in the README.
+# The catalog (`python -m credit.catalog`; the docs' method catalogue uses the same functions).
 # --------------------------------------------------------------------------
 
 
-def test_readme_catalog_is_current():
+def test_catalog_compact_fits_100_columns_and_lists_every_method(capsys):
   from credit import catalog
-  readme = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
-  with open(readme, encoding="utf-8") as f:
-    text = f.read()
-  assert catalog.embedded(text) == catalog.markdown(), (
-      "README.md's method table is stale: run `python -m credit.catalog --write README.md`")
+  assert catalog.main([]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert max(len(line) for line in lines) <= 100
+  names = {line.split()[0] for line in lines[1:-1]}
+  assert names == set(registry.list_estimators()) | set(registry.list_policy_losses())
+  assert catalog.main(["--wide"]) == 0
+  wide = capsys.readouterr().out
   for name in registry.list_estimators() + registry.list_policy_losses():
-    assert f"| `{name}` |" in catalog.markdown()
+    assert f"| `{name}` |" in wide
+
+
+def test_catalog_family_filter(capsys):
+  from credit import catalog
+  for family, names in registry.list_families().items():
+    assert [r[0] for r in catalog.rows(family)] == list(names)
+  assert catalog.main(["--family", "loss"]) == 0
+  listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:-1]]
+  assert listed == list(registry.list_policy_losses())
+  with pytest.raises(SystemExit) as e:
+    catalog.main(["--family", "nope"])
+  assert e.value.code == 2
+  assert "unknown family 'nope'" in capsys.readouterr().err
