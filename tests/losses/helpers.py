@@ -18,7 +18,7 @@ NAMES = [n for n in list_policy_losses()
          if get_policy_loss(n).token_fn.__module__.startswith("credit.losses.policy.")]
 ROW_LOCAL = [n for n in NAMES if not get_policy_loss(n).batch_coupled]
 EXPECTED = {"ppo_clip", "dcpo", "gspo", "cispo", "sapo", "gmpo", "gpg", "clip_cov", "kl_cov",
-            "dro", "luspo", "vespo"}
+            "dro", "luspo", "vespo", "dppo_tv", "dppo_kl"}
 
 
 def fn_of(name):
@@ -70,6 +70,34 @@ def _np_bucket_divergence(s, t, kind):
              for j in range(len(p)))
 
 
+def np_dppo_token_loss(kind, lp, old, adv, m, clip_low=None, clip_high=None, clip_ratio_c=20.0):
+  """verl's `compute_policy_loss_dppo_tv` / `_kl` per-token loss in float64 numpy, written
+  from the code (NaN from a log of a negative number compares false, as in torch).
+
+  Returns (loss [B,T], valid [B,T] bool), or None when a float32 rounding decides whether
+  a token is inside the trust region.
+  """
+  delta = {"tv": 0.15, "kl": 0.05}[kind]
+  lo = delta if clip_low is None else clip_low
+  hi = delta if clip_high is None else clip_high
+  lp, old, adv = (np.where(m, a, 0.0).astype(np.float64) for a in (lp, old, adv))
+  ratio = np.exp(np.clip(lp - old, -20.0, 20.0))
+  trunc = np.minimum(ratio, clip_ratio_c)
+  p, q = np.exp(lp), np.exp(old)
+  if kind == "tv":
+    valid = np.where(adv > 0, (p - q) <= hi, (p - q) >= -lo)
+    near = (np.abs(p - q - hi) < 1e-5) | (np.abs(p - q + lo) < 1e-5)
+  else:
+    with np.errstate(invalid="ignore", divide="ignore"):
+      bkl = q * (old - lp) + (1 - q) * np.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
+      valid = np.where(adv > 0, (bkl <= hi) | (p <= q), (bkl <= lo) | (p >= q))
+      near = (np.abs(bkl - hi) < 1e-4) | (np.abs(bkl - lo) < 1e-4) | (
+          (np.abs(lp - old) < 1e-5) & (lp != old)) | (np.abs(1.0 - p) < 1e-5)
+  if np.any(m & near):
+    return None
+  return -adv * trunc * lp * valid, valid & m
+
+
 def np_token_loss(name, lp, old, adv, m, extra=None, **hp):
   """Per-token loss [B,T] (float64) of every registered loss, written as plain loops.
 
@@ -84,6 +112,9 @@ def np_token_loss(name, lp, old, adv, m, extra=None, **hp):
     for i, j in zip(*np.nonzero(where)):
       out[i, j] += _np_bucket_divergence(s[i, j], t[i, j], kind)
     return out
+  if name in ("dppo_tv", "dppo_kl"):
+    out = np_dppo_token_loss(name[5:], lp, old, adv, m, **hp)
+    return None if out is None else out[0]
   lp, old, adv = (np.where(m, a, 0.0).astype(np.float64) for a in (lp, old, adv))
   Bn, Tn = lp.shape
   d = np.clip(lp - old, -20, 20)
