@@ -140,6 +140,14 @@ def oreal_pair_filter(*, reward: ArrayLike, group_id: ArrayLike, response_mask: 
   `filter_trajectory=True`): only prompts with 0 < pass rate < 1 are kept, and of them
   one correct (R > 0) and one incorrect (R ≤ 0) sample, chosen uniformly at random.
 
+  Order: OREAL shapes the rewards on the full group of k samples and filters afterwards
+  (`train_oreal.py` computes the RLOO/GRPO advantages of all k rows, then
+  `trajectory.py` picks the pair, which keeps the advantages it was given). So compute
+  `oreal_advantages` on the unfiltered batch, then drop the rows this mask rejects from
+  the update (`response_mask & keep[:, None]` for the loss). Filtering first changes the
+  baseline: with rewards (+1, −1, −1, −1) the kept incorrect row's RLOO advantage is
+  −2/3 in the code's order and −2 when the pair alone forms the group.
+
   Args:
     reward: [B] outcome; correct means R > 0.
     group_id, response_mask, num_groups, group_size: as `rloo_advantages` (rows with an
@@ -147,8 +155,7 @@ def oreal_pair_filter(*, reward: ArrayLike, group_id: ArrayLike, response_mask: 
     key: PRNG key of the random choice.
 
   Returns:
-    [B] bool keep mask (exactly 0 or 2 rows per group). Apply it to `response_mask`
-    (masking a row out equals removing it) before computing advantages.
+    [B] bool keep mask (exactly 0 or 2 rows per group), to apply after the advantages.
   """
   fn = "oreal_pair_filter"
   reward_B, gid_B, _, valid_B = ops.group_rows(fn, reward, group_id, num_groups, group_size,

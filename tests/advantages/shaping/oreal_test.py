@@ -101,3 +101,26 @@ def test_bad_arguments():
     oreal_advantages(**kw, mode="ppo")
   with pytest.raises(ValueError, match="token_rm_logit"):
     oreal_advantages(**kw, use_token_rm=True)
+
+
+def test_pair_filter_applies_after_the_advantages_as_in_the_code():
+  # OREAL's code (train_oreal.py, then trajectory.py): RLOO on all k rows of a prompt,
+  # then one correct and one incorrect row are kept with the advantages they were given.
+  reward = np.array([1, -1, -1, -1, 1, 1, -1, 1], np.float32)
+  gid = np.repeat(np.arange(2), 4).astype(np.int32)
+  mask = np.ones((8, 3), bool)
+  kw = dict(group_id=gid, num_groups=2)
+  keep = np.asarray(oreal_pair_filter(reward=reward, response_mask=mask,
+                                      key=jax.random.key(0), **kw))
+  # The code's order, transcribed: per group, a_i = r_i − (Σr − r_i)/(k − 1), then select.
+  r = reward.reshape(2, 4).astype(np.float64)
+  code_adv = (r - (r.sum(1, keepdims=True) - r) / 3).reshape(-1)
+  want = np.where(keep[:, None] & mask, code_adv[:, None], 0.0)
+  ours = np.asarray(oreal_advantages(reward=reward, response_mask=mask, **kw))
+  np.testing.assert_allclose(np.where(keep[:, None], ours, 0.0), want, atol=1e-6)
+  # Group 0 (+1, −1, −1, −1): the kept incorrect row has −2/3 in the code's order ...
+  np.testing.assert_allclose(want[keep & (gid == 0) & (reward < 0), 0], [-2 / 3], atol=1e-6)
+  # ... and −2 when the filter runs first (the pair alone forms the group).
+  first = np.asarray(oreal_advantages(reward=reward, response_mask=mask & keep[:, None], **kw))
+  np.testing.assert_allclose(first[keep & (gid == 0) & (reward < 0), 0], [-2.0], atol=1e-6)
+  assert np.abs(first - want).max() > 1.0
