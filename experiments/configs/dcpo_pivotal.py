@@ -18,6 +18,9 @@ def get_config(arg=None):
   c.task_kwargs = {"response_len": 6}
   c.estimator = "dcpo"
   c.policy_loss = "dcpo"
+  # DCPO's objective sums each response's token terms and averages over the G responses
+  # (the paper's 1/G·Σ_i Σ_t form; verl's "seq-mean-token-sum"), not a token mean.
+  c.loss_kwargs.loss_agg_mode = "seq-mean-token-sum"
   c.max_new_tokens = 8
   c.num_train_examples = 2000
   c.sft_steps = 300
