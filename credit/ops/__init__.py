@@ -10,7 +10,8 @@ Modules, all re-exported here (`credit.ops.masked_mean` etc.):
   groups   group statistics on the [N,G] fast path and the segment path, and the
            row-level preamble and reductions of group estimators (`group_rows`, ...);
   returns  sequence <-> token placement, returns over time that skip masked positions;
-  turns    per-turn reductions and broadcasts;
+  turns    per-turn reductions and broadcasts, the layout of a multi-turn batch
+           (`turn_layout`, `previous_valid`);
   select   exact order statistics, quantiles and k-smallest masks without a sort
            (radix select on the float's order-preserving key).
 
@@ -30,8 +31,9 @@ from credit.ops.returns import (RECURRENCE_BLOCK, broadcast_to_tokens, cumsum_bl
                                 discounted_reverse_cumsum, last_token_mask, next_valid_value,
                                 outcome_to_token_rewards, sequence_lengths)
 from credit.ops.select import masked_order_statistics, masked_quantiles, smallest_k_mask
-from credit.ops.turns import (TURN_NORMS, turn_broadcast, turn_counts, turn_edges,
-                               turn_normalize, turn_reduce, turn_returns, turn_segments)
+from credit.ops.turns import (TURN_NORMS, previous_valid, row_grpo, turn_broadcast, turn_counts,
+                               turn_edges, turn_layout, turn_normalize, turn_reduce,
+                               turn_returns, turn_segments)
 
 __all__ = (masked.__all__ + groups.__all__ + returns.__all__ + turns.__all__
            + select.__all__)

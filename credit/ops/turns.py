@@ -30,7 +30,7 @@ from credit.ops.returns import discounted_reverse_cumsum
 Array = jax.Array
 
 __all__ = ["turn_reduce", "turn_broadcast", "turn_segments", "turn_normalize", "turn_returns",
-           "turn_counts", "turn_edges"]
+           "turn_counts", "turn_edges", "turn_layout", "previous_valid", "row_grpo"]
 
 TURN_NORMS = ("pooled", "index", "key")
 
@@ -197,3 +197,49 @@ def turn_returns(x_BK: ArrayLike, valid_BK: ArrayLike, gamma: ArrayLike = 1.0, *
   if sqrt_n:
     out = out / jnp.sqrt(jnp.maximum(turn_counts(valid_BK), 1.0))
   return out
+
+
+# --------------------------------------------------------------------------------------------
+# Layout of a multi-turn batch, shared by the turn estimators (IGPO, A2TGPO, TRACE, SIOP, ...).
+# --------------------------------------------------------------------------------------------
+
+
+def turn_layout(response_mask: ArrayLike, step_mask: ArrayLike, turn_id: ArrayLike
+                ) -> tuple[Array, Array, Array, Array, Array]:
+  """(mask_BT, row_B, valid_BK, last_BK, tid_BT) of a multi-turn batch.
+
+  row_B: the row has a policy token (an all-masked row is invalid); valid_BK: turn k of a
+  valid row took place (`step_mask`); last_BK: the last valid turn of each row.
+  """
+  mask_BT = jnp.asarray(response_mask).astype(bool)
+  step_BK = jnp.asarray(step_mask).astype(bool)
+  tid_BT = jnp.asarray(turn_id, jnp.int32)
+  chex.assert_rank([mask_BT, step_BK, tid_BT], 2)
+  chex.assert_equal_shape([mask_BT, tid_BT])
+  chex.assert_equal_shape_prefix([mask_BT, step_BK], 1)
+  row_B = jnp.any(mask_BT, axis=1)
+  valid_BK = step_BK & row_B[:, None]
+  last_BK = valid_BK & (turn_counts(valid_BK) == 1.0)
+  return mask_BT, row_B, valid_BK, last_BK, tid_BT
+
+
+def previous_valid(x_BK: Array, valid_BK: Array, x0_B: Array) -> Array:
+  """[B,K]: x at the previous valid turn of each turn (x0 before the first valid turn).
+
+  Turns outside `valid_BK` are skipped, so turn k compares with the last valid turn before
+  it (a gather: exact, no arithmetic on x).
+  """
+  B, K = x_BK.shape
+  idx = jnp.where(valid_BK, jnp.arange(1, K + 1, dtype=jnp.int32)[None, :], 0)
+  seen = jax.lax.cummax(idx, axis=1)
+  prev = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), seen[:, :-1]], axis=1)
+  full = jnp.concatenate([x0_B[:, None], x_BK], axis=1)
+  return jnp.take_along_axis(full, prev, axis=1)
+
+
+def row_grpo(reward: ArrayLike, row_B: Array, group_id: ArrayLike, num_groups: int, *,
+             ddof: int = 1, eps: float = 1e-6, singleton: str = "zero") -> Array:
+  """GRPO z-score of one value per valid row, [B] (a [B,1] `turn_normalize`)."""
+  x = jnp.where(row_B, as_f32(reward), 0.0)[:, None]
+  return turn_normalize(x, row_B[:, None], group_id, num_groups, by="pooled", ddof=ddof,
+                        eps=eps, small=singleton)[:, 0]

@@ -11,7 +11,6 @@ from jax.typing import ArrayLike
 from credit import ops
 from credit._checks import check_choice, check_int
 from credit.advantages.distill._steps import clean_logprobs, grpo_rows
-from credit.advantages.turn.igpo import turn_layout
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -126,7 +125,7 @@ def pbsd_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
   check_choice("pbsd_advantages", "ddof", ddof, (0, 1))
   rows, adv_B = grpo_rows("pbsd_advantages", reward, group_id, response_mask, num_groups,
                           None, group_std, eps)
-  mask_BT, _, valid_BK, _, tid_BT = turn_layout(rows.mask, step_mask, turn_id)
+  mask_BT, _, valid_BK, _, tid_BT = ops.turn_layout(rows.mask, step_mask, turn_id)
   valid_BK = valid_BK & rows.valid[:, None]
   e_BK = pbsd_turn_evidence(response_mask=mask_BT, logprob_old=logprob_old,
                             logprob_teacher=logprob_teacher, turn_id=tid_BT,

@@ -24,15 +24,6 @@ _PAPER = ("Alleviating Sparse Rewards by Modeling Step-Wise and Long-Term Sampli
 MODES = ("increment_main", "global_main")
 
 
-def _previous(x_BK: Array, valid_BK: Array, x0_B: Array) -> Array:
-  """x at the previous valid step of each step ([B,K]); x0 before the first valid step."""
-  B, K = x_BK.shape
-  idx = jnp.where(valid_BK, jnp.arange(1, K + 1, dtype=jnp.int32)[None, :], 0)
-  seen = jax.lax.cummax(idx, axis=1)
-  prev = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), seen[:, :-1]], axis=1)
-  return jnp.take_along_axis(jnp.concatenate([x0_B[:, None], x_BK], axis=1), prev, axis=1)
-
-
 def _top_by_magnitude(sel_M: Array, mag_M: Array, keep: Array) -> Array:
   """[M] bool: the `keep` entries of `sel` with the largest `mag`, ties by ascending index.
 
@@ -64,13 +55,13 @@ def tp_grpo_step_rewards(*, reward: ArrayLike, step_value: ArrayLike, start_valu
   v = jnp.where(valid, v, 0.0)
   v0 = jnp.where(row, v0, 0.0)
   r = jnp.where(row, r, 0.0)
-  v_prev = _previous(v, valid, v0)
+  v_prev = ops.previous_valid(v, valid, v0)
   d = jnp.where(valid, v - v_prev, 0.0)                       # d_k = V_k − V_{k−1}
   delta = r - v0                                               # Δ = R − V_0
   s = jnp.sign(d) * jnp.sign(delta)[:, None]
   cons = jnp.sign(d) * jnp.sign(r[:, None] - v) > 0            # the rest agrees with the step
-  s_prev = _previous(s, valid, jnp.zeros_like(v0))
-  first = valid & (_previous(valid.astype(jnp.float32), valid, jnp.zeros_like(v0)) == 0)
+  s_prev = ops.previous_valid(s, valid, jnp.zeros_like(v0))
+  first = valid & (ops.previous_valid(valid.astype(jnp.float32), valid, jnp.zeros_like(v0)) == 0)
   if first_step_bonus:
     tp_first = first & (cons if consistency else s > 0)
   else:

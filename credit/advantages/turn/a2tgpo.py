@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from credit.advantages.turn.igpo import igpo_turn_rewards, turn_layout
-from credit.ops.turns import turn_broadcast, turn_normalize, turn_returns
+from credit.advantages.turn._common import igpo_turn_rewards
+from credit.ops.turns import turn_broadcast, turn_layout, turn_normalize, turn_returns
 from credit.registry import register_estimator
 
 Array = jax.Array

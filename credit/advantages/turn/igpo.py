@@ -3,14 +3,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-import chex
 import jax
-import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_counts, turn_normalize, turn_returns
+from credit.advantages.turn._common import GAINS, igpo_turn_rewards, information_gains  # noqa: F401
+from credit.ops.turns import turn_broadcast, turn_layout, turn_normalize, turn_returns
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -20,86 +18,8 @@ __all__ = ["igpo_advantages", "igpo_turn_rewards", "information_gains"]
 _PAPER = ("Information Gain-based Policy Optimization: A Simple and Effective Approach for "
           "Multi-Turn LLM Agents (IGPO); arXiv id not given in the seeds")
 
-GAINS = ("log_prob_diff", "prob_diff")
 NORMS = ("separate", "joint")
 SMALL = ("zero", "raw")
-
-
-# --------------------------------------------------------------------------------------------
-# Turn-layout helpers shared by the turn estimators of this package (igpo, a2tgpo, trace, ...).
-# --------------------------------------------------------------------------------------------
-
-
-def turn_layout(response_mask: ArrayLike, step_mask: ArrayLike, turn_id: ArrayLike
-                ) -> tuple[Array, Array, Array, Array, Array]:
-  """(mask_BT, row_B, valid_BK, last_BK, tid_BT) of a multi-turn batch.
-
-  row_B: the row has a policy token (an all-masked row is invalid); valid_BK: turn k of a
-  valid row took place (`step_mask`); last_BK: the last valid turn of each row.
-  """
-  mask_BT = jnp.asarray(response_mask).astype(bool)
-  step_BK = jnp.asarray(step_mask).astype(bool)
-  tid_BT = jnp.asarray(turn_id, jnp.int32)
-  chex.assert_rank([mask_BT, step_BK, tid_BT], 2)
-  chex.assert_equal_shape([mask_BT, tid_BT])
-  chex.assert_equal_shape_prefix([mask_BT, step_BK], 1)
-  row_B = jnp.any(mask_BT, axis=1)
-  valid_BK = step_BK & row_B[:, None]
-  last_BK = valid_BK & (turn_counts(valid_BK) == 1.0)
-  return mask_BT, row_B, valid_BK, last_BK, tid_BT
-
-
-def previous_valid(x_BK: Array, valid_BK: Array, x0_B: Array) -> Array:
-  """[B,K]: x at the previous valid turn of each turn (x0 before the first valid turn)."""
-  B, K = x_BK.shape
-  idx = jnp.where(valid_BK, jnp.arange(1, K + 1, dtype=jnp.int32)[None, :], 0)
-  seen = jax.lax.cummax(idx, axis=1)
-  prev = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), seen[:, :-1]], axis=1)
-  full = jnp.concatenate([x0_B[:, None], x_BK], axis=1)
-  return jnp.take_along_axis(full, prev, axis=1)
-
-
-def information_gains(gold_logprob_prompt: ArrayLike, gold_logprob_turns: ArrayLike,
-                      valid_BK: ArrayLike, *, gain: str = "log_prob_diff",
-                      floor: float | None = None) -> Array:
-  """Per-turn gain of the gold answer's score over the previous valid turn, [B,K].
-
-  log_prob_diff: g_k − g_{k−1}; prob_diff: exp(g_k) − exp(g_{k−1}), with g the mean per-token
-  log-prob of the gold answer (g_0 from the prompt alone). Turns outside `valid_BK` get 0
-  and are skipped (the next valid turn compares against the last valid one). `floor`
-  clips g from below first (TRACE: −50).
-  """
-  check_choice("information_gains", "gain", gain, GAINS)
-  valid = jnp.asarray(valid_BK, bool)
-  g_BK = as_f32(gold_logprob_turns)
-  g0_B = as_f32(gold_logprob_prompt)
-  chex.assert_rank([g_BK, g0_B], [2, 1])
-  chex.assert_equal_shape([g_BK, valid])
-  row = jnp.any(valid, axis=1)
-  g_BK = jnp.where(valid, g_BK, 0.0)
-  g0_B = jnp.where(row, g0_B, 0.0)
-  if floor is not None:
-    g_BK, g0_B = jnp.maximum(g_BK, floor), jnp.maximum(g0_B, floor)
-  if gain == "prob_diff":
-    g_BK, g0_B = jnp.exp(jnp.minimum(g_BK, 0.0)), jnp.exp(jnp.minimum(g0_B, 0.0))
-  return jnp.where(valid, g_BK - previous_valid(g_BK, valid, g0_B), 0.0)
-
-
-# --------------------------------------------------------------------------------------------
-
-
-def igpo_turn_rewards(*, reward: ArrayLike, gold_logprob_turns: ArrayLike,
-                      gold_logprob_prompt: ArrayLike, valid_BK: ArrayLike, last_BK: ArrayLike,
-                      gain: str = "log_prob_diff") -> tuple[Array, Array]:
-  """(ig_BK, outcome_BK): IG on the valid non-final turns, the outcome on the last turn."""
-  valid = jnp.asarray(valid_BK, bool)
-  last = jnp.asarray(last_BK, bool)
-  ig = information_gains(gold_logprob_prompt, gold_logprob_turns, valid, gain=gain)
-  reward_B = as_f32(reward)
-  chex.assert_rank(reward_B, 1)
-  ig = jnp.where(valid & ~last, ig, 0.0)
-  out = jnp.where(last, reward_B[:, None], 0.0)
-  return ig, out
 
 
 @register_estimator(

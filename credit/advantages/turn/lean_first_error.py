@@ -8,10 +8,8 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.advantages.turn.igpo import turn_layout
-from credit.advantages.turn.procredit import row_grpo
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_edges
+from credit.ops.turns import row_grpo, turn_broadcast, turn_edges, turn_layout
 from credit.registry import register_estimator
 
 Array = jax.Array

@@ -11,10 +11,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.advantages.turn.igpo import turn_layout
-from credit.advantages.turn.procredit import row_grpo
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_normalize, turn_returns
+from credit.ops.turns import (row_grpo, turn_broadcast, turn_layout, turn_normalize,
+                               turn_returns)
 from credit.registry import register_estimator
 
 Array = jax.Array

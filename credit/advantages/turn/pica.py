@@ -9,9 +9,8 @@ from jax.typing import ArrayLike
 
 from credit._checks import check_choice
 from credit.advantages.outcome.gae import GAEOutput, gae_advantages
-from credit.advantages.turn.igpo import turn_layout
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_edges
+from credit.ops.turns import turn_broadcast, turn_edges, turn_layout
 from credit.registry import register_estimator
 
 Array = jax.Array

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.advantages.turn.igpo import previous_valid, turn_layout
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_normalize
+from credit.ops.turns import (previous_valid, row_grpo, turn_broadcast, turn_layout,
+                               turn_normalize)
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -19,14 +19,6 @@ __all__ = ["procredit_advantages", "row_grpo"]
 
 _PAPER = ("ProCredit: From Outcome Rewards to Progress Credit in Agentic Reinforcement "
           "Learning; arXiv id not given in the seeds")
-
-
-def row_grpo(reward: ArrayLike, row_B: Array, group_id: ArrayLike, num_groups: int, *,
-             ddof: int = 1, eps: float = 1e-6, singleton: str = "zero") -> Array:
-  """GRPO z-score of one value per valid row, [B] (a [B,1] `turn_normalize`)."""
-  x = jnp.where(row_B, as_f32(reward), 0.0)[:, None]
-  return turn_normalize(x, row_B[:, None], group_id, num_groups, by="pooled", ddof=ddof,
-                        eps=eps, small=singleton)[:, 0]
 
 
 @register_estimator(

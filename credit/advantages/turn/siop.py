@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from credit.advantages.turn.igpo import previous_valid, turn_layout
 from credit.ops._cast import as_f32
 from credit.ops.masked import safe_sqrt
-from credit.ops.turns import turn_broadcast, turn_normalize, turn_returns
+from credit.ops.turns import (previous_valid, turn_broadcast, turn_layout, turn_normalize,
+                               turn_returns)
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -22,12 +22,17 @@ _PAPER = ("Self-Induced Outcome Potential: Turn-Level Credit Assignment for Agen
 
 
 def siop_cluster_weights(*, cluster_id: ArrayLike, evidence: ArrayLike, group_id: ArrayLike,
-                         num_groups: int, num_clusters: int, eta: ArrayLike = 1.0) -> Array:
+                         num_groups: int, num_clusters: int, eta: ArrayLike = 1.0,
+                         evidence_mask: ArrayLike | None = None) -> Array:
   """Reliability-aware weight q_b of each rollout's answer cluster, [B] float32.
 
   .. math::
-    m_c = |c| / #answered,   e_c = mean_{b ∈ c} evidence_b
+    m_c = |c| / #answered,   e_c = mean_{b ∈ c, s_b} evidence_b   (0 when no b ∈ c has s_b)
     q_c = softmax_c(log(m_c + 1e-12) + η e_c)   (group with ≥ 2 clusters; else q_c = m_c)
+
+  s_b marks the rows with at least one scored observation: as in the code
+  (`siop_cluster_pass`), a cluster's evidence averages only those rows, and a cluster
+  without any gets e_c = 0. The cluster's size m_c still counts every answered row.
 
   Args:
     cluster_id: [B] int, the rollout's cluster inside its group, in [0, num_clusters);
@@ -37,20 +42,33 @@ def siop_cluster_weights(*, cluster_id: ArrayLike, evidence: ArrayLike, group_id
     group_id, num_groups: prompt group of each row; static group count.
     num_clusters: static bound on the clusters of one group (e.g. the group size).
     eta: η (training script 1.0; the function default of the code is 0).
+    evidence_mask: optional [B] bool s_b, the rows with at least one scored observation.
+      None (default): the rows whose evidence is finite and non-zero, which reproduces
+      the code when evidence is 0 for a row without observations (as the code stores
+      it) — a row whose scores average exactly 0 then also leaves the mean. Pass
+      all-True to average over every answered row.
   """
   cid = jnp.asarray(cluster_id, jnp.int32)
   gid = jnp.asarray(group_id, jnp.int32)
   ev = as_f32(evidence)
   chex.assert_rank([cid, gid, ev], 1)
+  if evidence_mask is None:
+    scored = jnp.isfinite(ev) & (ev != 0)
+  else:
+    scored = jnp.asarray(evidence_mask, bool)
+    chex.assert_equal_shape([scored, ev])
+  ev = jnp.where(scored & jnp.isfinite(ev), ev, 0.0)
   C = num_clusters
   ok = (cid >= 0) & (cid < C) & (gid >= 0) & (gid < num_groups)
   n = num_groups * C
   seg = jnp.where(ok, gid * C + cid, n)
   cnt = jax.ops.segment_sum(ok.astype(jnp.float32), seg, n + 1)[:n].reshape(num_groups, C)
   esum = jax.ops.segment_sum(jnp.where(ok, ev, 0.0), seg, n + 1)[:n].reshape(num_groups, C)
+  ecnt = jax.ops.segment_sum((ok & scored).astype(jnp.float32), seg,
+                             n + 1)[:n].reshape(num_groups, C)
   present = cnt > 0
   m = cnt / jnp.maximum(jnp.sum(cnt, axis=1, keepdims=True), 1.0)
-  e = esum / jnp.maximum(cnt, 1.0)
+  e = esum / jnp.maximum(ecnt, 1.0)
   logit = jnp.where(present, jnp.log(m + 1e-12) + eta * e, -jnp.inf)
   soft = jax.nn.softmax(jnp.where(present, logit, -1e30), axis=1)
   multi = jnp.sum(present, axis=1, keepdims=True) >= 2
@@ -64,10 +82,13 @@ def siop_turn_rewards(*, cluster_weight: ArrayLike, support: ArrayLike, step_mas
 
   .. math::
     r_{b,k} = q_b (log(p̂_{b,k} + ε) − log(p̂_{b,k−1} + ε)),  r_{b,K_b} += (1 − λ) q_b
-    single-turn rows: r_{b,1} = (1 − λ) q_b;   non-finite → 0
+    single-turn rows: r_{b,1} = (1 − λ) q_b
 
   p̂_{b,0} is the support from the prompt alone, p̂_{b,k} after turn k (column k); invalid
-  turns (`step_mask` False) get 0 and are skipped.
+  turns (`step_mask` False) get 0 and are skipped. As in the code
+  (`compute_siop_process_rewards`), a gain is 0 where p̂_{b,k} or the previous support is
+  not finite (NaN marks a support that could not be scored) or where it is itself not
+  finite, and the final turn's bonus (1 − λ) q_b is added after that, so it survives.
   """
   q_B = as_f32(cluster_weight)
   p = as_f32(support)
@@ -76,11 +97,15 @@ def siop_turn_rewards(*, cluster_weight: ArrayLike, support: ArrayLike, step_mas
   chex.assert_equal_shape_prefix([q_B, p, valid], 1)
   chex.assert_axis_dimension(p, 1, valid.shape[1] + 1)
   row = jnp.any(valid, axis=1)
-  lp_BK = jnp.log(jnp.where(valid, jnp.maximum(p[:, 1:], 0.0), 1.0) + eps)
-  lp0_B = jnp.log(jnp.where(row, jnp.maximum(p[:, 0], 0.0), 1.0) + eps)
+  fin_BK = jnp.isfinite(p[:, 1:])
+  fin0_B = jnp.isfinite(p[:, 0])
+  lp_BK = jnp.log(jnp.where(valid & fin_BK, jnp.maximum(p[:, 1:], 0.0), 1.0) + eps)
+  lp0_B = jnp.log(jnp.where(row & fin0_B, jnp.maximum(p[:, 0], 0.0), 1.0) + eps)
   gain = q_B[:, None] * (lp_BK - previous_valid(lp_BK, valid, lp0_B))
+  fin_prev = previous_valid(fin_BK, valid, fin0_B)
   n_B = jnp.sum(valid, axis=1)
-  gain = jnp.where((n_B >= 2)[:, None], gain, 0.0)
+  keep = (n_B >= 2)[:, None] & fin_BK & fin_prev & jnp.isfinite(gain)
+  gain = jnp.where(keep, gain, 0.0)
   last = valid & (jax.lax.cumsum(valid.astype(jnp.int32), axis=1, reverse=True) == 1)
   r = gain + jnp.where(last, (1.0 - lam) * q_B[:, None], 0.0)
   return jnp.where(valid & jnp.isfinite(r), r, 0.0)
@@ -155,7 +180,9 @@ def siop_advantages(*, gold_logprob_turns: ArrayLike, gold_logprob_prompt: Array
   turns turn its pooled normalisation into a length penalty.
 
   Args:
-    gold_logprob_turns: [B,K], gold_logprob_prompt: [B] mean gold log-probs.
+    gold_logprob_turns: [B,K], gold_logprob_prompt: [B] mean gold log-probs; a
+      non-finite value is a support the code skips (the gains into and out of it are 0,
+      the final turn keeps its bonus).
     step_mask, turn_id, group_id, response_mask, num_groups: as `igpo_advantages`.
     lam: λ, the terminal bonus is (1 − λ) q. gamma: turn discount (1).
     eps: std floor of the normalisation. log_eps: ε inside the log.
@@ -166,7 +193,9 @@ def siop_advantages(*, gold_logprob_turns: ArrayLike, gold_logprob_prompt: Array
   _, row, valid, _, _ = turn_layout(response_mask, step_mask, turn_id)
   g_BK = jnp.where(valid, as_f32(gold_logprob_turns), 0.0)
   g0_B = jnp.where(row, as_f32(gold_logprob_prompt), 0.0)
-  support = jnp.exp(jnp.minimum(jnp.concatenate([g0_B[:, None], g_BK], 1), 0.0))
+  g = jnp.concatenate([g0_B[:, None], g_BK], 1)
+  # A non-finite mean log-prob is skipped by the code (no support): NaN here.
+  support = jnp.where(jnp.isfinite(g), jnp.exp(jnp.minimum(g, 0.0)), jnp.nan)
   r = siop_turn_rewards(cluster_weight=row.astype(jnp.float32), support=support,
                         step_mask=valid, lam=lam, eps=log_eps)
   return siop_advantages_from_rewards(turn_rewards=r, step_mask=step_mask, turn_id=turn_id,

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from credit.advantages.turn.igpo import previous_valid, turn_layout
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_normalize, turn_returns
+from credit.ops.turns import (previous_valid, turn_broadcast, turn_layout, turn_normalize,
+                               turn_returns)
 from credit.registry import register_estimator
 
 Array = jax.Array

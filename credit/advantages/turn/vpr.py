@@ -8,9 +8,8 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.advantages.turn.igpo import turn_layout
 from credit.ops._cast import as_f32
-from credit.ops.turns import turn_broadcast, turn_normalize, turn_returns
+from credit.ops.turns import turn_broadcast, turn_layout, turn_normalize, turn_returns
 from credit.registry import register_estimator
 
 Array = jax.Array
