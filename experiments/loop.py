@@ -43,8 +43,9 @@ from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_epi
 from credit.envs.subagents import AgentsMultiTurnSampler
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import (checkpointing, critical, group_filter, jolt, producers, reporting,
-                         subagents, train)
+from experiments import (checkpointing, group_filter, jolt, producers, reporting, subagents,
+                         train)
+from experiments.producers import critical
 
 SetupError = producers.SetupError
 
@@ -607,7 +608,7 @@ class RunState:
 
   train: the train state pytree. ref_params: the frozen reference policy (None unless a
   planned producer keeps one). learners: {producer name: LearnerState} of the trained field
-  producers (implicit PRM, critics; `experiments/learners.py`). All three are checkpointed. loader: the prompt iterator (its
+  producers (implicit PRM, critics; `experiments/producers/learners.py`). All three are checkpointed. loader: the prompt iterator (its
   position is saved with each checkpoint). step: RL steps completed. checked: the first
   batch of this process's run has been validated. heatmap: the batch of the most recent step
   with a mixed-reward group (else of the most recent step), for the token-credit heatmap.

@@ -126,7 +126,7 @@ def test_runner_feeds_the_staleness_bound_its_version_fields():
   from credit import parallel
   from experiments import producers
   setup = types.SimpleNamespace(mesh=parallel.make_mesh("data=1"))
-  produce = producers._build_policy_version(setup, frozenset({"policy_version"}))
+  produce = producers.passes._build_policy_version(setup, frozenset({"policy_version"}))
   for step in (jnp.asarray(7, jnp.int32), 7):
     out = produce(types.SimpleNamespace(step=step), {"tokens": np.zeros((6, 3), np.int32)},
                   None)

@@ -1,4 +1,4 @@
-"""CSO / InT critical-step pipeline (experiments/critical.py) and its update term."""
+"""CSO / InT critical-step pipeline (experiments/producers/critical.py) and its update term."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +17,8 @@ from credit.losses import dpo_pair_loss, intervention_sft_mask
 from credit.tasks import chain
 from credit.tasks.chain import running_sums
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import critical, loop, producers, train
+from experiments import loop, producers, train
+from experiments.producers import critical
 from experiments.configs import cso_chain, int_chain, propa_chain
 
 

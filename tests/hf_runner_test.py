@@ -108,7 +108,7 @@ def test_runner_uses_the_checkpoint_tokenizer_end_to_end(ckpt, tmp_path, monkeyp
     assert resp == hf_tok.encode(demos[prompt], add_special_tokens=False) + [eos]
 
   seen = {"contexts": [], "decoded": []}
-  context, verify = loop._context, producers._verify
+  context, verify = loop._context, producers.verify_rows
 
   def spy_context(run, rs):
     ctx = context(run, rs)

@@ -67,7 +67,7 @@ def test_teacher_role_rows_hold_the_privileged_context_and_the_student_rescore_d
   host, rows = ctx.extras[jolt.HOST], ctx.extras[jolt.ROWS]
   assert host["tokens"].shape[0] == N * G_T and times["jolt_teacher"] > 0
   np.testing.assert_array_equal(host["group_id"], np.repeat(np.arange(N), G_T))
-  examples = producers._examples_rows(ctx.examples)  # pylint: disable=protected-access
+  examples = producers.examples_rows(ctx.examples)  # pylint: disable=protected-access
   P = run.data.max_prompt_len
   W = host["tokens"].shape[1] - c.max_new_tokens  # the privileged prompts' width
   assert W > P and not host["response_mask"][:, :W].any() and host["response_mask"][:, W].all()

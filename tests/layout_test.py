@@ -49,7 +49,7 @@ def test_a_rescored_response_is_scored_after_the_other_prompt(countdown):
   assert len(set(plen.tolist())) > 1, "the regression needs prompts of different lengths"
   prompts = ["answer 7: " + str(p) for p in ctx.examples["prompt"]]
   width = max(len(prompt_ids(tok, p)) for p in prompts)
-  got = np.asarray(producers._response_rescorer(s, width)(  # pylint: disable=protected-access
+  got = np.asarray(producers.rescoring._response_rescorer(s, width)(  # pylint: disable=protected-access
       rs.train.params, prompts, batch, producers.response_starts(ctx)))
   score = s.scorer(entropy=False)
   for b in range(0, h["tokens"].shape[0], G):

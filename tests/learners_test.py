@@ -1,4 +1,4 @@
-"""Trained field producers (experiments/learners.py): the implicit PRM learns which token
+"""Trained field producers (experiments/producers/learners.py): the implicit PRM learns which token
 decides the outcome, the critic regresses on its targets, and bad settings are refused."""
 import dataclasses
 import importlib
@@ -10,7 +10,8 @@ import pytest
 
 from credit import parallel
 from credit import tasks as tasks_lib
-from experiments import learners, loop, producers
+from experiments import loop, producers
+from experiments.producers import learners
 
 
 def tiny(estimator, **overrides):

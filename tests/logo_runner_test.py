@@ -218,7 +218,7 @@ def test_logo_rollout_batch(tmp_path):
   h.update(obs_mask=ctx.host["obs_mask"], prefix_len=ctx.host["prefix_len"])
   N, G = c.prompts_per_step, c.group_size
   B0, PL = N * G, c.logo.branch_rows * c.logo.local_size
-  assert h["tokens"].shape[0] == producers.tree_rows(c) == B0 + PL
+  assert h["tokens"].shape[0] == producers.rollout_rows(c) == B0 + PL
   np.testing.assert_array_equal(h["parent_id"][:B0], -1)
   assert ctx.metrics["logo_local_rows"] == PL
   trajs = ctx.extras["trajectories"]

@@ -244,13 +244,13 @@ def test_answer_logprobs_after_the_task_marker_match_direct_scoring(tmp_path):
 def test_cut_after_marker():
   tokens = np.array([[9, 5, 7, 5, 2], [9, 6, 6, 2, 0], [5, 5, 7, 2, 0]], np.int32)
   body = np.array([[0, 1, 1, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 0, 0]], bool)
-  keep, found = producers._cut_after_marker(tokens, body, np.array([5], np.int32))
+  keep, found = producers.likelihood._cut_after_marker(tokens, body, np.array([5], np.int32))
   np.testing.assert_array_equal(found, [True, False, True])
   np.testing.assert_array_equal(keep, [[0, 1, 0, 0, 0], [0, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
-  keep, found = producers._cut_after_marker(tokens, body, np.array([5, 7], np.int32))
+  keep, found = producers.likelihood._cut_after_marker(tokens, body, np.array([5, 7], np.int32))
   np.testing.assert_array_equal(found, [True, False, True])
   np.testing.assert_array_equal(keep, [[0, 1, 1, 0, 0], [0, 1, 1, 0, 0], [1, 1, 1, 0, 0]])
-  keep, found = producers._cut_after_marker(tokens, body, np.zeros(0, np.int32))
+  keep, found = producers.likelihood._cut_after_marker(tokens, body, np.zeros(0, np.int32))
   assert keep is body and not found.any()
 
 
@@ -318,7 +318,7 @@ def test_followups_are_refused_before_any_file(tmp_path, overrides, kwargs, why)
   loop.check_method(tiny(estimator="grpo", **overrides))  # unused: no matter
   setup = types.SimpleNamespace(c=c, data=types.SimpleNamespace(tokenizer=CharTokenizer()))
   with pytest.raises(loop.SetupError, match=why):
-    producers._build_followup_pass(setup, frozenset({"logprob_followup"}))
+    producers.likelihood._build_followup_pass(setup, frozenset({"logprob_followup"}))
 
 
 def test_flr_plans_its_follow_ups_and_gives_finite_advantages(tmp_path):
@@ -387,7 +387,7 @@ def test_alt_context_the_tokenizer_cannot_encode_is_refused(tmp_path):
       c=tiny(alt_context_neg="Wrong: "), group_size=2,
       data=types.SimpleNamespace(tokenizer=CharTokenizer(), train=[{"prompt": "1+2="}]))
   with pytest.raises(loop.SetupError, match=r"alt_context_neg='Wrong: ' cannot be encoded"):
-    producers._build_alt_context_pass(setup, frozenset({"logprob_alt_pos", "logprob_alt_neg"}))
+    producers.rescoring._build_alt_context_pass(setup, frozenset({"logprob_alt_pos", "logprob_alt_neg"}))
 
 
 def test_rescored_logprobs_match_direct_scoring_of_each_row(tmp_path):
@@ -566,10 +566,10 @@ def test_subproblem_rubric_and_component_fields_match_the_task(tmp_path):
   task, tok = run.data.task, run.data.tokenizer
   resp, gid = ctx.host["response_mask"], ctx.host["group_id"]
   sub, sub_mask, span = (np.asarray(batch[k]) for k in ("sub_rewards", "sub_mask", "span_id"))
-  rubric = producers._build_rubric(run.setup, frozenset())(rs.train, batch, ctx)
-  comps = np.asarray(producers._build_reward_components(run.setup, frozenset())(
+  rubric = producers.signals._build_rubric(run.setup, frozenset())(rs.train, batch, ctx)
+  comps = np.asarray(producers.signals._build_reward_components(run.setup, frozenset())(
       rs.train, batch, ctx)["reward_components"])
-  rows = producers._examples_rows(ctx.examples)
+  rows = producers.examples_rows(ctx.examples)
   texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], resp)
   assert not np.any((span >= 0) & ~resp)
   checked = 0
@@ -597,7 +597,7 @@ def test_unit_test_fields_and_hostile_programs(tmp_path):
   run, rs, ctx, batch = _one_step_batch(tiny("verpo_program", sft_steps=0),
                                         str(tmp_path / "w"))
   task, tok = run.data.task, run.data.tokenizer
-  rows = producers._examples_rows(ctx.examples)
+  rows = producers.examples_rows(ctx.examples)
   texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], ctx.host["response_mask"])
   want = [task.test_pass(rows[g], t) for g, t in zip(ctx.host["group_id"], texts)]
   np.testing.assert_array_equal(np.asarray(batch["test_pass"]), want)
@@ -614,7 +614,7 @@ def test_unit_test_fields_and_hostile_programs(tmp_path):
   fake = producers.StepContext(key=None, examples=ctx.examples, prompt_tokens=None,
                                prompt_mask=None, host={"tokens": tokens, "response_mask": mask,
                                                        "group_id": np.zeros(len(ids), int)})
-  got = np.asarray(producers._build_unit_tests(run.setup, frozenset())(None, {}, fake)[
+  got = np.asarray(producers.signals._build_unit_tests(run.setup, frozenset())(None, {}, fake)[
       "test_pass"])
   assert got[-1].all() and not got[:-1].any()
   assert got.shape == (len(hostile), task.num_tests)
@@ -642,7 +642,7 @@ def test_tool_usage_counts_calls_and_rounds():
   setup = types.SimpleNamespace(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)))
   ctx = producers.StepContext(key=None, examples={}, prompt_tokens=None, prompt_mask=None,
                               extras={"trajectories": episodes})
-  out = producers._build_tool_usage(setup, frozenset())(None, {}, ctx)
+  out = producers.signals._build_tool_usage(setup, frozenset())(None, {}, ctx)
   n = len(gold) - 1  # the demonstration's calls before its answer
   assert np.asarray(out["tool_calls"]).tolist() == [n, n, 0]
   assert np.asarray(out["tool_cost"]).tolist() == [n, n + 2, 0]
@@ -723,7 +723,7 @@ def test_divergence_pass_matches_model_divergence(tmp_path):
   for stage in run.stages:
     batch.update(stage(rs.train, batch, ctx))
   assert {st.name: st.wanted for st in run.stages}["divergence_pass"] == {"hellinger_ref"}
-  out = producers._build_divergence_pass(run.setup, frozenset(producers.DIVERGENCE_FIELDS))(
+  out = producers.passes._build_divergence_pass(run.setup, frozenset(producers.DIVERGENCE_FIELDS))(
       rs.train, batch, ctx)
   policy = train.merge_model(run.setup.graphdef, rs.train.params, run.setup.rest)
   reference = train.merge_model(run.setup.graphdef, ref, run.setup.rest)

@@ -125,24 +125,24 @@ def test_shaping_recipe_one_step_and_worked_batch(recipe, tmp_path):
   host = fake.host
   resp, gid = host["response_mask"], host["group_id"]
   fields = {"response_mask": resp, "group_id": gid}
-  fields.update(producers._build_reward(run.setup, frozenset())(rs.train, fields, fake))
+  fields.update(producers.signals._build_reward(run.setup, frozenset())(rs.train, fields, fake))
   np.testing.assert_array_equal(fields["reward"], [w["o"] for w in want])
   if "rubric_check" in plan:
-    fields.update(producers._build_rubric(run.setup, frozenset())(rs.train, fields, fake))
+    fields.update(producers.signals._build_rubric(run.setup, frozenset())(rs.train, fields, fake))
     assert np.asarray(fields["rubric_mask"]).all()
     np.testing.assert_array_equal(fields["rubric"], [w["rubric"] for w in want])
   if "reward_components" in plan:
-    fields.update(producers._build_reward_components(run.setup, frozenset())(
+    fields.update(producers.signals._build_reward_components(run.setup, frozenset())(
         rs.train, fields, fake))
     np.testing.assert_allclose(fields["reward_components"], [  # format, outcome, rubric
         [w["fmt"], w["o"], np.mean(w["rubric"])] for w in want], atol=1e-6)
   if "format_check" in plan:
-    fields.update(producers._build_format_check(run.setup, frozenset())(rs.train, fields, fake))
+    fields.update(producers.signals._build_format_check(run.setup, frozenset())(rs.train, fields, fake))
     np.testing.assert_array_equal(fields["format_ok"], [w["fmt"] for w in want])
   if "step_judge" in plan:
     K = c.max_steps
-    fields.update(producers._build_step_judge(run.setup, frozenset())(rs.train, fields, fake))
-    fields.update(producers._build_step_segments(run.setup, frozenset())(rs.train, fields, fake))
+    fields.update(producers.signals._build_step_judge(run.setup, frozenset())(rs.train, fields, fake))
+    fields.update(producers.signals._build_step_segments(run.setup, frozenset())(rs.train, fields, fake))
     np.testing.assert_array_equal(fields["step_reward"], [
         w["steps"] + [0] * (K - len(w["steps"])) for w in want])
     np.testing.assert_array_equal(fields["step_mask"], [

@@ -24,7 +24,7 @@ def test_tree_rollout_batch(tmp_path):
   tokens, own, parent, prefix, reward, gid = _host(
       batch, "tokens", "response_mask", "parent_id", "prefix_len", "reward", "group_id")
   N, G = c.prompts_per_step, c.group_size
-  assert tokens.shape[0] == producers.tree_rows(c) == N * (G + 2 * 2)
+  assert tokens.shape[0] == producers.rollout_rows(c) == N * (G + 2 * 2)
   path = ctx.host["response_mask"]
   for b in np.flatnonzero(parent >= 0):
     a, p = parent[b], prefix[b]

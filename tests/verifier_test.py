@@ -1,4 +1,4 @@
-"""The generative verifier trained next to the policy (experiments/verifier.py; RL Tango, TIPS):
+"""The generative verifier trained next to the policy (experiments/producers/verifier.py; RL Tango, TIPS):
 its output format and rewards, and the rl_tango_chain recipe end to end with an exact resume."""
 import importlib
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import loop, producers
-from experiments import verifier as V
+from experiments.producers import verifier as V
 
 
 @pytest.mark.parametrize("text,steps,final,score", [

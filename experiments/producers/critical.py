@@ -59,7 +59,7 @@ jitted sampler, in the `critical` phase of the step-time table.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Mapping
+
 
 import jax
 import jax.numpy as jnp
@@ -71,9 +71,13 @@ from credit.losses import SFT_TARGETS, intervention_sft_mask
 from credit.tasks.char_tokenizer import pad_rows, prompt_ids
 from credit import parallel
 from experiments import train
+from experiments.producers.base import (producer, Setup, SetupError, StepContext, prompt_width,
+                                        task_has, verify_rows, delimiter_ids, is_multi_turn,
+                                        step_splitter)
+from experiments.producers.rollouts import first_wrong_columns, tree_batch
+from experiments.producers.signals import _task_flags_spans
+from experiments.producers.teachers import check_context, check_teacher_files, privileged_prompt
 
-if TYPE_CHECKING:
-  from experiments.producers import Setup, StepContext
 
 FIELD = train.AUX_KEY  # the update input this module makes (not a contract field)
 OBJECTIVES = ("dpo", "sft")
@@ -88,8 +92,7 @@ def critical_on(c: ml_collections.ConfigDict) -> bool:
 
 def check_config(c: ml_collections.ConfigDict) -> None:
   """SetupError for settings the pipeline cannot run with (before any file is written)."""
-  from experiments import producers  # pylint: disable=g-import-not-at-top
-  err = producers.SetupError
+  err = SetupError
   k = c.critical
   if k.objective not in OBJECTIVES:
     raise err(f"critical.objective={k.objective!r}; valid: {list(OBJECTIVES)} (dpo: CSO's "
@@ -97,17 +100,17 @@ def check_config(c: ml_collections.ConfigDict) -> None:
   if k.data not in DATA:
     raise err(f"critical.data={k.data!r}; valid: {list(DATA)} (corrections: CSO / InT, "
               "successes: PROPA's SFT)")
-  if producers.is_multi_turn(c):
+  if is_multi_turn(c):
     raise err("critical: single-turn tasks only")
   if k.data == "successes":
     if k.objective != "sft":
       raise err("critical.data='successes' trains by SFT: set critical.objective='sft'")
     if int(k.max_paths) < 1:
       raise err(f"critical.max_paths={k.max_paths} must be >= 1")
-    if k.gold_when_none and not producers._task_has("demonstration")(c):
+    if k.gold_when_none and not task_has("demonstration")(c):
       raise err("critical.gold_when_none: the task has no demonstration to train on when no "
                 "response of a prompt succeeds; set it False or use a built-in task")
-  elif producers.tree_batch(c):
+  elif tree_batch(c):
     raise err("critical.data='corrections' reads rollouts of G samples per prompt (no "
               "tree.branches or slate.candidates)")
   if c.amft.enabled:
@@ -117,7 +120,7 @@ def check_config(c: ml_collections.ConfigDict) -> None:
               "policy inside the step)")
   _check_common(c, k, err)
   if k.data == "corrections":
-    _check_corrections(c, k, err, producers)
+    _check_corrections(c, k, err)
 
 
 def _check_common(c, k, err) -> None:
@@ -130,8 +133,8 @@ def _check_common(c, k, err) -> None:
     raise err(f"critical.max_items={k.max_items} must be >= 1")
 
 
-def _check_corrections(c, k, err, producers) -> None:
-  if not producers._task_flags_spans(c):
+def _check_corrections(c, k, err) -> None:
+  if not _task_flags_spans(c):
     raise err("critical: the critical step is the step of the first wrong token, from the "
               "task's flag_chars; built in: arithmetic, chain, countdown")
   if not c.step_delimiters:
@@ -149,9 +152,9 @@ def _check_corrections(c, k, err, producers) -> None:
     if not c.teacher.init_from:
       raise err("critical.proposer='teacher' samples the alternatives from a frozen expert: "
                 "set teacher.init_from=<HF dir> (same tokenizer as the policy)")
-    producers.check_teacher_files(c)
+    check_teacher_files(c)
   if k.context:
-    producers.check_context(c, k.context, "critical.context")
+    check_context(c, k.context, "critical.context")
 
 
 def weights(c: ml_collections.ConfigDict, step: int) -> tuple[float, float, bool]:
@@ -288,16 +291,39 @@ def _build_successes(s: "Setup"):
   return produce
 
 
-def build(s: "Setup", wanted: frozenset):
+@producer(INTERVENTIONS,
+          provides=(FIELD,),
+          requires=("tokens", "response_mask", "reward"),
+          phase="critical",
+          doc="InT's interventions: per failed row, the step of its first wrong token "
+              "replaced by a proposed step (optionally under a privileged context) whose "
+              "continuation succeeds; SFT rows prompt -> prefix + intervention (or, with "
+              "data=successes, PROPA's SFT rows: up to 2 successful responses per "
+              "prompt, the demonstration when none succeeded)",
+          when=lambda c: critical_on(c) and c.objective != "dpo",
+          check=check_config,
+          off_doc="set enabled=True (objective sft)")
+@producer(PAIRS,
+          provides=(FIELD,),
+          requires=("tokens", "response_mask", "reward"),
+          phase="critical",
+          doc="CSO's verified critical-step pairs: per failed row, the step of its first wrong "
+              "token, c.proposals alternative steps from the prefix, each continued "
+              "by the policy and verified; a successful alternative (chosen) against the "
+              "original step (rejected), scored by the frozen reference for step-level DPO",
+          when=lambda c: critical_on(c) and c.objective == "dpo",
+          keeps_reference=True,
+          check=check_config,
+          off_doc="set enabled=True (objective dpo)")
+def build(s: Setup, wanted: frozenset):
   """The producer: produce(state, batch, ctx) -> {FIELD: the update's critical batch}."""
-  from experiments import producers  # pylint: disable=g-import-not-at-top
   if s.c.critical.data == "successes":
     return _build_successes(s)
   c, k, tok, task = s.c, s.c.critical, s.data.tokenizer, s.data.task
   K, cap = int(k.proposals), int(k.max_items)
-  split = producers.step_splitter(s)
+  split = step_splitter(s)
   stop_ids = tuple(getattr(tok, "stop_ids", None) or (tok.eos_id,))
-  delims = tuple(sorted(set(producers.delimiter_ids(tok, c.step_delimiters)) | set(stop_ids)))
+  delims = tuple(sorted(set(delimiter_ids(tok, c.step_delimiters)) | set(stop_ids)))
   div = parallel.batch_divisor(s.mesh)
   M = -(-cap // div) * div  # rows per side, padded so that the batch shards over the mesh
   rows_out = 2 * M if k.objective == "dpo" else M
@@ -305,8 +331,8 @@ def build(s: "Setup", wanted: frozenset):
   expert = _expert(s) if k.proposer == "teacher" else None
   priv_width = 0
   if k.context:
-    priv_width = producers._prompt_width(
-        tok, (producers.privileged_prompt(c, task, e, k.context) for e in s.data.train),
+    priv_width = prompt_width(
+        tok, (privileged_prompt(c, task, e, k.context) for e in s.data.train),
         f"a prompt with critical.context={k.context!r}")
   rng_seed = int(c.seed) + 101
   empty = lambda T: _empty(rows_out, T, k.objective)
@@ -325,7 +351,7 @@ def build(s: "Setup", wanted: frozenset):
     example_of_row = host["group_id"]
     valid = host["prompt_mask"] | resp
     failed = np.flatnonzero(reward < k.success)
-    wrong = producers.first_wrong_columns(tok, task, ctx.examples, tokens, resp,
+    wrong = first_wrong_columns(tok, task, ctx.examples, tokens, resp,
                                           example_of_row, failed)
     start, end = critical_steps(split(tokens, resp), wrong)
     located = np.flatnonzero(start >= 0)
@@ -351,7 +377,7 @@ def build(s: "Setup", wanted: frozenset):
       prop_ctx = []
       for b, x, p in zip(items, ctx_ids, plen):
         ex = {kk: ctx.examples[kk][example_of_row[b]] for kk in ctx.examples}
-        prop_ctx.append(prompt_ids(tok, producers.privileged_prompt(c, task, ex, k.context))
+        prop_ctx.append(prompt_ids(tok, privileged_prompt(c, task, ex, k.context))
                         + x[p:])
       width = priv_width + c.max_new_tokens
     else:
@@ -384,7 +410,7 @@ def build(s: "Setup", wanted: frozenset):
     rows_of = np.repeat(np.arange(n), K)
     ftoks, fvalid = _pack(full, T + c.max_new_tokens, tok.pad_id)
     fresp = fvalid & (np.arange(ftoks.shape[1])[None] >= np.asarray(plen)[rows_of][:, None])
-    _, ok = producers._verify(s, ctx.examples, ftoks, fresp, example_of_row[items][rows_of])
+    _, ok = verify_rows(s, ctx.examples, ftoks, fresp, example_of_row[items][rows_of])
     ok = np.asarray(ok) >= k.success
     distinct = np.array([alts[r] != orig[rows_of[r]] and len(alts[r]) > 0
                          for r in range(n * K)])

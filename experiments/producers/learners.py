@@ -34,21 +34,22 @@ the log-prob of token t given the tokens before it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import struct
 
 import credit
 from credit import losses, ops, parallel
 from credit.losses import prm as prm_losses
 from credit.scoring import score_tokens
 from experiments import train
+from experiments.producers.base import (Producer, register, Setup, SetupError, StepContext,
+                                        prompt_width, response_starts, to_rollout)
+from experiments.producers.rescoring import response_layout
 
-if TYPE_CHECKING:
-  from experiments.producers import Setup, StepContext
 
 
 def prm_pair_dpo_loss(*, logprob_prm, logprob_ref, response_mask, reward, group_id,
@@ -155,7 +156,6 @@ def _prefixed(prefix: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_prm_config(c) -> None:
-  from experiments.producers import SetupError
   if c.prm.objective != "auto" and c.prm.objective not in PRM_OBJECTIVES:
     raise SetupError(f"prm.objective={c.prm.objective!r}; valid: auto, "
                      f"{', '.join(sorted(PRM_OBJECTIVES))}")
@@ -247,13 +247,12 @@ def critic_values(graphdef, rest, params, tokens, attn_mask) -> jax.Array:
 def _critic_trainer(s: "Setup", prefix_width: int | None) -> _Trainer:
   """The critic's trainer; `prefix_width` (the reference critic) re-lays rows after another
   prompt of that width, else the rollout rows are used as they are."""
-  from experiments import producers  # pylint: disable=g-import-not-at-top
   cfg = s.c.critic
 
   def loss_fn(params, mb):
     v = critic_values(s.graphdef, s.rest, params, mb["tokens"], mb["attn_mask"])
     if prefix_width is not None:
-      v = producers.to_rollout(v, mb["start"], prefix_width, mb["response_mask"].shape[1], 0.0)
+      v = to_rollout(v, mb["start"], prefix_width, mb["response_mask"].shape[1], 0.0)
     out = losses.value_loss(values=v, values_old=mb["values_old"], returns=mb["returns"],
                             response_mask=mb["response_mask"],
                             clip_range_value=cfg.clip_range_value)
@@ -263,7 +262,6 @@ def _critic_trainer(s: "Setup", prefix_width: int | None) -> _Trainer:
 
 
 def check_critic_config(c) -> None:
-  from experiments.producers import SetupError
   B = c.prompts_per_step * c.group_size
   if B % c.critic.num_minibatches:
     raise SetupError(f"critic.num_minibatches={c.critic.num_minibatches} must divide the batch "
@@ -291,18 +289,17 @@ def _make_critic_producer(name: str, field: str, relay: Callable | None):
   (the reference critic), None scores the rollout rows."""
 
   def build(s: "Setup", wanted: frozenset):
-    from experiments import producers  # pylint: disable=g-import-not-at-top
     width, layout = relay(s) if relay else (None, None)
     trainer = _critic_trainer(s, width)
     @jax.jit
     def values(params, tokens, attn_mask, response_mask, start):
       v = critic_values(s.graphdef, s.rest, params, tokens, attn_mask)
       if width is not None:
-        v = producers.to_rollout(v, start, width, response_mask.shape[1], 0.0)
+        v = to_rollout(v, start, width, response_mask.shape[1], 0.0)
       return jnp.where(response_mask, v, 0.0)
 
     def produce(state, batch, ctx: "StepContext") -> dict:
-      start = producers.response_starts(ctx)
+      start = response_starts(ctx)
       if layout is None:
         tokens, attn = batch["tokens"], ctx.attn_mask
       else:
@@ -332,19 +329,18 @@ def _make_critic_producer(name: str, field: str, relay: Callable | None):
 def _reference_layout(s: "Setup"):
   """(width, layout) for the reference-guided critic: `c.critic.ref_context` with the gold
   answer filled in, before each prompt."""
-  from experiments import producers
   from credit import tasks as tasks_lib
   template = s.c.critic.ref_context
   if "{answer}" not in template:
-    raise producers.SetupError(f"critic.ref_context={template!r} has no {{answer}} field")
+    raise SetupError(f"critic.ref_context={template!r} has no {{answer}} field")
 
   def prompt(example) -> str:
     e = tasks_lib.as_example(example)
     return template.format(answer=e["answer"]) + e["prompt"]
 
-  width = producers._prompt_width(s.data.tokenizer, (prompt(e) for e in s.data.train),
+  width = prompt_width(s.data.tokenizer, (prompt(e) for e in s.data.train),
                                   "critic.ref_context before a prompt")
-  lay = producers.response_layout(s, width)
+  lay = response_layout(s, width)
 
   def layout(ctx, batch, start):
     n = len(ctx.examples["prompt"])
@@ -370,5 +366,33 @@ def reference_context_ok(c) -> bool:
   return True
 
 
-build_critic = _make_critic_producer("critic", "values", None)
-build_reference_critic = _make_critic_producer("critic_ref", "values_ref", _reference_layout)
+# The trained producers' declarations: the two implicit PRMs share one build and differ in the
+# reference their reward reads; the two critics differ in the context the rows are read after.
+for _name, _reference, _doc in (
+    ("implicit_prm", "logprob_ref",
+     "PRIME's online implicit PRM: a copy of the policy trained each step on the outcome "
+     "labels (c.prm: objective, beta, update before or after scoring), its implicit reward "
+     "against the frozen reference"),
+    ("implicit_prm_old", "logprob_old",
+     "OPRL's online implicit PRM: the same learner, its implicit reward against the behaviour "
+     "policy, trained by default with trajectory DPO on the (success, failure) pairs of each "
+     "prompt group (c.prm.objective=auto)")):
+  register(Producer(
+      _name, ("logprob_prm",), ("tokens", "response_mask", "reward", "group_id", _reference),
+      build_prm, "prm", _doc, init=init_prm, check=check_prm_config,
+      when=lambda c, r=_reference: prm_reference(c) == r, module=__name__,
+      off_doc="the estimator reads logprob_prm against another reference: "
+              + ("implicit_prm_old" if _reference == "logprob_ref" else "implicit_prm")))
+register(Producer(
+    "critic", ("values",), ("tokens", "response_mask", "reward"),
+    _make_critic_producer("critic", "values", None), "critic",
+    "a value head on a copy of the policy's trunk, regressed on the estimator's returns with "
+    "the clipped value loss (c.critic)", init=init_critic, check=check_critic_config,
+    module=__name__))
+register(Producer(
+    "critic_ref", ("values_ref",), ("tokens", "response_mask", "reward"),
+    _make_critic_producer("critic_ref", "values_ref", _reference_layout), "critic",
+    "ReDiPPO's reference-guided critic: the same, reading the response after "
+    "c.critic.ref_context (gold answer filled in) ⊕ prompt", init=init_critic,
+    check=check_critic_config, when=reference_context_ok, module=__name__,
+    off_doc="critic.ref_context must hold {answer} and be encodable by the run's tokenizer"))

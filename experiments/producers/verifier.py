@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -68,10 +68,12 @@ from credit.advantages.outcome.grpo import grpo_advantages
 from credit.advantages.shaping.rl_tango import (ClassBalanceState, class_balance_init,
                                                 class_balance_weights)
 from credit import tasks as tasks_lib
-from experiments import learners, train
+from experiments import train
+from experiments.producers.base import (producer, Setup, SetupError, StepContext, examples_rows,
+                                        is_multi_turn, step_splitter)
+from experiments.producers.signals import judged_steps
+from experiments.producers import learners
 
-if TYPE_CHECKING:
-  from experiments.producers import Setup, StepContext
 
 YES, NO, SEP = "y", "n", ":"
 ADVANTAGES = {"grpo": "group", "dr_grpo": "none"}
@@ -145,7 +147,6 @@ class VerifierState(struct.PyTreeNode):
 
 
 def check_config(c) -> None:
-  from experiments.producers import SetupError
   v = c.verifier
   if v.advantage not in ADVANTAGES:
     raise SetupError(f"verifier.advantage={v.advantage!r}; valid: {sorted(ADVANTAGES)}")
@@ -168,7 +169,6 @@ def check_config(c) -> None:
 
 
 def verifier_on(c) -> bool:
-  from experiments.producers import is_multi_turn
   return bool(c.verifier.enabled) and not is_multi_turn(c)
 
 
@@ -185,7 +185,7 @@ class _Parts:
   width: int           # verifier prompt columns
   max_new: int         # verifier output tokens (K verdicts, separator, final, stop)
   stop: frozenset
-  split: Any           # producers.step_splitter
+  split: Any           # step_splitter
   suffix_ids: dict     # step count -> token ids of the suffix
 
   def prompt_rows(self, tokens: np.ndarray, resp: np.ndarray, prompt_mask: np.ndarray,
@@ -214,7 +214,6 @@ class _Parts:
 
 
 def _parts(s: "Setup") -> _Parts:
-  from experiments import producers
   c, v, tok = s.c, s.c.verifier, s.data.tokenizer
   check_config(c)
   suffix_ids = {n: list(tok.encode(v.suffix.format(steps=n))) for n in range(c.max_steps + 1)}
@@ -229,7 +228,7 @@ def _parts(s: "Setup") -> _Parts:
       loss_kwargs={"clip_low": v.clip_range, "clip_high": v.clip_range}, kl_coef=0.0,
       kl_kind="k3", entropy_coef=0.0, chunk_size=s.chunk_size)
   trainer = learners._Trainer(s, v, loss_fn, epochs=v.epochs, num_minibatches=v.num_minibatches)
-  return _Parts(s, trainer, width, max_new, stop, producers.step_splitter(s), suffix_ids)
+  return _Parts(s, trainer, width, max_new, stop, step_splitter(s), suffix_ids)
 
 
 def init(s: "Setup", policy_params) -> VerifierState:
@@ -259,9 +258,19 @@ def _advantages_and_weights(reward, correct, response_mask, balance, decay, *, n
 # --------------------------------------------------------------------------
 
 
-def build(s: "Setup", wanted: frozenset):
+@producer(NAME,
+          provides=("step_reward", "step_mask"),
+          requires=("tokens", "response_mask", "reward"),
+          phase="verifier",
+          doc="a generative verifier trained by RL next to the policy (RL Tango, TIPS): it "
+              "reads each response, writes step and final verdicts, is rewarded for agreeing "
+              "with the outcome; its step verdicts (±1/S) are the process rewards (c.verifier)",
+          when=verifier_on,
+          init=init,
+          check=check_config,
+          off_doc="set enabled=True (single-turn tasks)")
+def build(s: Setup, wanted: frozenset):
   """`(produce, after)` of the `gen_verifier` producer (step_reward, step_mask)."""
-  from experiments import producers
   p = _parts(s)
   c, v, tok, task = s.c, s.c.verifier, s.data.tokenizer, s.data.task
   K, n = c.max_steps, v.samples
@@ -275,7 +284,7 @@ def build(s: "Setup", wanted: frozenset):
 
   def judge_steps(example, tokens_row, sid_row):
     """The task's step judge on each step of one response: True right, False wrong."""
-    return [right for _, right in producers.judged_steps(tok, task, example, tokens_row,
+    return [right for _, right in judged_steps(tok, task, example, tokens_row,
                                                          sid_row, p.stop)]
 
   def judge_batch(vs: VerifierState, roll: dict, key) -> dict:
@@ -360,7 +369,7 @@ def build(s: "Setup", wanted: frozenset):
     metrics = {}
     if v.sft_steps:
       if v.sft_labels == "judge" and judge is None:
-        raise producers.SetupError(f"verifier.sft_labels='judge' needs a task with judge_step; "
+        raise SetupError(f"verifier.sft_labels='judge' needs a task with judge_step; "
                                    f"{c.task!r} has none")
       tx = train.make_optimizer(learning_rate=v.sft_learning_rate, total_steps=v.sft_steps,
                                 warmup_steps=min(10, v.sft_steps // 10), weight_decay=0.0,
@@ -389,7 +398,7 @@ def build(s: "Setup", wanted: frozenset):
     if not bool(vs.ready):
       vs, m = warm_up(vs, state.params, jax.random.fold_in(key, 1))
       ctx.metrics.update(learners._prefixed("verifier_", m))
-    rows = producers._examples_rows(ctx.examples)
+    rows = examples_rows(ctx.examples)
     roll = {k: ctx.host[k] for k in ("tokens", "response_mask", "prompt_mask")}
     roll["examples"] = [rows[g] for g in ctx.host["group_id"]]
     roll["correct"] = np.asarray(parallel.to_host(batch["reward"])) > 0.5
