@@ -100,6 +100,11 @@ def base_config() -> ml_collections.ConfigDict:
                                   # before training) | auto (rlpr reference, others policy).
   c.step_delimiters = (",", ";", "\n")  # step-level methods (step_id) on single-turn responses:
                                   # a token holding one of these closes a step (multi-turn: turns).
+  # How a step's rows are sampled (experiments/producers/rollouts.py ROLLOUT_KINDS): plain (G
+  # samples per prompt), tree, slate, env (multi-turn episodes), logo; 'auto' takes the kind
+  # whose switch below is on (tree.branches, slate.candidates, logo.branch_rows), else plain for
+  # single-turn tasks and env for multi-turn ones.
+  c.rollout = "auto"
   # Branch sampling (credit.trees; tree estimators such as cbpo, slate): G roots per prompt,
   # then `points` branch points per prompt group, `branches` continuations from each shared
   # prefix, for `depth` rounds (budget × depth_decay per round). 0 branches = off.
