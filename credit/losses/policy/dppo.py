@@ -58,7 +58,9 @@ def _check(clip_low, clip_high, clip_ratio_c):
 _PAPER = ("DPPO: Rethinking the Trust Region in LLM Reinforcement Learning, arXiv 2602.04879")
 
 
-@policy_loss("dppo_tv", _PAPER)
+@policy_loss("dppo_tv", _PAPER, confidence="code-verified",
+             source=_PAPER + "; code: volcengine/verl verl/trainer/ppo/core_algos.py "
+             "compute_policy_loss_dppo_tv")
 def dppo_tv_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                  response_mask: ArrayLike, clip_low: ArrayLike = 0.15,
                  clip_high: ArrayLike = 0.15, clip_ratio_c: ArrayLike = 20.0) -> TokenLoss:
@@ -109,7 +111,9 @@ def dppo_tv_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Arra
   return _dppo_token_loss(x, valid, clip_ratio_c)
 
 
-@policy_loss("dppo_kl", _PAPER)
+@policy_loss("dppo_kl", _PAPER, confidence="code-verified",
+             source=_PAPER + "; code: volcengine/verl verl/trainer/ppo/core_algos.py "
+             "compute_policy_loss_dppo_kl")
 def dppo_kl_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                  response_mask: ArrayLike, clip_low: ArrayLike = 0.05,
                  clip_high: ArrayLike = 0.05, clip_ratio_c: ArrayLike = 20.0) -> TokenLoss:
