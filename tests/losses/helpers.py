@@ -115,6 +115,17 @@ def np_token_loss(name, lp, old, adv, m, extra=None, **hp):
   if name in ("dppo_tv", "dppo_kl"):
     out = np_dppo_token_loss(name[5:], lp, old, adv, m, **hp)
     return None if out is None else out[0]
+  if name == "slate_step":  # no tree fields: one candidate set of all rows (SLATE's Eq. 7)
+    lp, old, adv = (np.where(m, a, 0.0).astype(np.float64) for a in (lp, old, adv))
+    lens = m.sum(1)
+    rows = max((lens > 0).sum(), 1)
+    out = np.zeros(lp.shape)
+    for i in np.nonzero(lens)[0]:
+      r = math.exp(np.clip(lp[i] - old[i], -20, 20)[m[i]].mean())
+      a_i = adv[i][m[i]].mean()
+      obj = min(r * a_i, min(max(r, 0.8), 1.2) * a_i)
+      out[i, m[i]] = -obj / rows / lens[i]
+    return out
   lp, old, adv = (np.where(m, a, 0.0).astype(np.float64) for a in (lp, old, adv))
   Bn, Tn = lp.shape
   d = np.clip(lp - old, -20, 20)

@@ -222,7 +222,7 @@ def test_microbatches_sum_to_full_batch(name, mode):
 def test_micro_cases_cover_every_mode_and_loss():
   assert {m for _, m in _MICRO_CASES} == set(losses.AGG_MODES)
   assert {n for n, _ in _MICRO_CASES} == set(ROW_LOCAL)
-  assert set(NAMES) - set(ROW_LOCAL) == {"clip_cov", "kl_cov", "m2po"}
+  assert set(NAMES) - set(ROW_LOCAL) == {"clip_cov", "kl_cov", "m2po", "slate_step"}
 
 
 # --------------------------------------------------------------------------

@@ -36,7 +36,8 @@ def test_registry_has_every_loss_with_contract_needs():
                         "group_id"},
              "decoupled_ppo": {"logprob_sampler"},
              "topk_distill": {"logprob_topk", "teacher_topk_logprob"},
-             "sd_search": {"logprob_topk", "teacher_topk_logprob", "query_mask"}}.get(n, set())
+             "sd_search": {"logprob_topk", "teacher_topk_logprob", "query_mask"},
+             "slate_step": {"parent_id", "prefix_len", "group_id"}}.get(n, set())
     assert spec.needs == base | extra, n
     assert "arXiv" in spec.paper
     assert {"loss_agg_mode", "is_level", "is_mode"} <= set(spec.static_argnames)
@@ -44,7 +45,8 @@ def test_registry_has_every_loss_with_contract_needs():
     assert spec.token_fn.__name__ == f"{n}_loss"
     assert getattr(losses, f"{n}_loss") is spec.token_fn
     assert spec.fn.__name__ == n and spec.fn.__module__ == spec.token_fn.__module__
-  assert {n for n in NAMES if get_policy_loss(n).batch_coupled} == {"clip_cov", "kl_cov", "m2po"}
+  assert {n for n in NAMES if get_policy_loss(n).batch_coupled} == {"clip_cov", "kl_cov", "m2po",
+                                                                     "slate_step"}
   assert get_policy_loss("clip_cov").static_argnames[-1] == "clip_cov_ratio"
   assert get_policy_loss("luspo").confidence == "paper-equation"
 
@@ -58,6 +60,7 @@ def test_signature_is_per_token_arguments_plus_the_reduction(name):
   assert spec.params == tuple(full)
   assert all(p.kind is p.KEYWORD_ONLY for p in full.values())
   want = "seq-mean-token-mean" if name in SEQ_MEAN_DEFAULT else "token-mean"
+  want = "token-sum" if name == "slate_step" else want  # its weights hold the averages
   assert full["loss_agg_mode"].default == want
   assert set(REDUCTION_ARGS).isdisjoint(token)
   doc = spec.fn.__doc__

@@ -63,8 +63,9 @@ def slate_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: A
   The node is the set of candidates (the parent is not a member). First-step candidates are
   roots (parent_id = −1): they are normalised among the valid roots of their prompt group.
   The continuation is drawn by `slate_pick` (softmax(A/η), η = 0.7; argmax for η ≤ 0).
-  The recipe's loss (code): a step ratio exp(mean token log-ratio of the candidate),
-  PPO clip 0.2, averaged over candidates then steps, maximised; low-var KL 0.001.
+  The code's step objective (Eq. 7): a step ratio exp(mean token log-ratio of the
+  candidate), PPO clip 0.2, averaged over candidates then steps, maximised; low-var KL
+  0.001. It is the policy loss `slate_step` (`credit.losses.slate_step_loss`).
 
   Differences from the code: a node with one valid candidate gives NaN in the code (torch
   std of one value); here it gives 0. All-equal rewards give 0. Invalid rows (empty response,
