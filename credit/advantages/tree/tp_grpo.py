@@ -41,7 +41,8 @@ def tp_grpo_step_rewards(*, reward: ArrayLike, step_value: ArrayLike, start_valu
                          mode: Literal["increment_main", "global_main"] = "increment_main",
                          eta: ArrayLike = 1.0, first_step_bonus: bool = True,
                          consistency: bool = True, balance: bool = True,
-                         drop_original: bool = True) -> tuple[Array, Array]:
+                         drop_original: bool = True,
+                         propagate_bonus_to_future_steps: bool = False) -> tuple[Array, Array]:
   """(ρ [B,K], turning [B,K] bool): TP-GRPO's step rewards and the turning points that got the
   bonus (after balancing); see `tp_grpo_advantages`. Zero / False outside `valid_BK`."""
   check_choice("tp_grpo_step_rewards", "mode", mode, MODES)
@@ -85,6 +86,13 @@ def tp_grpo_step_rewards(*, reward: ArrayLike, step_value: ArrayLike, start_valu
   else:
     main, bonus = jnp.broadcast_to(delta[:, None], d.shape), eta * d
   b = jnp.where(turning, bonus, 0.0)
+  if propagate_bonus_to_future_steps:
+    # The code's propagation: with L_k = R − V_{k−1} and c⁺_k (c⁻_k) the number of turning
+    # points with L > 0 at or before k (with L < 0 at or after k), b_k = η (c⁺_k + c⁻_k) L_k.
+    lk = jnp.where(valid, r[:, None] - v_prev, 0.0)
+    c_pos = jnp.cumsum((turning & (lk > 0)).astype(jnp.float32), axis=1)
+    c_neg = jnp.cumsum((turning & (lk < 0)).astype(jnp.float32)[:, ::-1], axis=1)[:, ::-1]
+    b = jnp.where(valid, eta * (c_pos + c_neg) * lk, 0.0)
   rho = jnp.where(drop_original & (b != 0), b, main + b)
   return jnp.where(valid, rho, 0.0), turning
 
@@ -93,13 +101,14 @@ def tp_grpo_step_rewards(*, reward: ArrayLike, step_value: ArrayLike, start_valu
     "tp_grpo", needs=("reward", "step_value", "start_value", "step_mask", "step_id", "group_id",
                       "response_mask"),
     paper=_PAPER, static_argnames=("num_groups", "mode", "first_step_bonus", "consistency",
-                                   "balance", "drop_original"))
+                                   "balance", "drop_original", "propagate_bonus_to_future_steps"))
 def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value: ArrayLike,
                        step_mask: ArrayLike, step_id: ArrayLike, group_id: ArrayLike,
                        response_mask: ArrayLike, num_groups: int, eta: ArrayLike = 1.0,
                        mode: Literal["increment_main", "global_main"] = "increment_main",
                        first_step_bonus: bool = True, consistency: bool = True,
                        balance: bool = True, drop_original: bool = True,
+                       propagate_bonus_to_future_steps: bool = False,
                        eps: float = 1e-4) -> Array:
   """TP-GRPO: per-step increments, turning points get the long-term reward, z-scored per
   (prompt, step index).
@@ -133,10 +142,21 @@ def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value:
 
   Defaults are the run script's (`common_op3.sh`): mode "increment_main"
   (`take_delta_global_as_main=false`; the config file's default is "global_main"), η = 1,
-  first-step bonus on, consistency filters on for both rules, balancing on, drop-original on;
-  bonus propagation to future steps (off) is not implemented. The statistics are per
+  first-step bonus on, consistency filters on for both rules, balancing on, drop-original on,
+  bonus propagation off. The statistics are per
   (prompt, step index) with the population std + 1e-4 (`PerPromptStatTracker`, no history
   across steps here); a (prompt, step) cell with one row gets 0 (the code's 0/1e-4).
+
+  `propagate_bonus_to_future_steps` (the code's flag, off in its scripts): with
+  L_k = R − V_{k−1}, each (balanced) turning point with L > 0 adds η·L_k to itself and every
+  later step of its row, each one with L < 0 to itself and every earlier step, counted:
+
+  .. math::
+    b_k = η·(c⁺_k + c⁻_k)·L_k,   c⁺_k = #{turning j ≤ k : L_j > 0},
+    c⁻_k = #{turning j ≥ k : L_j < 0}
+
+  in both modes (the code builds this bonus from L even in "global_main"), and it replaces
+  the turning-point bonus; drop-original then applies where b_k ≠ 0.
 
   Ours: balancing spans the whole batch (the code balances each sampling batch of one
   process); steps outside `step_mask` are skipped (k − 1 means the previous valid step, and
@@ -154,7 +174,8 @@ def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value:
     num_groups: static number of prompt groups.
     eta: η, the bonus coefficient.
     mode: static, "increment_main" | "global_main".
-    first_step_bonus, consistency, balance, drop_original: static switches (see above).
+    first_step_bonus, consistency, balance, drop_original, propagate_bonus_to_future_steps:
+      static switches (see above).
     eps: added to the std (1e-4, code).
 
   Returns:
@@ -178,6 +199,7 @@ def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value:
   rho, _ = tp_grpo_step_rewards(reward=rows.values, step_value=step_value,
                                 start_value=start_value, valid_BK=valid, mode=mode, eta=eta,
                                 first_step_bonus=first_step_bonus, consistency=consistency,
-                                balance=balance, drop_original=drop_original)
+                                balance=balance, drop_original=drop_original,
+                                propagate_bonus_to_future_steps=propagate_bonus_to_future_steps)
   adv = ops.turn_normalize(rho, valid, rows.group_id, num_groups, by="index", ddof=0, eps=eps)
   return jax.lax.stop_gradient(ops.turn_broadcast(adv, sid, rows.mask))

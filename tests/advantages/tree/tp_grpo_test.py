@@ -85,8 +85,8 @@ def ref_rho(b, mode="increment_main", eta=1.0, first_step_bonus=True, consistenc
   return np.where(valid, rho, 0.0), ind & valid
 
 
-def ref_tp_grpo(b, eps=1e-4, **kw):
-  rho, _ = ref_rho(b, **kw)
+def ref_tp_grpo(b, eps=1e-4, rho=None, **kw):
+  rho = ref_rho(b, **kw)[0] if rho is None else rho
   valid = b["step_mask"] & b["response_mask"].any(1)[:, None]
   g = b["group_id"]
   adv = np.zeros(rho.shape)
@@ -112,7 +112,8 @@ def run(b, **kw):
 
 
 RHO = jax.jit(tp_grpo.tp_grpo_step_rewards, static_argnames=(
-    "mode", "first_step_bonus", "consistency", "balance", "drop_original"))
+    "mode", "first_step_bonus", "consistency", "balance", "drop_original",
+    "propagate_bonus_to_future_steps"))
 
 
 def test_registered():
@@ -228,3 +229,81 @@ def test_jit_equals_eager():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="mode"):
     tp_grpo.tp_grpo_advantages(**b, num_groups=NG, mode="local")
+
+
+# --------------------------------------------------------------------------
+# propagate_bonus_to_future_steps: the code's two passes, transcribed.
+# --------------------------------------------------------------------------
+
+
+def code_propagated_rho(b, mode="increment_main", eta=1.0, drop_original=True, **kw):
+  """The code's propagation block and second pass, over each row's valid steps, on the
+  (balanced) turning points of `ref_rho`."""
+  _, ind = ref_rho(b, mode=mode, eta=eta, drop_original=drop_original, **kw)
+  R, V, V0 = (b[k].astype(np.float64) for k in ("reward", "step_value", "start_value"))
+  valid = b["step_mask"] & b["response_mask"].any(1)[:, None]
+  rho = np.zeros(valid.shape)
+  for i in range(len(R)):
+    ks = np.flatnonzero(valid[i])
+    seq = [V0[i]] + [V[i, k] for k in ks]        # reward_sequence
+    L = [R[i] - seq[t] for t in range(len(ks))]  # sde_reward − reward_sequence[t]
+    indicator = [ind[i, k] for k in ks]
+    bonus = [0.0] * len(ks)
+    neg_times, neg_on = 0, False
+    for t in reversed(range(len(ks))):
+      if indicator[t] and L[t] < 0:
+        neg_on, neg_times = True, neg_times + 1
+        bonus[t] += neg_times * L[t]
+      elif neg_on:
+        bonus[t] += neg_times * L[t]
+    pos_times, pos_on = 0, False
+    for t in range(len(ks)):
+      if indicator[t] and L[t] > 0:
+        pos_on, pos_times = True, pos_times + 1
+        bonus[t] += pos_times * L[t]
+      elif pos_on:
+        bonus[t] += pos_times * L[t]
+    delta = R[i] - V0[i]
+    for t, k in enumerate(ks):
+      d_t = seq[t + 1] - seq[t]
+      main = delta if mode == "global_main" else d_t
+      bt = eta * bonus[t]
+      if drop_original and bt != 0:
+        main = 0.0
+      rho[i, k] = main + bt
+  return rho
+
+
+def test_propagation_worked_example():
+  # Row 0 (R = 0.7, V0 = 0.5, V = [0.4, 0.6, 0.65]): a rising turning point at k = 2 with
+  # L = [0.2, 0.3, 0.1] carries L_k to itself and the later step: ρ = [−0.1, 0.3, 0.1]
+  # (without propagation k = 3 keeps d_3 = 0.05). Row 1 (R = 0.2, V0 = 0.5, V = [0.6, 0.3,
+  # 0.2]): a falling one at k = 2 (L_2 = −0.4) carries L_k to itself and the earlier step:
+  # ρ = [L_1 = −0.3, −0.4, d_3 = −0.1] (without: [d_1 = 0.1, −0.4, −0.1]).
+  kw = dict(reward=np.array([0.7, 0.2]), step_value=np.array([[0.4, 0.6, 0.65], [0.6, 0.3, 0.2]]),
+            start_value=np.array([0.5, 0.5]), valid_BK=np.ones((2, 3), bool))
+  rho, tp = RHO(**kw, propagate_bonus_to_future_steps=True)
+  assert np.asarray(tp).tolist() == [[False, True, False], [False, True, False]]
+  np.testing.assert_allclose(np.asarray(rho), [[-0.1, 0.3, 0.1], [-0.3, -0.4, -0.1]], atol=1e-6)
+  rho, _ = RHO(**kw)
+  np.testing.assert_allclose(np.asarray(rho), [[-0.1, 0.3, 0.05], [0.1, -0.4, -0.1]], atol=1e-6)
+  b = {"reward": kw["reward"], "step_value": kw["step_value"], "start_value": kw["start_value"],
+       "step_mask": kw["valid_BK"], "response_mask": np.ones((2, 1), bool)}
+  np.testing.assert_allclose(code_propagated_rho(b), [[-0.1, 0.3, 0.1], [-0.3, -0.4, -0.1]],
+                             atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [{}, {"mode": "global_main", "eta": 0.5},
+                                {"consistency": False, "drop_original": False},
+                                {"balance": False}])
+@hypothesis.settings(**SETTINGS)
+@hypothesis.given(seed=st.integers(0, 10_000))
+def test_propagation_matches_the_code(kw, seed):
+  b = make_batch(seed, gaps=seed % 2 == 1)
+  valid = b["step_mask"] & b["response_mask"].any(1)[:, None]
+  want = code_propagated_rho(b, **kw)
+  rho, _ = RHO(reward=b["reward"], step_value=b["step_value"], start_value=b["start_value"],
+               valid_BK=valid, propagate_bonus_to_future_steps=True, **kw)
+  np.testing.assert_allclose(np.asarray(rho), want, atol=1e-5)
+  got = run(b, propagate_bonus_to_future_steps=True, **kw)
+  np.testing.assert_allclose(got, ref_tp_grpo(b, rho=want), rtol=1e-4, atol=1e-4)
