@@ -181,6 +181,9 @@ CONTRACT: dict[str, Field] = {
                            "answer again under its own parameters (a `TrainedLoss` on it)"),
     "answer_attn_mask": Field("BS", "b", "attended positions of `answer_tokens`"),
     "answer_positions": Field("BA", "i", "where each answer token sits in `answer_tokens`"),
+    "state_key": Field("BK", "i", "key of the environment state (observation) each turn "
+                       "starts from, a host-side hash: equal keys in one prompt group are the "
+                       "same anchor state (GiGPO's step groups); valid where step_mask"),
 }
 
 _REQUIRED = ("tokens", "response_mask")

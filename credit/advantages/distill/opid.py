@@ -14,13 +14,65 @@ from credit.registry import register_estimator
 
 Array = jax.Array
 
-__all__ = ["opid_advantages", "opid_teacher_term", "OPID_MODES", "OPID_SINGLETONS"]
+__all__ = ["opid_advantages", "opid_teacher_term", "opid_gigpo_step_advantages", "OPID_MODES",
+           "OPID_SINGLETONS"]
 
 _PAPER = ("OPID: on-policy distillation of hindsight skills (episode- and step-level) for LLM "
           "agents, arXiv 2606.26790; code https://github.com/jinyangwu/OPID "
           "(gigpo/core_gigpo.py)")
 OPID_MODES = ("mean_std_norm", "mean_norm")
 OPID_SINGLETONS = ("raw", "zero")
+
+
+def _anchor_groups(group_id: Array, state_key: ArrayLike, valid_BK: Array) -> Array:
+  """[B,K] int32 id in [0, B·K) shared by the valid cells with the same (group, state key)
+  (GiGPO's step groups): the sorted position of the first such cell. One sort."""
+  key = jnp.asarray(state_key, jnp.int32)
+  chex.assert_equal_shape([key, valid_BK])
+  B, K = key.shape
+  g = jnp.broadcast_to(group_id[:, None], (B, K)).reshape(-1)
+  k, ok = key.reshape(-1), valid_BK.reshape(-1)
+  pos = jnp.arange(B * K, dtype=jnp.int32)
+  order = jnp.lexsort((k, g, ~ok)).astype(jnp.int32)
+  gs, ks, oks = g[order], k[order], ok[order]
+  start = (pos == 0) | ~oks | (gs != jnp.roll(gs, 1)) | (ks != jnp.roll(ks, 1))
+  first = jax.lax.cummax(jnp.where(start, pos, 0), axis=0)
+  return jnp.zeros_like(pos).at[order].set(first).reshape(B, K)
+
+
+def opid_gigpo_step_advantages(*, step_reward: ArrayLike, state_key: ArrayLike,
+                               valid_BK: ArrayLike, group_id: ArrayLike,
+                               scale: bool = True, gamma: ArrayLike = 0.95,
+                               eps: ArrayLike = 1e-6) -> Array:
+  """GiGPO's step-level advantage as OPID's code computes it, [B,K] float32.
+
+  .. math::
+    G_{b,k} = Σ_{k' ≥ k} γ^{k'−k} r_{b,k'}      (`compute_step_discounted_returns`)
+    Ã_{b,k} = (G_{b,k} − μ_s) / (σ_s + ε)        (`step_norm_reward`; centred only
+                                                   when `scale` is False)
+
+  over the step group s of cell (b, k): the valid turns of one prompt group that start
+  from the same state (`state_key`; GiGPO's anchor states, `build_step_group` with exact
+  matching). σ is the unbiased std; a step group of one cell gets 0 (the code's μ is the
+  value itself).
+
+  Args:
+    step_reward: [B,K] per-turn environment rewards r.
+    state_key: [B,K] int key of the state each turn starts from.
+    valid_BK: [B,K] bool, the turns that exist.
+    group_id: [B] int prompt group.
+    scale: divide by σ + ε ("mean_std_norm") or only centre ("mean_norm").
+    gamma: γ of the returns (0.95 in OPID's scripts, `algorithm.gamma`).
+    eps: ε.
+  """
+  valid = jnp.asarray(valid_BK, bool)
+  gid = jnp.asarray(group_id, jnp.int32)
+  ret = ops.turn_returns(jnp.where(valid, jnp.asarray(step_reward, jnp.float32), 0.0), valid,
+                         gamma)
+  B, K = valid.shape
+  anchor = _anchor_groups(gid, state_key, valid)
+  return ops.turn_normalize(ret, valid, jnp.zeros((B,), jnp.int32), 1, by="key", key=anchor,
+                            num_keys=B * K, scale=scale, ddof=1, eps=eps, small="zero")
 
 
 def opid_teacher_term(*, response_mask: ArrayLike, logprob_old: ArrayLike,
@@ -61,8 +113,10 @@ def opid_teacher_term(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "opid", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_alt"),
     paper=_PAPER,
+    optional_needs={"step_reward": "gigpo_step", "state_key": "gigpo_step",
+                    "step_mask": "gigpo_step", "turn_id": "gigpo_step"},
     static_argnames=("num_groups", "group_size", "mode", "singleton", "normalize_teacher",
-                     "failed_only"))
+                     "failed_only", "gigpo_step"))
 def opid_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_alt: ArrayLike,
                     logprob_teacher: ArrayLike | None = None, num_groups: int,
@@ -72,7 +126,10 @@ def opid_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     singleton: Literal["raw", "zero"] = "raw",
                     normalize_teacher: bool = False, clip_teacher: ArrayLike | None = None,
                     failed_only: bool = False, success_threshold: ArrayLike = 1.0,
-                    eps: ArrayLike = 1e-6) -> Array:
+                    eps: ArrayLike = 1e-6, gigpo_step: bool = False,
+                    step_reward: ArrayLike | None = None, state_key: ArrayLike | None = None,
+                    step_mask: ArrayLike | None = None, turn_id: ArrayLike | None = None,
+                    gigpo_weight: ArrayLike = 1.0, gigpo_gamma: ArrayLike = 0.95) -> Array:
   """OPID: episode advantage + w_e·(ℓ_ep − ℓˢ) (+ w_s·(ℓ_step − ℓˢ)) on the sampled tokens.
 
   Confidence: code-verified against jinyangwu/OPID, `gigpo/core_gigpo.py`
@@ -112,9 +169,16 @@ def opid_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
   "step_priority" routing makes them exclusive). They are not contract fields: the loop
   encodes "no skill here" by passing `logprob_old` itself in that field (T = 0 exactly), and
   applies the routing when it builds the two contexts. `failed_only` zeroes both terms on
-  rows with R ≥ τ (the code gives skills only to failed trajectories). Not wired: the
-  GiGPO step advantage (`step_advantage_w`, 0 in the script; it needs anchor-state step
-  groups) and the OPD start/stop schedule (the caller sets the weights to 0).
+  rows with R ≥ τ (the code gives skills only to failed trajectories). Not wired: the OPD
+  start/stop schedule (the caller sets the weights to 0).
+
+  GiGPO step term (`gigpo_step`, static; the code's `step_advantage_w`, 0 in the scripts,
+  so off by default): w_g · Ã_{b,k(t)} is added on the tokens of turn k, with Ã from
+  `opid_gigpo_step_advantages` (discounted per-turn returns, γ = `gigpo_gamma`, normalised
+  within the anchor-state step groups, with the episode term's `mode`); it needs
+  `step_reward`, `state_key`, `step_mask` and `turn_id`. The code's invalid-action penalty
+  on the step returns is an environment detail left to the caller. w_g = `gigpo_weight`
+  (1.0, GiGPO's default when the term is on).
 
   Choices (ours): a NaN teacher difference (−inf in both contexts) counts as 0; ±inf
   differences stay infinite unless `clip_teacher` is set, so callers should clamp −inf
@@ -140,6 +204,10 @@ def opid_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
     failed_only: static, teacher terms only on rows with R < τ.
     success_threshold: τ for `failed_only`.
     eps: ε of the episode normalisation and of the teacher normalisation.
+    gigpo_step: static, add the GiGPO step term (see above).
+    step_reward: [B,K] per-turn rewards; state_key: [B,K] int anchor-state keys;
+      step_mask: [B,K] bool; turn_id: [B,T] int (all four only with `gigpo_step`).
+    gigpo_weight: w_g. gigpo_gamma: γ of the step returns.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
@@ -176,4 +244,14 @@ def opid_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
   if failed_only:
     failed_B = rows.values < jnp.asarray(success_threshold, jnp.float32)
     t_BT = jnp.where(failed_B[:, None], t_BT, 0.0)
+  if gigpo_step:
+    if any(f is None for f in (step_reward, state_key, step_mask, turn_id)):
+      raise ValueError("opid_advantages: gigpo_step=True needs step_reward [B,K], state_key "
+                       "[B,K], step_mask [B,K] and turn_id [B,T]")
+    _, _, valid_BK, _, tid_BT = ops.turn_layout(ok_BT, step_mask, turn_id)
+    step_BK = opid_gigpo_step_advantages(
+        step_reward=step_reward, state_key=state_key, valid_BK=valid_BK,
+        group_id=rows.group_id, scale=scaled, gamma=gigpo_gamma, eps=eps)
+    t_BT = t_BT + jnp.asarray(gigpo_weight, jnp.float32) * ops.turn_broadcast(
+        step_BK, tid_BT, ok_BT)
   return jax.lax.stop_gradient(jnp.where(ok_BT, adv_B[:, None] + t_BT, 0.0))

@@ -20,8 +20,10 @@ _PAPER = ("SEED: self-evolving agents that distil their own hindsight skills (ab
 @register_estimator(
     "seed", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_alt"),
     paper=_PAPER,
+    optional_needs={"step_reward": "gigpo_step", "state_key": "gigpo_step",
+                    "step_mask": "gigpo_step", "turn_id": "gigpo_step"},
     static_argnames=("num_groups", "group_size", "mode", "singleton", "normalize_teacher",
-                     "failed_only"))
+                     "failed_only", "gigpo_step"))
 def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_alt: ArrayLike,
                     logprob_teacher: ArrayLike | None = None, num_groups: int,
@@ -31,7 +33,10 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     singleton: Literal["raw", "zero"] = "raw",
                     normalize_teacher: bool = False, clip_teacher: ArrayLike | None = None,
                     failed_only: bool = False, success_threshold: ArrayLike = 1.0,
-                    eps: ArrayLike = 1e-6) -> Array:
+                    eps: ArrayLike = 1e-6, gigpo_step: bool = False,
+                    step_reward: ArrayLike | None = None, state_key: ArrayLike | None = None,
+                    step_mask: ArrayLike | None = None, turn_id: ArrayLike | None = None,
+                    gigpo_weight: ArrayLike = 1.0, gigpo_gamma: ArrayLike = 0.95) -> Array:
   """SEED: the episode advantage plus the old policy's log-prob shift under a self-made skill.
 
   Confidence: inferred (from the abstract, `shared/methods/distill_and_structure.md` A8).
@@ -57,8 +62,9 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
       (episode) skill in the context.
     logprob_teacher: optional [B,T] float, with a self-generated step-level skill.
     num_groups, group_size, mode, episode_weight, step_weight, singleton,
-      normalize_teacher, clip_teacher, failed_only, success_threshold, eps: as in
-      `opid_advantages`.
+      normalize_teacher, clip_teacher, failed_only, success_threshold, eps, gigpo_step,
+      step_reward, state_key, step_mask, turn_id, gigpo_weight, gigpo_gamma: as in
+      `opid_advantages` (the GiGPO step term, off by default).
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
@@ -77,4 +83,6 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
       logprob_alt=logprob_alt, logprob_teacher=logprob_teacher, num_groups=num_groups,
       group_size=group_size, mode=mode, episode_weight=episode_weight, step_weight=step_weight,
       singleton=singleton, normalize_teacher=normalize_teacher, clip_teacher=clip_teacher,
-      failed_only=failed_only, success_threshold=success_threshold, eps=eps)
+      failed_only=failed_only, success_threshold=success_threshold, eps=eps,
+      gigpo_step=gigpo_step, step_reward=step_reward, state_key=state_key, step_mask=step_mask,
+      turn_id=turn_id, gigpo_weight=gigpo_weight, gigpo_gamma=gigpo_gamma)

@@ -138,3 +138,77 @@ def test_bad_static_args_raise(kwargs, match):
   base.update(kwargs)
   with pytest.raises(ValueError, match=match):
     opid.opid_advantages(**base)
+
+
+# --------------------------------------------------------------------------
+# The GiGPO step term (gigpo_step), against the code's step-layout functions transcribed:
+# `compute_step_discounted_returns`, `build_step_group` (exact matching) and
+# `step_norm_reward` (jinyangwu/OPID gigpo/core_gigpo.py).
+# --------------------------------------------------------------------------
+
+
+def code_step_advantages(reward_BK, valid_BK, key_BK, group_B, gamma=0.95, eps=1e-6,
+                         remove_std=False):
+  """{(b, k): Ã} from one step row per valid turn (trajectory b, prompt index, anchor obs)."""
+  rows = [(b, k) for b in range(valid_BK.shape[0]) for k in range(valid_BK.shape[1])
+          if valid_BK[b, k]]
+  ret = {}
+  for b in {b for b, _ in rows}:          # discounted returns per trajectory, last to first
+    run = 0.0
+    for k in reversed([k for bb, k in rows if bb == b]):
+      run = reward_BK[b, k] + gamma * run
+      ret[(b, k)] = run
+  groups = {}
+  for b, k in rows:                        # step groups: (prompt index, identical anchor obs)
+    groups.setdefault((group_B[b], key_BK[b, k]), []).append((b, k))
+  out = {}
+  for members in groups.values():
+    scores = np.array([ret[c] for c in members], np.float64)
+    mean = scores.mean()
+    std = 1.0 if len(scores) == 1 else scores.std(ddof=1)
+    for c, x in zip(members, scores):
+      out[c] = x - mean if remove_std else (x - mean) / (std + eps)
+  return out
+
+
+def _gigpo_batch(seed):
+  rng = np.random.default_rng(seed)
+  Bn, K, Tn = 8, 3, 7
+  gid = np.repeat(np.arange(2), 4).astype(np.int32)
+  n_turns = rng.integers(1, K + 1, Bn)
+  step_mask = np.arange(K)[None, :] < n_turns[:, None]
+  turn_id = np.full((Bn, Tn), -1, np.int32)
+  for b in range(Bn):
+    for k in range(n_turns[b]):
+      turn_id[b, 2 * k:2 * k + 2] = k
+  mask = turn_id >= 0
+  lp_old = rng.normal(-1, 0.3, (Bn, Tn)).astype(np.float32)
+  return dict(reward=rng.choice([0.0, 1.0], Bn).astype(np.float32), group_id=gid,
+              response_mask=mask, logprob_old=lp_old, logprob_alt=lp_old.copy(),
+              step_reward=rng.choice([0.0, 0.5, 1.0], (Bn, K)).astype(np.float32),
+              state_key=rng.integers(100, 103, (Bn, K)).astype(np.int32) * 7919,
+              step_mask=step_mask, turn_id=turn_id)
+
+
+@pytest.mark.parametrize("seed_", (0, 1, 2))
+@pytest.mark.parametrize("mode", ("mean_std_norm", "mean_norm"))
+def test_gigpo_step_term_matches_the_code(seed_, mode):
+  b = _gigpo_batch(seed_)
+  base = {k: b[k] for k in FIELDS}
+  off = call(base, num_groups=2, mode=mode)
+  on = call(b, num_groups=2, mode=mode, gigpo_step=True, gigpo_weight=0.5)
+  want = code_step_advantages(b["step_reward"], b["step_mask"], b["state_key"], b["group_id"],
+                              remove_std=mode == "mean_norm")
+  assert len(want) > len({c for c in want if want[c] == 0.0})  # some step groups are shared
+  expect = np.zeros_like(off)
+  for (i, k), a in want.items():
+    expect[i, b["turn_id"][i] == k] = 0.5 * a
+  np.testing.assert_allclose(on - off, expect, rtol=1e-5, atol=1e-5)
+
+
+def test_gigpo_step_term_needs_its_fields():
+  b = _gigpo_batch(0)
+  with pytest.raises(ValueError, match="state_key"):
+    opid.opid_advantages(**{k: b[k] for k in FIELDS}, num_groups=2, gigpo_step=True)
+  spec = registry.get_estimator("opid")
+  assert {"step_reward", "state_key", "step_mask", "turn_id"} <= spec.needs_for({"gigpo_step": True})
