@@ -13,14 +13,19 @@ Modules, all re-exported here (`credit.ops.masked_mean` etc.):
   turns    per-turn reductions and broadcasts, the layout of a multi-turn batch
            (`turn_layout`, `previous_valid`);
   select   exact order statistics, quantiles and k-smallest masks without a sort
-           (radix select on the float's order-preserving key).
+           (radix select on the float's order-preserving key);
+  baselines  advantages against the group baseline (GRPO's z-score in its conventions) and
+           the critic baseline (GAE), which estimators of several families build on.
 
 Numerical note: group and batch statistics are computed *shifted*: values are first
 moved by a per-group pivot (the group maximum) or by a first-pass mean, so that rewards
 such as [1000, 1000, 1000, 1000.01] keep their differences in float32 instead of
 cancelling in a raw sum.
 """
-from credit.ops import groups, masked, returns, select, turns
+from credit.ops import baselines, groups, masked, returns, select, turns
+from credit.ops.baselines import (GROUP_SCALES, GROUP_STDS, GAEOutput, apply_singleton, gae,
+                                  grpo_scalar, grpo_token_advantages, is_one,
+                                  sequence_advantage, token_rewards)
 from credit.ops.groups import (SINGLETONS, GroupMoments, GroupRows, SingletonPolicy,
                                gather_groups, group_count_rows, group_moments,
                                group_moments_dense, group_moments_rows, group_normalize,
@@ -36,4 +41,4 @@ from credit.ops.turns import (TURN_NORMS, previous_valid, row_grpo, turn_broadca
                                turn_returns, turn_segments)
 
 __all__ = (masked.__all__ + groups.__all__ + returns.__all__ + turns.__all__
-           + select.__all__)
+           + select.__all__ + baselines.__all__)

@@ -19,7 +19,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.token._redistribute import GROUP_STDS, sequence_advantage
+from credit.ops.baselines import GROUP_STDS, sequence_advantage
 
 Array = jax.Array
 

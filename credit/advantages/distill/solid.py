@@ -10,7 +10,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit.advantages.distill._teach import (TEACHER_FLOOR, response_mask_of, teacher_gap)
-from credit.advantages.token._redistribute import sequence_advantage
+from credit.ops.baselines import sequence_advantage
 from credit.registry import register_estimator
 
 Array = jax.Array

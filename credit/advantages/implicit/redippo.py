@@ -10,7 +10,6 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.outcome.gae import gae_advantages
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -141,10 +140,9 @@ def redippo_advantages(*, reward: ArrayLike, values: ArrayLike, values_ref: Arra
   vr_BT = jnp.asarray(values_ref, jnp.float32)
   chex.assert_rank([v_BT, vr_BT], 2)
   chex.assert_equal_shape([v_BT, vr_BT])
-  gae = gae_advantages(reward=reward, values=vr_BT, response_mask=response_mask,
-                       logprob_old=logprob_old, logprob_ref=logprob_ref,
-                       token_reward=token_reward, gamma=gamma, lam=lam, kl_coef=kl_coef,
-                       whiten=whiten == "before")
+  gae = ops.gae("redippo_advantages", reward=reward, values=vr_BT, response_mask=response_mask,
+                logprob_old=logprob_old, logprob_ref=logprob_ref, token_reward=token_reward,
+                gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten == "before")
   w_BT = redippo_weights(values=v_BT, values_ref=vr_BT, response_mask=response_mask,
                          beta=beta, w_min=w_min, w_max=w_max)
   adv_BT = w_BT * gae.advantages

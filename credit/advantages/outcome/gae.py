@@ -1,15 +1,11 @@
 """PPO's generalised advantage estimate (critic baseline), skipping masked tokens."""
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import chex
 import jax
-import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit import ops
-from credit.advantages.outcome._common import is_one, token_rewards
+from credit.ops.baselines import GAEOutput
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -18,12 +14,6 @@ __all__ = ["GAEOutput", "gae_advantages"]
 
 _PAPER = ("High-Dimensional Continuous Control Using Generalized Advantage Estimation, "
           "arXiv 1506.02438")
-
-
-class GAEOutput(NamedTuple):
-  """`advantages` [B,T] (whitened unless asked otherwise) and value targets `returns` [B,T]."""
-  advantages: Array
-  returns: Array
 
 
 @register_estimator("gae", needs=("reward", "values", "response_mask"), paper=_PAPER,
@@ -70,31 +60,6 @@ def gae_advantages(*, reward: ArrayLike, values: ArrayLike, response_mask: Array
   >>> [np.round(np.asarray(x, np.float64), 4).tolist() for x in out]
   [[[0.4705, 0.39, 0.2]], [[0.9705, 0.99, 1.0]]]
   """
-  reward_B = jnp.asarray(reward, jnp.float32)
-  values_BT = jnp.asarray(values, jnp.float32)
-  mask_BT = jnp.asarray(response_mask)
-  chex.assert_rank([reward_B, values_BT, mask_BT], [1, 2, 2])
-  chex.assert_equal_shape([values_BT, mask_BT])
-  chex.assert_equal_shape_prefix([reward_B, mask_BT], 1)
-  mask_BT = mask_BT.astype(bool)
-  x_BT = token_rewards("gae_advantages", reward_B, mask_BT, logprob_old, logprob_ref,
-                       token_reward, kl_coef)
-  values_BT = jnp.where(mask_BT, values_BT, 0.0)
-  if is_one(gamma) and is_one(lam):
-    # γ = λ = 1 (verl's default): the TD errors telescope, Â_t = G_t − V_t exactly.
-    if x_BT is None:   # outcome only: G_t = R on every valid token
-      returns_BT = ops.broadcast_to_tokens(reward_B, mask_BT)
-    else:
-      returns_BT = ops.discounted_reverse_cumsum(x_BT, mask_BT, 1.0)
-    adv_BT = jnp.where(mask_BT, returns_BT - values_BT, 0.0)
-  else:
-    if x_BT is None:
-      x_BT = ops.outcome_to_token_rewards(reward_B, mask_BT)
-    g = jnp.asarray(gamma, jnp.float32)
-    delta_BT = x_BT + g * ops.next_valid_value(values_BT, mask_BT) - values_BT
-    adv_BT = ops.discounted_reverse_cumsum(delta_BT, mask_BT,
-                                           g * jnp.asarray(lam, jnp.float32))
-    returns_BT = jnp.where(mask_BT, adv_BT + values_BT, 0.0)
-  if whiten:
-    adv_BT = ops.masked_whiten(adv_BT, mask_BT)
-  return GAEOutput(advantages=adv_BT, returns=returns_BT)
+  return ops.gae("gae_advantages", reward=reward, values=values, response_mask=response_mask,
+                 logprob_old=logprob_old, logprob_ref=logprob_ref, token_reward=token_reward,
+                 gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten)

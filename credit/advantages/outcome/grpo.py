@@ -4,12 +4,9 @@ from __future__ import annotations
 from typing import Literal
 
 import jax
-import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit import ops
-from credit._checks import check_choice
-from credit.advantages.outcome._common import grpo_scalar
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -17,7 +14,6 @@ Array = jax.Array
 __all__ = ["grpo_advantages"]
 
 _PAPER = "DeepSeekMath: Pushing the Limits of Mathematical Reasoning (GRPO), arXiv 2402.03300"
-_SCALES = ("group", "batch", "none")
 
 
 @register_estimator("grpo", needs=("reward", "group_id", "response_mask"), paper=_PAPER,
@@ -70,9 +66,6 @@ def grpo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
   >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
   [0.866, -0.866, -0.866, 0.866]
   """
-  check_choice("grpo_advantages", "scale", scale, _SCALES)
-  check_choice("grpo_advantages", "singleton", singleton, ops.SINGLETONS)
-  reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
-      "grpo_advantages", reward, group_id, num_groups, group_size, response_mask=response_mask)
-  adv_B = grpo_scalar(reward_B, gid_B, valid_B, num_groups, group_size, scale, eps, singleton)
-  return ops.broadcast_to_tokens(jnp.where(valid_B, adv_B, 0.0), mask_BT)
+  return ops.grpo_token_advantages(
+      "grpo_advantages", reward=reward, group_id=group_id, response_mask=response_mask,
+      num_groups=num_groups, group_size=group_size, scale=scale, eps=eps, singleton=singleton)

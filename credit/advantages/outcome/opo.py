@@ -9,7 +9,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.outcome._common import apply_singleton
+from credit.ops.baselines import apply_singleton
 from credit.registry import register_estimator
 
 Array = jax.Array

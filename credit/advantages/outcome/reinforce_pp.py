@@ -14,7 +14,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.outcome._common import is_one, token_rewards
+from credit.ops.baselines import is_one, token_rewards
 from credit.registry import register_estimator
 
 Array = jax.Array

@@ -13,7 +13,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice, check_int
-from credit.advantages.outcome._common import grpo_scalar
+from credit.ops.baselines import grpo_scalar
 from credit.registry import register_estimator
 
 Array = jax.Array

@@ -15,9 +15,9 @@ equal to the verifier's sign. This module is private (not imported as a method b
 
   from credit.advantages.token._redistribute import redistribute, mix_with_uniform
 
-Also shared here: `sequence_advantage` (the GRPO Â_b the token estimators start from, with
-the group-std convention as a choice) and `signed_weights` (w = 1 + α·sign(Â_b)·s[b,t],
-the polarity-aware modulation of EAPO, Perceval and T-REG).
+Also shared here: `signed_weights` (w = 1 + α·sign(Â_b)·s[b,t], the polarity-aware
+modulation of EAPO, Perceval and T-REG). The GRPO Â_b the token estimators start from, with
+the group-std convention as a choice, is `credit.ops.sequence_advantage`.
 
 Every function is pure, jit/vmap-safe, returns float32 [B,T] with exact zeros outside
 `response_mask`, and never divides by zero (also in gradients): values outside the mask,
@@ -34,10 +34,8 @@ from credit import ops
 
 Array = jax.Array
 
-__all__ = ["redistribute", "normalize_budget", "mix_with_uniform", "sequence_advantage",
-           "signed_weights", "GROUP_STDS", "SINGLETONS"]
+__all__ = ["redistribute", "normalize_budget", "mix_with_uniform", "signed_weights", "SINGLETONS"]
 
-GROUP_STDS = ("unbiased", "population", "none")
 SINGLETONS = ops.SINGLETONS
 
 
@@ -155,36 +153,6 @@ def mix_with_uniform(score_BT: ArrayLike, response_mask: ArrayLike, *, alpha: Ar
   alpha = jnp.asarray(alpha, jnp.float32)
   mask_BT = jnp.asarray(response_mask).astype(bool)
   return jnp.where(mask_BT, (1.0 - alpha) + alpha * w_BT, 0.0)
-
-
-def sequence_advantage(reward_B: ArrayLike, group_id_B: ArrayLike, valid_B: ArrayLike, *,
-                       num_groups: int, group_size: int | None,
-                       group_std: str = "unbiased", eps: ArrayLike = 1e-6,
-                       singleton: str = "zero") -> Array:
-  """GRPO sequence advantage Â_b = (R_b − μ_g)/(σ_g + ε) of the valid rows ([B] float32).
-
-  `group_std` (static): "unbiased" σ (ddof 1, verl / torch.std), "population" σ (ddof 0), or
-  "none" (no division: R − μ_g, Dr.GRPO / verl `norm_adv_by_std_in_grpo=False`). All-equal
-  groups give exact 0 (ε is added to σ, not to the variance). Invalid rows (see
-  `ops.group_rows`) give 0 and take no part in the statistics. A group with one valid row
-  gives 0 (`singleton="zero"`), or its raw reward R_b (`singleton="raw"`: verl's μ = 0,
-  σ = 1 for a lone sample). Callers check `group_std`/`singleton` eagerly.
-  """
-  reward_B = jnp.asarray(reward_B, jnp.float32)
-  valid_B = jnp.asarray(valid_B, bool)
-  if group_std != "population":  # the library's GRPO normalisation (ops.group_normalize)
-    return ops.group_normalize(reward_B, group_id_B, num_groups, valid=valid_B,
-                               scale=group_std == "unbiased", eps=eps, singleton=singleton,
-                               group_size=group_size)
-  cen_B = ops.group_normalize(reward_B, group_id_B, num_groups, valid=valid_B, scale=False,
-                              group_size=group_size)
-  mom = ops.group_moments_rows(reward_B, group_id_B, valid_B, num_groups, group_size)
-  # σ_pop = σ · √((n − 1)/n) from the unbiased σ of the group.
-  std_B = mom.std * ops.safe_sqrt(jnp.maximum(mom.count - 1.0, 0.0)
-                                  / jnp.maximum(mom.count, 1.0))
-  adv_B = cen_B / (std_B + jnp.asarray(eps, jnp.float32))
-  adv_B = jnp.where(mom.count == 1, reward_B if singleton == "raw" else 0.0, adv_B)
-  return jnp.where(valid_B, adv_B, 0.0)
 
 
 def signed_weights(adv_B: ArrayLike, score_BT: ArrayLike, response_mask: ArrayLike, *,

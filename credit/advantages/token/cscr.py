@@ -10,8 +10,8 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.token._redistribute import (GROUP_STDS, normalize_budget, redistribute,
-                                                   sequence_advantage)
+from credit.advantages.token._redistribute import normalize_budget, redistribute
+from credit.ops.baselines import GROUP_STDS, sequence_advantage
 from credit.registry import register_estimator
 
 Array = jax.Array

@@ -12,7 +12,8 @@ from jax.typing import ArrayLike
 from credit import ops
 from credit._checks import check_choice, check_int
 from credit.advantages.token._redistribute import (mix_with_uniform, normalize_budget,
-                                                   redistribute, sequence_advantage)
+                                                   redistribute)
+from credit.ops.baselines import sequence_advantage
 from credit.registry import register_estimator
 
 Array = jax.Array

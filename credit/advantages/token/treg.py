@@ -10,8 +10,8 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.token._redistribute import (GROUP_STDS, redistribute,
-                                                   sequence_advantage, signed_weights)
+from credit.advantages.token._redistribute import redistribute, signed_weights
+from credit.ops.baselines import GROUP_STDS, sequence_advantage
 from credit.registry import register_estimator
 
 Array = jax.Array

@@ -11,7 +11,6 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_int
-from credit.advantages.outcome.grpo import grpo_advantages
 from credit.contract import ContractError, validate_fields
 from credit.ops._cast import as_f32
 from credit.registry import register_estimator
@@ -175,8 +174,9 @@ def cosearch_advantages(*, tokens: ArrayLike, query_mask: ArrayLike, reward: Arr
   groups = cosearch_groups(tokens=tokens, query_mask=q_BT & mask_BT, group_id=gid_B,
                            valid=valid_B, tau=tau, num_buckets=num_buckets)
   B = reward_B.shape[0]
-  adv = grpo_advantages(reward=reward_B, group_id=groups.group_id, response_mask=mask_BT,
-                        num_groups=B, eps=eps, singleton=singleton)
+  adv = ops.grpo_token_advantages("cosearch_advantages", reward=reward_B,
+                                  group_id=groups.group_id, response_mask=mask_BT,
+                                  num_groups=B, eps=eps, singleton=singleton)
   nv = jnp.sum(valid_B.astype(jnp.float32))
   alone = valid_B & (groups.size == 1.0)
   roots = valid_B & (groups.group_id == jnp.arange(B))

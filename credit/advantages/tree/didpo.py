@@ -11,7 +11,6 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_int
-from credit.advantages.outcome.grpo import grpo_advantages
 from credit.contract import ContractError, validate_fields
 from credit.registry import register_estimator
 
@@ -103,9 +102,9 @@ def didpo_advantages(*, anchor_id: ArrayLike, reward: ArrayLike, group_id: Array
   chex.assert_equal_shape([anc_BT, mask_BT])
   check_int("didpo_advantages", "min_anchor_size", min_anchor_size)
   mask_BT = mask_BT & valid_B[:, None]
-  grpo_BT = grpo_advantages(reward=reward_B, group_id=gid_B, response_mask=mask_BT,
-                            num_groups=num_groups, group_size=group_size, eps=eps,
-                            singleton=singleton)
+  grpo_BT = ops.grpo_token_advantages("didpo_advantages", reward=reward_B, group_id=gid_B,
+                                      response_mask=mask_BT, num_groups=num_groups,
+                                      group_size=group_size, eps=eps, singleton=singleton)
   same_BB = (gid_B[:, None] == gid_B[None, :]) & valid_B[:, None] & valid_B[None, :]
   member = anchor_members(anc_BT, mask_BT, same_BB)         # [B,T,B]
   w = member.astype(jnp.float32)

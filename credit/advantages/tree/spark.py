@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from credit import ops
 from credit._checks import check_choice
-from credit.advantages.outcome.grpo import grpo_advantages
 from credit.contract import ContractError, validate_fields
 from credit.ops._cast import as_f32
 from credit.registry import register_estimator
@@ -112,9 +112,9 @@ def spark_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, format_ok:
   check_choice("spark_advantages", "aggregation", aggregation, AGGREGATIONS)
   r_B = spark_rewards(step_reward=step_reward, step_mask=step_mask, format_ok=format_ok,
                       aggregation=aggregation, format_penalty=format_penalty)
-  return grpo_advantages(reward=r_B, group_id=group_id, response_mask=response_mask,
-                         num_groups=num_groups, group_size=group_size, eps=eps,
-                         singleton=singleton)
+  return ops.grpo_token_advantages("spark_advantages", reward=r_B, group_id=group_id,
+                                   response_mask=response_mask, num_groups=num_groups,
+                                   group_size=group_size, eps=eps, singleton=singleton)
 
 
 def validate_spark_inputs(*, num_groups: int | None = None, binary: bool = True,

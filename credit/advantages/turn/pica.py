@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit._checks import check_choice
-from credit.advantages.outcome.gae import GAEOutput, gae_advantages
 from credit.ops._cast import as_f32
+from credit.ops.baselines import GAEOutput, gae
 from credit.ops.turns import turn_broadcast, turn_edges, turn_layout
 from credit.registry import register_estimator
 
@@ -132,6 +132,6 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
     last_tok = mask_BT & (jax.lax.cumsum(mask_BT.astype(jnp.int32), axis=1, reverse=True) == 1)
     step_BT = jnp.where(last_tok, 0.0, step_BT)
   out_B = jnp.where(row, outcome_scale * as_f32(reward), 0.0)
-  return gae_advantages(reward=out_B, values=values, response_mask=mask_BT,
-                        logprob_old=logprob_old, logprob_ref=logprob_ref, token_reward=step_BT,
-                        gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten)
+  return gae("pica_advantages", reward=out_B, values=values, response_mask=mask_BT,
+             logprob_old=logprob_old, logprob_ref=logprob_ref, token_reward=step_BT,
+             gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten)
