@@ -25,12 +25,14 @@ _MODES = ("positive", "blend", "negative")
                                      "response_mask"),
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "mode",
-                                     "normalize_in_positive", "singleton"))
+                                     "normalize_in_positive", "normalize_rubric_reward",
+                                     "singleton"))
 def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: ArrayLike,
                       group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                       group_size: int | None = None, alpha: float = 0.3,
                       mode: Literal["positive", "blend", "negative"] = "positive",
-                      normalize_in_positive: bool = False, eps: float = 1e-6,
+                      normalize_in_positive: bool = False,
+                      normalize_rubric_reward: bool = True, eps: float = 1e-6,
                       singleton: Literal["zero", "raw"] = "zero") -> Array:
   """C-GRPO: rubric fraction, max-normalised per group, blended into the outcome; GRPO.
 
@@ -57,6 +59,10 @@ def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: Arra
   copy: groups are `group_id`). A group with one valid row gives 0 (`singleton="zero"`; the
   code's std of one sample is NaN).
 
+  `normalize_rubric_reward` is the code's flag of that name (on in the released training
+  scripts, hence the default): with False there is no group max, r̂ = r in every mode, so
+  "blend" is (1 − α) o + α r and "negative" gives α r to the wrong rows.
+
   Args:
     reward: [B] outcome o (1 correct, 0 wrong).
     rubric: [B,C] float judge score of each rubric item (1: the hidden entity is
@@ -65,6 +71,8 @@ def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: Arra
     group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
     alpha: rubric weight α. mode: static "positive" | "blend" | "negative".
     normalize_in_positive: static; blend r̂ rather than r in "positive" mode.
+    normalize_rubric_reward: static; divide r by the group max (True, scripts) or use r
+      as it is (False).
     eps: added to σ. singleton: static "zero" | "raw".
 
   Returns:
@@ -85,6 +93,8 @@ def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: Arra
   max_B = ops.group_reduce_rows(r_B, gid_B, valid_B, num_groups, group_size, "max")
   max_B = jnp.where(valid_B, max_B, 0.0)
   rhat_B = jnp.where(max_B != 0, ops.safe_div(r_B, max_B), r_B)
+  if not normalize_rubric_reward:
+    rhat_B = r_B
   if mode == "positive":
     r_pos = rhat_B if normalize_in_positive else r_B
     R_B = jnp.where(o_B == 0, o_B, (1.0 - alpha) * o_B + alpha * r_pos)

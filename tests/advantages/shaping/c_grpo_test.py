@@ -109,3 +109,33 @@ def test_equal_shaped_rewards_give_exact_zeros_on_the_fast_path():
             group_id=np.repeat(np.arange(4), 4).astype(np.int32), response_mask=resp,
             num_groups=4, group_size=4)
   assert np.all(np.asarray(a) == 0.0)
+
+
+def code_group_rewards(outcome, rubric_reward, ratio, normalize, only_negative, only_positive):
+  """THUDM/CaRR `generate_and_rm_group`'s reward block for one group, transcribed."""
+  out = []
+  mx = max(rubric_reward)
+  for o, r in zip(outcome, rubric_reward):
+    rn = (r / mx if mx > 0 else r) if normalize else r
+    if only_negative:
+      out.append(o if o > 0 else ratio * rn)
+    elif only_positive:
+      out.append(o if o == 0 else (1 - ratio) * o + ratio * r)
+    else:
+      out.append((1 - ratio) * o + ratio * rn)
+  return np.array(out)
+
+
+@pytest.mark.parametrize("normalize", (True, False))
+@pytest.mark.parametrize("mode", ("positive", "blend", "negative"))
+@pytest.mark.parametrize("seed", (0, 1))
+def test_normalize_rubric_reward_flag_follows_the_code(normalize, mode, seed):
+  rng = np.random.default_rng(seed)
+  o = rng.choice([0.0, 1.0], 6)
+  o[:2] = [0.0, 1.0]
+  rub = rng.uniform(0, 0.6, (6, 1)).astype(np.float32)
+  R = code_group_rewards(o, rub[:, 0].astype(np.float64), 0.3, normalize, mode == "negative",
+                         mode == "positive")
+  want = (R - R.mean()) / (R.std(ddof=1) + 1e-6)
+  got = _call(o, rub, mode=mode, normalize_rubric_reward=normalize)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
