@@ -8,10 +8,9 @@ generic array primitives in `credit.ops`.
 
 Every estimator turns rollout fields (a scalar outcome `reward [B]` per response, group
 ids, masks and, for a few, per-token arrays) into token advantages `[B,T]` (or a small
-NamedTuple when it also returns value targets or state). The math follows
-`shared/methods/outcome_and_clipping.md` (§0 shared conventions; §1 GRPO, §2 Dr.GRPO,
-§3 RLOO, §4 REINFORCE++, §5 GAE, §7 DAPO, §8 DCPO); estimators not in that spec were
-checked against their public reference code (named in each docstring).
+NamedTuple when it also returns value targets or state). Each registration records what
+the implementation was checked against (`EstimatorSpec.confidence`, `.source`); each
+method's page under `docs/methods/` has the full derivation and measured results.
 
 Conventions shared by all group estimators:
 

@@ -35,7 +35,12 @@ def _check(reward_scaling, reward_clip, eps) -> None:
 @register_estimator("asearcher", needs=("reward", "response_mask"), paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "adv_norm", "group_adv_norm",
                                      "std_norm", "std_unbiased"),
-                    optional_needs={"group_id": "group_adv_norm"})
+                    optional_needs={"group_id": "group_adv_norm"},
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: inclusionAI/ASearcher AReaL/ASearcher/configs, "
+                            "AReaL/areal/engine/ppo/actor.py "
+                            "PPOActor.compute_advantages, "
+                            "AReaL/areal/utils/functional.py masked_normalization"))
 def asearcher_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
                          group_id: ArrayLike | None = None, num_groups: int | None = None,
                          group_size: int | None = None, reward_bias: ArrayLike = -0.5,
@@ -43,69 +48,49 @@ def asearcher_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
                          adv_norm: bool = True, group_adv_norm: bool = False,
                          std_norm: bool = True, std_unbiased: bool = False,
                          eps: ArrayLike = 1e-5) -> Array:
-  """ASearcher / AReaL outcome advantages: r' = clip((r + b)·s, ±c), token-weighted z-score.
+  """ASearcher / AReaL outcome advantages: a shifted, scaled, clipped reward, whitened over tokens.
 
-  .. math::
-    r'_i = clip((r_i + b)·s, −c, c)          (b = −0.5, s = 10, c = 20: r ∈ {0,1} → ∓5)
-    A_{i,t} = r'_i                            (no critic, γ = λ = 1, no KL: the return)
-    μ = Σ_{i,t} M r'_i / Σ M,   σ² = Σ_{i,t} M (r'_i − μ)² / Σ M      (population)
-    Â_{i,t} = M_{i,t} (r'_i − μ) / (σ + ε)    (ε = 1e-5 added to σ)
+  ::
 
-  The statistics run over every response token of the batch (`response_mask`, which in
-  multi-turn rollouts excludes tool output), so a row weighs by its length. There is no
-  per-prompt baseline in ASearcher's setting: the batch mean is the only baseline.
+    r'_i = clip((r_i + b) s, −c, c)           (b = −0.5, s = 10, c = 20: r ∈ {0, 1} → ∓5)
+    μ, σ² = mean and population variance of r' over every response token of the batch
+    A[i,t] = M[i,t] (r'_i − μ) / (σ + ε)
 
-  Confidence: code-verified. inclusionAI/ASearcher, `AReaL/ASearcher/configs/*.yaml`
-  (`reward_bias: -0.5`, `reward_scaling: 10.0`, `group_adv_norm: false`, `kl_ctl: 0.0`;
-  defaults from `AReaL/areal/api/cli_args.py`: `reward_clip` 20, `discount` 1,
-  `gae_lambda` 1, `adv_norm` true) and `AReaL/areal/engine/ppo/actor.py`
-  `PPOActor.compute_advantages` (reward transform, reward at the last token, GAE with zero
-  values, then `masked_normalization(advantages, loss_mask)`, i.e.
-  `AReaL/areal/utils/functional.py` `masked_normalization`: population variance
-  E[x²] − μ², `(x − μ)/(σ + 1e-5)`). `group_adv_norm` slices contiguous groups of
-  `group_size` there and normalises each with the same function; `std_norm=False` and
-  `std_unbiased` follow newer AReaL's `NormConfig` (`std_level=None`, `std_unbiased`;
-  `areal/utils/data.py` `Normalization`, where an unbiased std over ≤ 1 token is 1).
-  Spec: distill_and_structure.md C1 and its corrections. Not carried over:
-  `group_reward_norm` (off in ASearcher), `mask_no_eos_with_zero` (off), the KL reward
-  (`kl_ctl` 0) and a critic.
+  There is no critic (γ = λ = 1 and zero values make the return r'), no KL reward and no
+  per-prompt baseline: the batch mean is the baseline, and a row weighs by its length.
+  With no groups needed, asynchronous batches holding incomplete groups are fine.
+  `group_adv_norm` normalises within each group instead; `std_norm=False` only centres.
 
-  Partial groups: the default needs no groups at all, so asynchronous batches holding
-  incomplete groups are fine. With `group_adv_norm` the statistics of a group are over
-  the rows of it that are present and valid; a group with one valid row (or all rows
-  equal) gets exact zeros (its tokens all equal their mean), as in the code.
+  Paper: "Beyond Ten Turns: Unlocking Long-Horizon Agentic Search with Large-Scale
+  Asynchronous RL" (ASearcher), arXiv 2508.07976; its trainer AReaL, arXiv 2505.24298.
+  Settings as ASearcher's configs; AReaL's `group_reward_norm`, `mask_no_eos_with_zero`
+  (both off there), the KL reward and the critic are not carried over.
 
   Args:
     reward: [B] outcome rewards r.
-    response_mask: [B,T] bool; rows with no token get zeros and take no part in any
-      statistic.
-    group_id: [B] int group ids; only read with `group_adv_norm` on the segment path
-      (`group_size=None`).
+    response_mask: [B,T] bool; rows with no token get zeros and no part in any statistic.
+    group_id: [B] int group ids; read only with `group_adv_norm` on the segment path.
     num_groups: static number of groups (required with `group_adv_norm`).
-    group_size: static G of the contiguous [N,G] fast path (with `group_adv_norm`).
-    reward_bias, reward_scaling, reward_clip: b, s > 0, c > 0 of the transform (AReaL
-      `reward_bias`, `reward_scaling`, `reward_clip`; ASearcher −0.5, 10, 20).
-    adv_norm: static; normalise over the whole batch (AReaL `adv_norm`). With both
-      `adv_norm` and `group_adv_norm` False the result is r' on every response token.
-    group_adv_norm: static; normalise within each prompt group instead (AReaL
-      `group_adv_norm`; switches on the `group_id` input).
-    std_norm: static; False only centres (AReaL `NormConfig.std_level=None`: mean-only).
-    std_unbiased: static; Bessel-corrected σ over the tokens (AReaL `std_unbiased`;
-      ASearcher: False).
+    group_size: static G of the contiguous [N,G] path (with `group_adv_norm`).
+    reward_bias: b.
+    reward_scaling: s > 0.
+    reward_clip: c > 0.
+    adv_norm: static; whiten over the whole batch. With `group_adv_norm` also False the
+      result is r' on every response token.
+    group_adv_norm: static; whiten within each prompt group instead.
+    std_norm: static; False only centres.
+    std_unbiased: static; Bessel-corrected σ over the tokens.
     eps: ε ≥ 0 added to σ.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  Raises:
-    ValueError: reward_scaling ≤ 0, reward_clip ≤ 0, eps < 0, or `group_adv_norm` without
-      a valid `num_groups` (or `group_id` on the segment path).
-
-  >>> import numpy as np
-  >>> m = np.array([[1, 1, 0], [1, 1, 1]], bool)
-  >>> a = asearcher_advantages(reward=np.array([1., 0.]), response_mask=m)
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[1.2247, 1.2247, 0.0], [-0.8165, -0.8165, -0.8165]]
+  Example:
+    >>> import numpy as np
+    >>> m = np.array([[1, 1, 0], [1, 1, 1]], bool)
+    >>> a = asearcher_advantages(reward=np.array([1., 0.]), response_mask=m)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.2247, 1.2247, 0.0], [-0.8165, -0.8165, -0.8165]]
   """
   _check(reward_scaling, reward_clip, eps)
   reward_B = jnp.asarray(reward, jnp.float32)

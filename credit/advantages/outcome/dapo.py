@@ -25,22 +25,21 @@ _PAPER = "DAPO: An Open-Source LLM Reinforcement Learning System at Scale, arXiv
 
 def dapo_overlong_penalty(response_length: ArrayLike, max_length: ArrayLike,
                           cache_length: ArrayLike, penalty_factor: ArrayLike = 1.0) -> Array:
-  """DAPO soft overlong punishment R_len(|y|) (arXiv 2503.14476, eq. 13).
+  """DAPO's soft overlong punishment R_len(L) of a response of length L.
 
-  Confidence: code-verified (verl `reward_manager/dapo.py`).
+  ::
 
-  .. math::
     L_exp = L_max − L_cache
-    R_len = 0                              if |y| ≤ L_exp
-          = (L_exp − |y|)/L_cache · f       if L_exp < |y| ≤ L_max
-          = −f                              if |y| > L_max
+    R_len = 0                            if L ≤ L_exp
+          = (L_exp − L) / L_cache · f    if L_exp < L ≤ L_max
+          = −f                           if L > L_max
 
-  verl computes min(−(|y| − L_exp)/L_cache·f, 0) and never sees |y| > L_max
-  (responses are truncated); the clip at −f follows the paper. Added to the task
-  reward before group normalisation.
+  Paper: "DAPO", arXiv 2503.14476, eq. 13. verl's reward manager computes
+  min(−(L − L_exp)/L_cache · f, 0) and never sees L > L_max (responses are truncated);
+  the clip at −f follows the paper. Added to the task reward before group normalisation.
 
   Args:
-    response_length: [B] (or any shape) response lengths |y|.
+    response_length: [B] (or any shape) response lengths L.
     max_length: L_max (generation budget).
     cache_length: L_cache (> 0), the soft-punishment buffer.
     penalty_factor: f.
@@ -48,8 +47,9 @@ def dapo_overlong_penalty(response_length: ArrayLike, max_length: ArrayLike,
   Returns:
     float32 penalties of the shape of `response_length`, in [−f, 0].
 
-  >>> dapo_overlong_penalty(jnp.array([16000, 18432, 20480, 30000]), 20480, 4096).tolist()
-  [0.0, -0.5, -1.0, -1.0]
+  Example:
+    >>> dapo_overlong_penalty(jnp.array([16000, 18432, 20480, 30000]), 20480, 4096).tolist()
+    [0.0, -0.5, -1.0, -1.0]
   """
   if isinstance(cache_length, (int, float)) and cache_length <= 0:
     raise ValueError(f"dapo_overlong_penalty: cache_length must be > 0, got {cache_length}")
@@ -66,15 +66,14 @@ def dapo_overlong_penalty(response_length: ArrayLike, max_length: ArrayLike,
 
 def dapo_keep_mask(metric: ArrayLike, group_id: ArrayLike | None, num_groups: int,
                    group_size: int | None = None, valid: ArrayLike | None = None) -> Array:
-  """DAPO dynamic-sampling filter as a row mask (arXiv 2503.14476, eq. 11 constraint).
+  """DAPO's dynamic-sampling filter as a row mask.
 
-  Confidence: code-verified (verl `docs/algo/dapo.md` / `dapo_ray_trainer.py` filter).
+  keep_g = 1[min_{i∈g} m_i < max_{i∈g} m_i]: a group whose metric (accuracy by default)
+  is the same for every member, all solved or all failed, is dropped entirely, and so is
+  a one-row group. Multiply the result into `response_mask`; refilling the batch until it
+  is full is the trainer's job.
 
-  keep_g = 1[min_{i∈g} m_i < max_{i∈g} m_i]: a group whose metric (accuracy by
-  default) is the same for all members — all solved or all failed — is dropped
-  entirely; a single-member group is dropped too. Multiply the result into
-  `response_mask`; the refill-until-full loop belongs to the trainer
-  (`shared/methods/outcome_and_clipping.md` §7).
+  Paper: "DAPO", arXiv 2503.14476, the constraint of eq. 11.
 
   Args:
     metric: [B] per-row filter metric (e.g. accuracy).
@@ -94,7 +93,10 @@ def dapo_keep_mask(metric: ArrayLike, group_id: ArrayLike | None, num_groups: in
 
 
 @register_estimator("dapo", needs=("reward", "group_id", "response_mask"), paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "singleton"))
+                    static_argnames=("num_groups", "group_size", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/workers/reward_manager/dapo.py, docs/algo/dapo.md"))
 def dapo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                     num_groups: int, group_size: int | None = None,
                     max_length: int | None = None, cache_length: int = 4096,
@@ -102,23 +104,42 @@ def dapo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
                     singleton: Literal["zero", "raw"] = "zero") -> Array:
   """DAPO advantage: GRPO z-score of the task reward plus the soft overlong penalty.
 
-  Confidence: code-verified (verl `docs/algo/dapo.md`, `reward_manager/dapo.py`).
+  ::
 
-  Paper: "DAPO", arXiv 2503.14476, §3.4 and eq. 13. R'_i = R_i + R_len(|o_i|)
-  (`dapo_overlong_penalty`, |o_i| = Σ_t M[i,t]) when `max_length` is given,
-  then a_i = (R'_i − μ_g)/(σ_g + ε) broadcast to tokens. Clip-higher and
-  token-mean aggregation live in the loss; dynamic sampling is
-  `dapo_keep_mask` (multiply it into `response_mask`: dropped rows then take no
-  part in the statistics here). Defaults of `shared/methods/outcome_and_clipping.md`
-  §7: L_max=20480, L_cache=4096, f=1.
+    R'_i = R_i + R_len(L_i)        (`dapo_overlong_penalty`, when `max_length` is set)
+    a_i  = (R'_i − μ_g) / (σ_g + ε),   A[i,t] = a_i · M[i,t]
+
+  with L_i the row's response tokens. DAPO's other parts live elsewhere: clip-higher and
+  token-mean aggregation in the loss (`ppo_clip` with `clip_ratio_high`), dynamic
+  sampling in `dapo_keep_mask` (multiply it into `response_mask`; dropped rows then take
+  no part in the statistics here).
+
+  Paper: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+  arXiv 2503.14476, §3.4 and eq. 13; the paper's settings are L_max = 20480,
+  L_cache = 4096, f = 1.
 
   Args:
-    max_length: L_max; None disables overlong shaping.
-    cache_length: L_cache; penalty_factor: f.
-    Others as `grpo_advantages`.
+    reward: [B] float task rewards.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    max_length: L_max; None disables the overlong penalty.
+    cache_length: L_cache.
+    penalty_factor: f.
+    eps: added to the std.
+    singleton: "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> m = np.array([[1, 1, 1, 1]] * 3 + [[1, 1, 1, 0]], bool)   # L_exp = 2: −1, −1, −1, −0.5
+    >>> a = dapo_advantages(reward=np.array([1., 0, 0, 1]), group_id=np.zeros(4, np.int32),
+    ...                     response_mask=m, num_groups=1, max_length=4, cache_length=2)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [0.5, -0.8333, -0.8333, 1.1667]
   """
   check_choice("dapo_advantages", "singleton", singleton, ops.SINGLETONS)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(

@@ -46,45 +46,55 @@ def dcpo_init_state(num_prompts: int) -> DCPOState:
 
 @register_estimator("dcpo", needs=("reward", "group_id", "response_mask", "prompt_id"),
                     paper=_PAPER, static_argnames=("num_groups", "group_size", "scale"),
-                    returns_output=True, init_state=dcpo_init_state)
+                    returns_output=True, init_state=dcpo_init_state,
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: elysiameik-afk/dcpomol core_algos.py get_mean_std, "
+                            "compute_dcpo_outcome_advantage (a verl fork with the DCPO "
+                            "code)"))
 def dcpo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                     prompt_id: ArrayLike, state: DCPOState, num_groups: int,
                     group_size: int | None = None, old_stats_ratio: float = 1.0,
                     scale: bool = True) -> DCPOOutput:
   """DCPO smooth advantage standardisation (SAS), with the updated prompt statistics.
 
-  Confidence: code-verified (elysiameik-afk/dcpomol, a verl fork of the DCPO code,
-  `core_algos.py` `get_mean_std` / `compute_dcpo_outcome_advantage`).
+  Each prompt keeps running statistics of its rewards over training. For a prompt seen n
+  times before (state count n, mean μ_p, std σ_p, both scaled by `old_stats_ratio`), a
+  current group mean μ_new and unbiased std σ_new, and i = n + 1::
 
-  Paper: "DCPO: Dynamic Clipping Policy Optimization", arXiv 2509.02333, §3.2;
-  `shared/methods/outcome_and_clipping.md` §8.
+    μ  = (n μ_p + μ_new) / (n + 1)
+    σ² = [n σ_p² + σ_new² + n/(n+1) (μ_new − μ_p)²] / (n + 1)
+    A_new = (R − μ_new) / σ_new,      A_tot = (R − μ) / σ       (0 where the std is 0)
+    SA_new = (i−1)/i A_new + 1/i A_tot,   SA_tot = 1/i A_new + (i−1)/i A_tot
+    a = SA_new if abs(SA_new) < abs(SA_tot) else SA_tot
 
-  For a group g seen n times before (state count n, mean μ_p, std σ_p, both
-  scaled by `old_stats_ratio`), with current group mean μ_new and unbiased std
-  σ_new, and i = n + 1:
+  n = 0 gives the plain z-score (no ε). The new state is (n + 1, μ, σ) at every prompt
+  slot in the batch; other slots keep theirs. `scale=False` drops the std divisions.
 
-  .. math::
-    μ  = (n μ_p + μ_new)/(n+1)
-    σ² = [n σ_p² + σ_new² + n/(n+1)·(μ_new − μ_p)²]/(n+1)
-    A_new = (R − μ_new)/σ_new,   A_tot = (R − μ)/σ      (0 where the std is 0)
-    SA_new = (i−1)/i·A_new + 1/i·A_tot,   SA_tot = 1/i·A_new + (i−1)/i·A_tot
-    a = SA_new if |SA_new| < |SA_tot| else SA_tot
-
-  n = 0 gives the plain z-score (no ε). The new state is (n+1, μ, σ) at every
-  prompt slot present in the batch; other slots are unchanged. `scale=False`
-  drops the std divisions (the code's `norm_adv_by_std_in_grpo=False`).
+  Paper: "DCPO: Dynamic Clipping Policy Optimization", arXiv 2509.02333, §3.2.
 
   Args:
-    reward, group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
-    prompt_id: [B] int32 slot in `state` of each row's prompt (stable across
-      steps; constant within a group; two groups of one batch must not share a
-      slot — their updates would collide).
-    state: `DCPOState` with arrays [P] (`dcpo_init_state(P)` to start).
-    old_stats_ratio: the code's `user_old_mean_ratio` (scales μ_p and σ_p).
+    reward: [B] float outcome rewards.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    prompt_id: [B] int32 slot in `state` of each row's prompt: stable across steps,
+      constant within a group, distinct between the groups of one batch.
+    state: `DCPOState` with [P] arrays (`dcpo_init_state(P)` to start).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    old_stats_ratio: scales μ_p and σ_p (the code's `user_old_mean_ratio`).
     scale: static; divide by the stds.
 
   Returns:
     DCPOOutput(advantages [B,T], state DCPOState [P]).
+
+  Example:
+    >>> import numpy as np
+    >>> kw = dict(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 2), bool),
+    ...           prompt_id=np.zeros(4, np.int32), num_groups=1)
+    >>> out = dcpo_advantages(reward=np.array([1., 0, 0, 1]), state=dcpo_init_state(1), **kw)
+    >>> out = dcpo_advantages(reward=np.array([1., 1, 1, 0]), state=out.state, **kw)
+    >>> np.round(np.asarray(out.advantages[:, 0], np.float64), 4).tolist()
+    [0.5882, 0.5882, 0.5882, -1.3137]
   """
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       "dcpo_advantages", reward, group_id, num_groups, group_size, response_mask=response_mask)

@@ -24,7 +24,10 @@ _BATCH_NORMS = ("token", "sequence", "none")
 
 @register_estimator("gdpo", needs=("reward_components", "group_id", "response_mask"),
                     paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "batch_norm", "singleton"))
+                    static_argnames=("num_groups", "group_size", "batch_norm", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: NVlabs/GDPO verl-GDPO ray_trainer.py "
+                            "(batch_norm='token')"))
 def gdpo_advantages(*, reward_components: ArrayLike, group_id: ArrayLike,
                     response_mask: ArrayLike, num_groups: int, group_size: int | None = None,
                     weights: ArrayLike | None = None,
@@ -32,33 +35,41 @@ def gdpo_advantages(*, reward_components: ArrayLike, group_id: ArrayLike,
                     eps: float = 1e-6, singleton: Literal["zero", "raw"] = "zero") -> Array:
   """GDPO: normalise each reward component per group, sum, then normalise the batch.
 
-  Confidence: code-verified (the authors' verl code, NVlabs/GDPO
-  `verl-GDPO/.../ray_trainer.py`, for `batch_norm="token"`).
+  With several reward functions, a z-score per component keeps one component's scale from
+  swamping the others::
 
-  Paper: "GDPO: Group reward-Decoupled Normalization Policy Optimization for
-  Multi-reward RL Optimization", arXiv 2601.05242 (NVlabs).
-
-  .. math::
-    A_k[i] = (r_k[i] − μ_{g,k}) / (σ_{g,k} + ε)     (GRPO per component k)
-    s_i    = Σ_k w_k · A_k[i]
+    A_k[i] = (r_k[i] − μ_{g,k}) / (σ_{g,k} + ε)     (GRPO, per component k)
+    s_i    = Σ_k w_k A_k[i]
     A      = whiten(s)
 
-  `batch_norm`:
-    * "token" (default): `masked_whiten` of the broadcast [B,T] array (every
-      token counts, so long rows weigh more), as in the authors' verl code
-      and verl's `compute_gdpo_outcome_advantage`; computed here in O(B)
-      (`ops.weighted_whiten`);
-    * "sequence": (s − mean)/(std + ε) over valid rows (TRL
-      `multi_objective_aggregation="normalize_then_sum"`; TRL uses ε=1e-4);
-    * "none": s.
+  `batch_norm="token"` whitens the broadcast [B,T] array (every token counts, so long
+  rows weigh more), as the authors' code does, computed in O(B); "sequence" whitens over
+  rows (TRL's `normalize_then_sum`); "none" keeps s.
+
+  Paper: "GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward
+  RL Optimization", arXiv 2601.05242.
 
   Args:
     reward_components: [B,R] float, one column per reward function.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     weights: optional [R] weights w_k (default 1).
-    Others as `grpo_advantages`.
+    batch_norm: static, "token" | "sequence" | "none".
+    eps: added to the stds.
+    singleton: "zero" | "raw", per component.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = gdpo_advantages(reward_components=np.array([[1., 1], [0, 1], [1, 0], [0, 0]]),
+    ...                     group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 2), bool),
+    ...                     num_groups=1, batch_norm="sequence")
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [1.2247, 0.0, 0.0, -1.2247]
   """
   check_choice("gdpo_advantages", "batch_norm", batch_norm, _BATCH_NORMS)
   check_choice("gdpo_advantages", "singleton", singleton, ops.SINGLETONS)

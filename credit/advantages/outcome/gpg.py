@@ -21,7 +21,11 @@ _ALPHAS = ("valid_fraction", "nonzero_reward", "one")
 
 
 @register_estimator("gpg", needs=("reward", "group_id", "response_mask"), paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "alpha", "scale", "singleton"))
+                    static_argnames=("num_groups", "group_size", "alpha", "scale", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_gpg_outcome_advantage"))
 def gpg_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                    num_groups: int, group_size: int | None = None,
                    alpha: Literal["valid_fraction", "nonzero_reward", "one"] = "valid_fraction",
@@ -29,32 +33,41 @@ def gpg_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Arr
                    singleton: Literal["zero", "raw"] = "zero") -> Array:
   """GPG: group-mean baseline with the gradient-bias correction α.
 
-  Confidence: code-verified (verl `compute_gpg_outcome_advantage` for
-  `alpha="nonzero_reward"`; the default α is the paper's eq. 9-10, which TRL
-  `GPGTrainer` applies as the same loss scaling).
+  Groups whose rewards are all equal carry no gradient but still dilute the batch mean;
+  α scales the others back up::
 
-  Paper: "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
-  Reasoning", arXiv 2504.02546, eq. 9-10:
+    a_i = α · (R_i − μ_g) / F_norm,   α = B / (B − M_deg)
 
-  .. math::
-    a_i = α · (R_i − μ_g) / F_norm,   α = B / (B − M)
+  with B the valid rows, M_deg those in all-equal groups (singletons included), and
+  F_norm = 1 (the paper's best setting) or σ_g + ε with `scale=True`.
 
-  M = number of responses in groups whose rewards are all equal (they carry no
-  gradient but still dilute the batch mean). F_norm = 1 by default (paper's best
-  row), or the group std + ε with `scale=True`.
+  Paper: "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning",
+  arXiv 2504.02546, eq. 9-10. `alpha="nonzero_reward"` reproduces verl, which counts
+  rows with a non-zero reward instead (the same only for some reward schemes);
+  `alpha="one"` turns the correction off. The paper's resampling threshold is a trainer
+  decision, not part of the estimator.
 
-  `alpha`:
-    * "valid_fraction" (paper; TRL `GPGTrainer` divides the loss by the same
-      fraction of non-degenerate groups): α = B/(B − M), α = B when B = M
-      (then every advantage is 0 anyway);
-    * "nonzero_reward": verl `compute_gpg_outcome_advantage` parity,
-      α = B / max(#{R_i ≠ 0}, 1) — verl counts non-zero *rewards*, which matches
-      the paper only for some reward schemes;
-    * "one": α = 1.
-  B counts valid rows only. The paper's β_th resampling threshold is a trainer
-  decision. Singletons count as degenerate; "raw" gives α·R_i (verl).
+  Args:
+    reward: [B] float outcome rewards.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    alpha: static, "valid_fraction" | "nonzero_reward" | "one".
+    scale: static bool, divide by the group std.
+    eps: added to the std.
+    singleton: "zero" | "raw" ("raw" gives α·R_i).
 
-  Args/Returns: as `grpo_advantages` (`scale` a static bool).
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = gpg_advantages(reward=np.array([1., 0, 0, 1, 1, 1, 1, 1]),
+    ...                    group_id=np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int32),
+    ...                    response_mask=np.ones((8, 2), bool), num_groups=2)
+    >>> np.asarray(a[:, 0]).tolist()  # α = 8 / 4: the second group is all equal
+    [1.0, -1.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
   """
   check_choice("gpg_advantages", "alpha", alpha, _ALPHAS)
   check_choice("gpg_advantages", "singleton", singleton, ops.SINGLETONS)

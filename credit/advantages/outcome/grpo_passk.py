@@ -23,40 +23,60 @@ _METHODS = ("best_vs_second", "analytic")
 
 @register_estimator("grpo_passk", needs=("reward", "group_id", "response_mask"), paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "method", "k", "scale",
-                                     "singleton"))
+                                     "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_grpo_passk_outcome_advantage; code: "
+                            "RUCAIBox/Passk_Training code/passk_adv.py"))
 def grpo_passk_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                           num_groups: int, group_size: int | None = None,
                           method: Literal["best_vs_second", "analytic"] = "best_vs_second",
                           k: int = 4, scale: bool = True, eps: float = 1e-6,
                           singleton: Literal["zero", "raw"] = "zero") -> Array:
-  """Pass@k-style group advantages (two published forms).
+  """Pass@k-style group advantages, in two published forms.
 
-  Confidence: code-verified (verl `compute_grpo_passk_outcome_advantage` for
-  "best_vs_second"; RUCAIBox/Passk_Training `code/passk_adv.py` for "analytic").
+  `method="best_vs_second"` credits only the unique best response of a group::
 
-  `method="best_vs_second"` (verl `compute_grpo_passk_outcome_advantage`, after
-  arXiv 2503.19595): only the best response of a group is credited,
+    a_i = (R_i − max_{j≠i} R_j)_+ / (σ_g + ε)        (σ-division iff `scale`)
 
-  .. math::
-    a_i = (R_i − max_{j≠i} R_j)_+ / (σ_g + ε)     (σ-division iff `scale`)
+  so a tie at the top gives 0 to all. `method="analytic"` is Pass@k Training's analytic
+  advantage: with n responses of which c are correct (R > 0)::
 
-  i.e. r_max − r_second for the unique arg-max and 0 for every other row (a
-  tie at the top gives 0 to all, as in verl, without picking an index).
+    ρ = 1 − C(n−c, k) / C(n, k),   σ = sqrt(ρ(1 − ρ))
+    A_correct = (1 − ρ) / (σ + ε)
+    A_wrong   = (1 − ρ − C(n−c−1, k−1) / C(n−1, k−1)) / (σ + ε)
 
-  `method="analytic"` (Pass@k Training, arXiv 2508.10751, §3.3 analytic
-  advantage): with n responses of which c are correct (R_i > 0),
+  Papers: "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large
+  Reasoning Models", arXiv 2508.10751, §3.3 ("analytic"); the best-vs-second form is
+  verl's `grpo_passk`, after arXiv 2503.19595. Differences: "correct" means R > 0 (the
+  authors' code maps only rewards exactly 1 and 0); k > n is read as k = n; a one-row
+  group gives 0 (verl raises).
 
-  .. math::
-    ρ = 1 − C(n−c, k)/C(n, k),   σ = sqrt(ρ(1−ρ))
-    A_pos = (1 − ρ)/(σ + ε),     A_neg = (1 − ρ − C(n−c−1, k−1)/C(n−1, k−1))/(σ + ε)
+  Args:
+    reward: [B] float outcome rewards.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    method: static, "best_vs_second" | "analytic".
+    k: static Python int >= 1 (the k of pass@k; "analytic" only).
+    scale: static bool ("best_vs_second" only).
+    eps: added to the std.
+    singleton: "zero" | "raw".
 
-  Ratios of binomials are evaluated as products of k static factors; k > n is
-  read as k = n (pass@n). Deviation: the reference code maps only rewards
-  exactly 1/0; here correct means R > 0 (binary 0/1 or ±1 rewards agree).
-  `scale` is unused by "analytic". Singletons give 0 (verl raises).
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  Args/Returns: as `grpo_advantages`; `method`, `k` (a Python int >= 1) and `scale`
-  are static.
+  Example:
+    >>> import numpy as np
+    >>> kw = dict(reward=np.array([1., 0, 0, 0]), group_id=np.zeros(4, np.int32),
+    ...           response_mask=np.ones((4, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(grpo_passk_advantages(**kw)[:, 0], np.float64), 4).tolist()
+    [2.0, 0.0, 0.0, 0.0]
+    >>> a = grpo_passk_advantages(**kw, method="analytic", k=2)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [1.0, -0.3333, -0.3333, -0.3333]
   """
   check_choice("grpo_passk_advantages", "method", method, _METHODS)
   check_choice("grpo_passk_advantages", "singleton", singleton, ops.SINGLETONS)

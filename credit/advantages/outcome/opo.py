@@ -20,25 +20,44 @@ _PAPER = "On-Policy RL with Optimal Reward Baseline (OPO), arXiv 2505.23585"
 
 
 @register_estimator("opo", needs=("reward", "group_id", "response_mask"), paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "singleton"))
+                    static_argnames=("num_groups", "group_size", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_opo_outcome_advantage"))
 def opo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                    num_groups: int, group_size: int | None = None,
                    singleton: Literal["zero", "raw"] = "zero") -> Array:
   """OPO: the length-weighted mean reward of the group is the baseline.
 
-  Confidence: code-verified (verl `compute_opo_outcome_advantage`).
+  The variance-optimal baseline when the gradient norm grows with the response length::
 
-  Paper: "On-Policy RL with Optimal Reward Baseline", arXiv 2505.23585, eq. 5
-  (the variance-optimal baseline under the |o|-proportional gradient-norm
-  approximation):
+    b_g = Σ_{j∈g} L_j R_j / Σ_{j∈g} L_j,   a_i = R_i − b_g
 
-  .. math::
-    b_g = Σ_{j∈g} |o_j|·R_j / Σ_{j∈g} |o_j|,   a_i = R_i − b_g
+  with L_j the number of response tokens of row j; computed as
+  (R_i − μ_g) − Σ L (R − μ_g) / Σ L to avoid cancellation for large rewards.
 
-  Computed as (R_i − μ_g) − Σ|o|(R − μ_g)/Σ|o| to avoid cancellation for large
-  rewards. Singletons: verl gives R_i (baseline 0); here 0 unless `singleton="raw"`.
+  Paper: "On-Policy RL with Optimal Reward Baseline", arXiv 2505.23585, eq. 5. A one-row
+  group gives 0 (verl: R_i; `singleton="raw"`).
 
-  Args/Returns: as `dr_grpo_advantages`.
+  Args:
+    reward: [B] float outcome rewards.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool; its row sums are the lengths L.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    singleton: "zero" | "raw".
+
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> m = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], bool)
+    >>> a = opo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...                    response_mask=m, num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.2, 0.2, 0.2, 0.2], [-0.8, 0.0, 0.0, 0.0]]
   """
   check_choice("opo_advantages", "singleton", singleton, ops.SINGLETONS)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(

@@ -35,7 +35,12 @@ def _key_sums(x_BT: Array, key_BT: Array, num_keys: int) -> Array:
                            "sum_pi_squared"),
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "align", "handle_zero_tail",
-                                     "singleton"))
+                                     "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_optimal_token_baseline_advantage, "
+                            "compute_multi_turn_optimal_token_baseline_advantage"))
 def optimal_token_baseline_advantages(
     *, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
     logprob_old: ArrayLike, sum_pi_squared: ArrayLike, num_groups: int,
@@ -45,51 +50,51 @@ def optimal_token_baseline_advantages(
     singleton: Literal["zero", "raw"] = "zero") -> Array:
   """Optimal Token Baseline (OTB): a per-token, variance-weighted group baseline.
 
-  Confidence: code-verified (verl `compute_optimal_token_baseline_advantage` for
-  align="position", `compute_multi_turn_optimal_token_baseline_advantage` for
-  align="valid_index").
+  Each token's baseline averages the group's returns at the same column, weighted by how
+  much gradient variance each row has accumulated up to there::
 
-  Paper: "Optimal Token Baseline", arXiv 2602.07078 (verl docs `algo/otb.md`).
+    G_t  = Σ_{t' ≥ t, valid} r_t'                     (reward-to-go, γ = 1)
+    w_j  = 1 − 2π_j + Σ_v π_j(v)²    (× ρ̄_j² with `is_weights`),   π_j = exp(logprob_old_j)
+    W_t  = Σ_{j ≤ t, valid} w_j
+    B*_t = Σ_{i∈g} G_t^(i) W_t^(i) / (Σ_{i∈g} W_t^(i) + ε),      A_t = (G_t − B*_t) M_t
 
-  .. math::
-    G_t  = Σ_{t'≥t, valid} r_{t'}                   (reward-to-go, γ = 1)
-    w_j  = 1 − 2π_j + Σ_v π_j(v)²   (× ρ̄_j² with `is_weights`),  π_j = exp(logprob_old_j)
-    W_t  = Σ_{j≤t, valid} w_j                        (realized energy)
-    B*_t = Σ_{i∈g} G_t^{(i)} W_t^{(i)} / (Σ_{i∈g} W_t^{(i)} + ε)
-    A_t  = (G_t − B*_t)·M_t
+  The sums run over the group's rows that have a valid token at column t: the same
+  position (`align="position"`), or the same index among the row's valid tokens
+  (`align="valid_index"`, multi-turn responses with tool output inside).
 
-  The sums run over the valid rows of the group that have a valid token at column t:
-  the same position for align="position" (rows of a group share the prompt, so
-  positions line up), the same index among the row's valid tokens for
-  align="valid_index" (multi-turn / tool-integrated responses).
-
-  `handle_zero_tail`: where only one row of the group is valid at column t, B*_t = 0
-  and A_t = G_t. For right-padded masks this equals verl's zero-tail rule (zero the
-  baseline of the unique longest row from the second-longest row's length on). With
-  observation tokens inside a response and align="position" it does not: verl reads
-  the second-longest row's token *count* as a position and zeroes the wrong columns,
-  while the rule here zeroes exactly the columns where the row is alone. (verl's
-  default is False for the position variant and True for the multi-turn one; here
-  True.)
-
-  Outcome part computed as (R − μ_g) − B*' + μ_g·ε/(ΣW+ε), which is the same number
-  without cancellation for large rewards. Singleton groups: verl returns G (baseline
-  0); here 0 unless `singleton="raw"`.
+  Paper: "Optimal Token Baseline", arXiv 2602.07078. Differences from verl:
+  `handle_zero_tail` (default True) sets B* = 0 wherever one row of the group is alone
+  at a column; verl's rule, read from the second-longest row's token count, zeroes the
+  wrong columns when observation tokens sit inside a response with `align="position"`.
+  A one-row group gives 0 (verl: G; `singleton="raw"`).
 
   Args:
-    reward: [B] outcome (placed on the last valid token).
+    reward: [B] outcome, placed on the last valid token.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
     logprob_old: [B,T] log-prob of the sampled token under the behaviour policy.
-    sum_pi_squared: [B,T] Σ_v π(v)² of the behaviour distribution at each
-      position (a by-product of scoring: exp(logsumexp(2z) − 2·logsumexp(z))).
+    sum_pi_squared: [B,T] Σ_v π(v)² of the behaviour distribution at each position.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     token_reward: optional [B,T] dense rewards added to the return.
     is_weights: optional [B,T] truncated rollout importance weights ρ̄.
-    align: "position" | "valid_index" (multi-turn / TIR variant).
+    align: static, "position" | "valid_index".
     handle_zero_tail: static, see above.
     eps: added to Σ W.
-    Others as `grpo_advantages`.
+    singleton: "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside the mask.
+
+  Example:
+    >>> import numpy as np
+    >>> a = optimal_token_baseline_advantages(
+    ...     reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.array([[1, 1, 1], [1, 0, 0]], bool),
+    ...     logprob_old=np.log(np.full((2, 3), .5)), sum_pi_squared=np.full((2, 3), .5),
+    ...     num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.5, 1.0, 1.0], [-0.5, 0.0, 0.0]]
   """
   check_choice("optimal_token_baseline_advantages", "align", align, _ALIGNS)
   check_choice("optimal_token_baseline_advantages", "singleton", singleton, ops.SINGLETONS)

@@ -27,7 +27,11 @@ _PAPER = ("REINFORCE++: A Simple and Efficient Approach for Aligning Large Langu
 
 @register_estimator("reinforce_pp", needs=("reward", "response_mask"), paper=_PAPER,
                     static_argnames=("whiten",),
-                    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"})
+                    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"},
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_reinforce_plus_plus_outcome_advantage"))
 def reinforce_pp_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
                             logprob_old: ArrayLike | None = None,
                             logprob_ref: ArrayLike | None = None,
@@ -35,48 +39,41 @@ def reinforce_pp_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
                             kl_coef: float = 0.0, whiten: bool = True) -> Array:
   """REINFORCE++: discounted token returns whitened over the whole batch.
 
-  Confidence: code-verified (verl `compute_reinforce_plus_plus_outcome_advantage` and
-  `torch_functional.masked_whiten`).
+  ::
 
-  Paper: "REINFORCE++", arXiv 2501.03262, §3 (token-level KL penalty in the
-  reward, global advantage normalisation); `shared/methods/outcome_and_clipping.md` §4.
+    r_t = R·1[t = last valid] + token_reward_t − β (logprob_old_t − logprob_ref_t)
+    G_t = r_t + γ G_{next valid}
+    A   = whiten(G) over all valid tokens of the batch (mean, unbiased variance)
 
-  .. math::
-    r_t = R·1[t = last valid] + token_reward_t − β·(logprob_old_t − logprob_ref_t)
-    G_t = r_t + γ·G_{next valid t'}      (masked positions skipped)
-    A   = masked_whiten(G, M)            (mean/unbiased var over all valid tokens)
+  Paper: "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+  Models", arXiv 2501.03262, §3 (token-level KL penalty in the reward, global advantage
+  normalisation).
 
-  Deviation: masked positions are skipped (`ops.discounted_reverse_cumsum`): they
-  neither add to nor cut the running return, as GAE does over observation tokens (spec
-  §5). verl (checked at commit b178a3c, 2026-01) resets the running return at *every*
-  masked position, so a mid-response observation token cuts the return of the tokens
-  before it. Identical for right-padded single-turn responses.
-  `logprob_old`/`logprob_ref`/`token_reward` are optional (the registry lists
-  `reward, response_mask` as needs and the two log-probs as optional needs switched on by
-  `kl_coef`); the KL term needs both log-probs.
-
-  With outcome reward only, the return has a closed form
-  `G_t = R·γ^{(valid tokens after t)}` (one reverse cumsum instead of a scan),
-  and for a Python `gamma == 1` it is the row constant R, whitened in O(B). With
-  dense terms and a Python `gamma == 1` the return is a reverse cumsum.
+  Difference from verl: masked positions inside a response (tool output) are skipped,
+  neither adding to nor cutting the running return, as GAE treats them; verl restarts the
+  return at every masked position. The two agree on right-padded single-turn responses.
+  With the outcome reward only and a Python `gamma == 1` the return is the row constant R,
+  whitened in O(B).
 
   Args:
     reward: [B] outcome rewards.
     response_mask: [B,T] bool.
-    logprob_old, logprob_ref: optional [B,T] behaviour/reference log-probs.
+    logprob_old: optional [B,T] behaviour log-probs (with `logprob_ref`, for `kl_coef`).
+    logprob_ref: optional [B,T] reference log-probs.
     token_reward: optional [B,T] dense rewards added before the return.
-    gamma: discount (may be traced).
-    kl_coef: β of the k1 KL-in-reward penalty.
+    gamma: discount γ (may be traced).
+    kl_coef: β of the k1 KL-in-reward penalty; non-zero needs both log-probs.
     whiten: static; False returns the raw returns G.
 
   Returns:
     [B,T] float32 advantages, zero outside the mask.
 
-  >>> import numpy as np
-  >>> m = np.array([[1, 1, 0], [1, 1, 1]], bool)
-  >>> a = reinforce_pp_advantages(reward=np.array([1., 0.]), response_mask=m)
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[1.0954, 1.0954, 0.0], [-0.7303, -0.7303, -0.7303]]
+  Example:
+    >>> import numpy as np
+    >>> m = np.array([[1, 1, 0], [1, 1, 1]], bool)
+    >>> a = reinforce_pp_advantages(reward=np.array([1., 0.]), response_mask=m)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.0954, 1.0954, 0.0], [-0.7303, -0.7303, -0.7303]]
   """
   reward_B = jnp.asarray(reward, jnp.float32)
   mask_BT = jnp.asarray(response_mask)
@@ -100,27 +97,47 @@ def reinforce_pp_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
 
 
 @register_estimator("reinforce_pp_baseline", needs=("reward", "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups", "group_size", "singleton"))
+                    paper=_PAPER, static_argnames=("num_groups", "group_size", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_reinforce_plus_plus_baseline_outcome_advantage"))
 def reinforce_pp_baseline_advantages(*, reward: ArrayLike, group_id: ArrayLike,
                                      response_mask: ArrayLike, num_groups: int,
                                      group_size: int | None = None,
                                      singleton: Literal["zero", "raw"] = "zero") -> Array:
-  """REINFORCE++-baseline: group-mean baseline, then whitening over the batch tokens.
+  """REINFORCE++-baseline: group-mean baseline, then whitening over the batch's tokens.
 
-  Confidence: code-verified (verl
-  `compute_reinforce_plus_plus_baseline_outcome_advantage`).
+  The variant for several samples per prompt::
 
-  Paper: "REINFORCE++", arXiv 2501.03262 (the "-baseline" variant for
-  multi-sample prompts); `shared/methods/outcome_and_clipping.md` §4.
+    s_i = R_i − μ_g,   A = whiten(s_i · M) over all valid tokens
 
-  .. math::
-    s_i = R_i − μ_g,   A = masked_whiten(s_i · M, M)
+  Whitening the broadcast [B,T] tile weighs a row by its length; it is computed on [B]
+  with length weights (`ops.weighted_whiten`), the same numbers.
 
-  verl whitens the broadcast [B,T] tile, so a row weighs by its length; computed
-  here as a length-weighted whitening on [B] (`ops.weighted_whiten`), identical in
-  value. Singletons: verl keeps R_i (μ=0); here 0 unless `singleton="raw"`.
+  Paper: "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+  Models", arXiv 2501.03262 (the "-baseline" variant). A one-row group gives 0 before the
+  whitening (verl keeps R_i; `singleton="raw"`).
 
-  Args/Returns: as `dr_grpo_advantages`.
+  Args:
+    reward: [B] float outcome rewards.
+    group_id: [B] int32 group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    singleton: "zero" | "raw".
+
+  Returns:
+    [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> m = np.array([[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0]], bool)
+    >>> a = reinforce_pp_baseline_advantages(
+    ...     reward=np.array([1., 0, 1, 1]), group_id=np.array([0, 0, 1, 1], np.int32),
+    ...     response_mask=m, num_groups=2)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.4213, 1.4213, 0.0], [-1.1371, -1.1371, -1.1371], [0.1421, 0.1421, 0.1421], [0.1421, 0.0, 0.0]]
   """
   check_choice("reinforce_pp_baseline_advantages", "singleton", singleton, ops.SINGLETONS)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(

@@ -17,25 +17,41 @@ _PAPER = ("ReMax: A Simple, Effective, and Efficient Reinforcement Learning Meth
           "Large Language Models, arXiv 2310.10505")
 
 
-@register_estimator("remax", needs=("reward", "reward_baseline", "response_mask"), paper=_PAPER)
+@register_estimator("remax", needs=("reward", "reward_baseline", "response_mask"), paper=_PAPER,
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: volcengine/verl@b178a3c "
+                            "verl/trainer/ppo/core_algos.py "
+                            "compute_remax_outcome_advantage"))
 def remax_advantages(*, reward: ArrayLike, reward_baseline: ArrayLike,
                      response_mask: ArrayLike) -> Array:
-  """ReMax: the reward of the greedy response is the baseline.
+  """ReMax: the reward of the greedy response to the same prompt is the baseline.
 
-  Confidence: code-verified (verl `compute_remax_outcome_advantage`).
+  ::
 
-  Paper: "ReMax", arXiv 2310.10505, Algorithm 1: A_i = R(x, y_i) − R(x, ŷ_i),
-  ŷ the greedy decode of the same prompt. verl takes the reverse cumsum of the
-  last-token outcome minus the baseline, equal to R_i − b_i on every valid token.
+    A[i,t] = (R(x, y_i) − R(x, ŷ_i)) · M[i,t]
+
+  with ŷ_i the greedy decode of row i's prompt (an extra greedy rollout and its reward,
+  which the runner produces as `reward_baseline`).
+
+  Paper: "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
+  Aligning Large Language Models", arXiv 2310.10505, Algorithm 1. verl takes the reverse
+  cumulative sum of the last-token outcome minus the baseline, which equals R_i − b_i on
+  every valid token.
 
   Args:
     reward: [B] rewards of the sampled responses.
-    reward_baseline: [B] reward of the greedy response to the same prompt (an
-      extra greedy rollout + scoring the runner must produce).
+    reward_baseline: [B] reward of the greedy response to the same prompt.
     response_mask: [B,T] bool.
 
   Returns:
-    [B,T] float32 advantages (R_i − b_i)·M.
+    [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = remax_advantages(reward=np.array([1., 0.]), reward_baseline=np.array([0., 0.]),
+    ...                      response_mask=np.ones((2, 2), bool))
+    >>> np.asarray(a).tolist()
+    [[1.0, 1.0], [0.0, 0.0]]
   """
   reward_B = jnp.asarray(reward, jnp.float32)
   base_B = jnp.asarray(reward_baseline, jnp.float32)
