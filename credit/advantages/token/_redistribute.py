@@ -126,14 +126,14 @@ def mix_with_uniform(score_BT: ArrayLike, response_mask: ArrayLike, *, alpha: Ar
                      prior: ArrayLike = 0.0) -> Array:
   """Budget weights mixed with the uniform ones: w = (1 − α) + α · normalize_budget(s).
 
-  .. math::
-    w[b,t] = (1 − α) + α · (L_b s[b,t] + p) / (Σ_t s[b,t] + p)
+  ::
+
+    w[b,t] = (1 − α) + α (L_b s[b,t] + p) / (Σ_t s[b,t] + p)
 
   For s ≥ 0 and α ∈ [0,1]: w ≥ 1 − α ≥ 0 (sign kept) and Σ_t w = L_b (budget kept);
   α = 0 is uniform (the plain sequence advantage), α = 1 is pure score-proportional
-  credit. This is the linear redistribution of the DGPO spec
-  (`shared/methods/token_and_implicit.md` §8, with p = ε in the numerator too, so that the
-  budget holds exactly and Σ s = 0 gives uniform weights without a special case).
+  credit. The prior p enters the numerator too, so the budget holds exactly and Σ s = 0
+  gives uniform weights without a special case (DGPO's `weighting="linear"`).
 
   Args:
     score_BT: [B,T] float scores, ≥ 0 on valid tokens.
@@ -144,10 +144,11 @@ def mix_with_uniform(score_BT: ArrayLike, response_mask: ArrayLike, *, alpha: Ar
   Returns:
     [B,T] float32 weights, 0 outside the mask.
 
-  >>> import numpy as np
-  >>> w = mix_with_uniform(np.array([[0., 3., 1., 0.]]), np.ones((1, 4), bool), alpha=0.5)
-  >>> np.asarray(w).tolist()
-  [[0.5, 2.0, 1.0, 0.5]]
+  Example:
+    >>> import numpy as np
+    >>> w = mix_with_uniform(np.array([[0., 3., 1., 0.]]), np.ones((1, 4), bool), alpha=0.5)
+    >>> np.asarray(w).tolist()
+    [[0.5, 2.0, 1.0, 0.5]]
   """
   w_BT = normalize_budget(score_BT, response_mask, prior=prior)
   alpha = jnp.asarray(alpha, jnp.float32)

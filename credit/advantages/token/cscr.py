@@ -19,8 +19,7 @@ Array = jax.Array
 __all__ = ["cscr_advantages", "cscr_weights"]
 
 _PAPER = ("CSCR: counterfactual-sensitivity credit reallocation (re-scoring the response "
-          "under 'correct' / 'incorrect' assertions), arXiv preprint (abstract only; id not "
-          "retrieved)")
+          "under 'correct' / 'incorrect' assertions), arXiv preprint")
 
 
 def cscr_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
@@ -30,12 +29,24 @@ def cscr_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 
   Args:
     response_mask: [B,T] bool.
-    logprob_old, logprob_alt_pos, logprob_alt_neg: [B,T] float sampled-token log-probs
-      under the plain, the "correct" and the "incorrect" context.
-    alpha, eps: as in `cscr_advantages`.
+    logprob_old: [B,T] float sampled-token log-prob under the plain prompt.
+    logprob_alt_pos: [B,T] float the same under the "correct" context.
+    logprob_alt_neg: [B,T] float the same under the "incorrect" context.
+    alpha: α ≥ 0, downweighting strength.
+    eps: added to the mean sensitivity.
 
   Returns:
     [B,T] float32 weights > 0 on valid tokens (no gradient), 0 elsewhere; rows sum to L_b.
+
+  Example:
+    >>> import numpy as np
+    >>> row = lambda x: np.array([x], np.float32)
+    >>> w = cscr_weights(response_mask=np.ones((1, 4), bool),
+    ...                  logprob_old=row([-0.1, -2.0, -0.5, -1.0]),
+    ...                  logprob_alt_pos=row([-0.1, -0.5, -0.45, -1.0]),
+    ...                  logprob_alt_neg=row([-0.2, -0.8, -0.55, -1.1]))
+    >>> np.round(np.asarray(w, np.float64), 4).tolist()
+    [[1.2592, 0.2225, 1.2592, 1.2592]]
   """
   mask_BT = jnp.asarray(response_mask)
   arrays = [jnp.asarray(x, jnp.float32) for x in (logprob_old, logprob_alt_pos,
@@ -55,7 +66,9 @@ def cscr_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "cscr", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_alt_pos",
                    "logprob_alt_neg"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "group_std"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size", "group_std"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def cscr_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_alt_pos: ArrayLike,
                     logprob_alt_neg: ArrayLike, num_groups: int,
@@ -64,54 +77,48 @@ def cscr_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     eps: ArrayLike = 1e-6) -> Array:
   """CSCR: downweight tokens whose log-prob moves under counterfactual "correct/incorrect" contexts.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `shared/methods/token_and_implicit.md` §11). The abstract re-scores a fixed response
-  under two privileged contexts asserting that the answer is correct / incorrect, treats
-  tokens whose probability shifts a lot as surface-form-sensitive rather than
-  learning-relevant, downweights them and renormalises so that the response keeps its
-  total credit and the verifier's sign; moderate downweighting worked best and strong
-  modulation destabilised training. Searches (pages / code / issues, 2026, "counterfactual
-  sensitivity credit reallocation", "CSCR") found neither equations nor code; the nearest
-  hits were other counterfactual-importance methods (arXiv 2602.09331, 2601.07408).
+  The response is re-scored with the prompt asserting that its answer is correct (ℓ⁺) and
+  incorrect (ℓ⁻). Tokens whose probability moves a lot are taken as surface-form-sensitive
+  rather than decisive, and get less of the GRPO advantage Â_b::
 
-  .. math::
-    s_{b,t} = |ℓ⁺_{b,t} − ℓ_{b,t}| + |ℓ⁻_{b,t} − ℓ_{b,t}|,      ŝ = s / (mean_{valid t} s + ε)
-    w_{b,t} = L_b · exp(−α ŝ_{b,t}) / Σ_t exp(−α ŝ_{b,t}),      A_{b,t} = Â_b · w_{b,t}
+    s[b,t] = abs(ℓ⁺ − ℓ) + abs(ℓ⁻ − ℓ),      ŝ = s / (mean over the row's valid tokens of s + ε)
+    w[b,t] = L_b · exp(−α ŝ) / Σ_t exp(−α ŝ),  A[b,t] = Â_b · w[b,t]
 
-  with ℓ = `logprob_old` (behaviour policy, plain prompt), ℓ⁺/ℓ⁻ = the same policy on the
-  same tokens with the prompt augmented by "this answer is correct" / "incorrect"
-  (`logprob_alt_pos` / `logprob_alt_neg`). w > 0, so signs are kept, and
-  Σ_t A_{b,t} = L_b Â_b. Weights carry no gradient.
+  with ℓ = `logprob_old`. w > 0 keeps every sign, Σ_t A = L_b Â_b keeps the response's
+  credit, and the weights carry no gradient. α = 0, or contexts that change nothing, give
+  GRPO.
 
-  Choices (ours): ŝ uses the mean over the valid tokens of the same response; Â_b is GRPO
-  with the unbiased group std by default. Reductions: α = 0, or contexts that change
-  nothing (s ≡ 0), give GRPO. Singleton / all-equal groups and empty rows give exact 0.
+  Paper: "CSCR: counterfactual-sensitivity credit reallocation" (arXiv preprint). The
+  abstract gives the idea but no equation: the formula above is this library's reading of
+  it; the abstract reports that moderate downweighting worked best.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float behaviour-policy log-prob of the sampled token.
     logprob_alt_pos: [B,T] float the same under the "answer is correct" context.
     logprob_alt_neg: [B,T] float the same under the "answer is incorrect" context.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    alpha: α ≥ 0, downweighting strength (0.5, ours; keep α ≤ 1).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    alpha: α ≥ 0 (0.5; keep α ≤ 1).
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std and to the mean sensitivity.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> row = lambda x: np.array([x], np.float32)
-  >>> w = cscr_weights(response_mask=np.ones((1, 4), bool),
-  ...                  logprob_old=row([-0.1, -2.0, -0.5, -1.0]),
-  ...                  logprob_alt_pos=row([-0.1, -0.5, -0.45, -1.0]),
-  ...                  logprob_alt_neg=row([-0.2, -0.8, -0.55, -1.1]))
-  >>> np.round(np.asarray(w, np.float64), 4).tolist()
-  [[1.2592, 0.2225, 1.2592, 1.2592]]
+  Example:
+    >>> import numpy as np
+    >>> row = lambda x: np.tile(np.array([x], np.float32), (2, 1))
+    >>> a = cscr_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...                     response_mask=np.ones((2, 4), bool),
+    ...                     logprob_old=row([-0.1, -2.0, -0.5, -1.0]),
+    ...                     logprob_alt_pos=row([-0.1, -0.5, -0.45, -1.0]),
+    ...                     logprob_alt_neg=row([-0.2, -0.8, -0.55, -1.1]), num_groups=1,
+    ...                     group_std="population")
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.2592, 0.2225, 1.2592, 1.2592], [-1.2592, -0.2225, -1.2592, -1.2592]]
   """
   check_choice("cscr_advantages", "group_std", group_std, GROUP_STDS)
   rows = ops.group_rows("cscr_advantages", reward, group_id, num_groups, group_size,

@@ -93,15 +93,19 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
                  eps: ArrayLike = 1e-6, hellinger: ArrayLike | None = None) -> Array:
   """DGPO token weights w[b,t] ≥ 0 with Σ_t w = L_b (see `dgpo_advantages`).
 
-  Confidence: paper-equation for `weighting="softmax"`; the "linear" form is the spec's own
-  design (see `dgpo_advantages`).
-
   Args:
     response_mask: [B,T] bool.
-    logprob_old, logprob_ref: [B,T] float sampled-token log-probs (behaviour, reference).
+    logprob_old: [B,T] float behaviour-policy log-prob of the sampled token.
+    logprob_ref: [B,T] float reference log-prob of the sampled token.
     entropy: [B,T] float policy entropy.
-    weighting, temperature, alpha, gate_power, vocab_size, gate, eps, hellinger: as in
-      `dgpo_advantages`.
+    weighting: static, "softmax" | "linear".
+    temperature: τ of "softmax".
+    alpha: α of "linear".
+    gate_power: κ, exponent of the entropy gate.
+    vocab_size: static |V| of the gate H/log|V| (`gate="log_vocab"`).
+    gate: static, "log_vocab" | "row_mean".
+    eps: the gate's and the linear mixture's ε.
+    hellinger: optional [B,T] full-vocabulary squared Hellinger distances.
 
   Returns:
     [B,T] float32 weights (no gradient), 0 outside the mask; rows sum to their length.
@@ -124,7 +128,10 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
                    "entropy"),
     paper=_PAPER, optional_needs={"hellinger_ref": "exact_hellinger"},
     static_argnames=("num_groups", "group_size", "weighting", "group_std", "vocab_size",
-                     "gate", "exact_hellinger"))
+                     "gate", "exact_hellinger"),
+                    confidence="paper-equation",
+                    source=(_PAPER + "; its equations as quoted by third-party write-ups "
+                            "(erikqu/tiny-dgpo README and dgpo.py)"))
 def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                     response_mask: ArrayLike, logprob_old: ArrayLike, logprob_ref: ArrayLike,
                     entropy: ArrayLike, num_groups: int, group_size: int | None = None,
@@ -137,113 +144,61 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                     hellinger_ref: ArrayLike | None = None) -> Array:
   """DGPO: the GRPO sequence advantage redistributed by an entropy-gated Hellinger deviation.
 
-  Paper: "DGPO: Distribution-Guided Policy Optimization for Fine-Grained Credit Assignment"
-  (Jin, Zhu, Du, Jiang, Tian, Zhang, Ding), arXiv 2605.03327. DGPO drops the KL penalty:
-  the deviation from the reference becomes a credit signal instead, and the loss is
-  PPO-clip with these advantages and no KL term (pick a policy loss without KL).
+  DGPO drops the KL penalty and uses the deviation from the reference as a credit signal:
+  tokens where the policy has moved away from the reference while still uncertain get more
+  of the response's advantage. Use a policy loss without a KL term. With Â_b the GRPO
+  advantage and H_t the policy entropy::
 
-  Confidence: paper-equation (as quoted in secondary summaries; no code by the authors
-  found). Sources, searched 2026: the arXiv HTML page (corpus "pages") is stored with its
-  abstract only; no repository by the authors turned up (`find_repos` "DGPO",
-  `find_string` "Distribution-Guided Policy Optimization", code/issues/docs searches for
-  "DGPO Hellinger entropy gate advantage redistribution" and "2605.03327"). Two
-  independent third-party write-ups quote the same equations as the paper's — a minimal
-  LLM implementation (erikqu/tiny-dgpo, README and dgpo.py, "hyperparameters (from
-  paper)") and an implementation plan for a robot-policy port ("what the paper actually
-  specifies") — and a paper digest says the advantage is redistributed "with a softmax":
+    d_t = 1 − Σ_v sqrt(π(v) π_ref(v))              (squared Hellinger distance, in [0, 1])
+    s_t = d_t · (H_t / log|V|)^κ
+    w_t = L_b · softmax_t(s_t / τ),    A[b,t] = Â_b · w_t
 
-  .. math::
-    d_t = H²(π_θ(·|s_t), π_ref(·|s_t)) = 1 − Σ_v √(π_θ(v) π_ref(v))      ∈ [0,1]
-    H̃_t = H(π_θ(·|s_t)) / log|V|,      s_t = d_t · H̃_t^κ
-    w_t = L_b · exp(s_t/τ) / Σ_{t'} exp(s_{t'}/τ),      A_{b,t} = Â_b · w_t
+  The weights keep each response's total credit (Σ_t w_t = L_b) and its sign, carry no
+  gradient, and reduce to GRPO when the policy equals the reference.
 
-  with τ = 0.5 (0.5–1.0 reported best), κ = 1, Â_b the GRPO advantage. That is
-  `weighting="softmax"` (default) here. The spec (`shared/methods/token_and_implicit.md`
-  §8) was written from the abstract alone and chose a linear mixture instead, kept as
-  `weighting="linear"` (a design of ours, inferred, not the paper's), with the spec's gate
-  `gate="row_mean"`:
+  Paper: "DGPO: Distribution-Guided Policy Optimization for Fine-Grained Credit
+  Assignment", arXiv 2605.03327 (τ = 0.5, κ = 1).
 
-  .. math::
-    g_t = H_t / (mean_{valid t} H_t + ε),   s_t = d_t g_t
-    w_t = (1 − α) + α (L_b s_t + ε) / (Σ_t s_t + ε)
-
-  Both keep the budget (Σ_t w_t = L_b, so Σ_t A_{b,t} = L_b Â_b) and the sign (w > 0),
-  and both reduce to GRPO when the policy equals the reference (d = 0) or the entropy is
-  zero everywhere (s = 0). The scores and weights carry no gradient.
-
-  Choices (ours):
-    * d_t: pass `hellinger_ref` [B,T], the full-vocabulary squared Hellinger distance
-      1 − Σ_v √(π π_ref) (contract field; the runner's `divergence_pass` makes it with the
-      chunked `credit.divergences`, between the behaviour and reference distributions) and
-      `exact_hellinger=True` (which makes the runner produce it), for the paper's form. Without it the
-      sampled-token proxy d_t = (√π_t − √π_ref,t)² is used (the spec's choice; in [0,1],
-      and exactly twice the sampled token's own term of ½Σ_v(√π − √π_ref)²).
-    * π_θ is the behaviour policy `logprob_old` (the policy that sampled the batch, i.e.
-      π_θ at the first PPO epoch): advantages are computed once per batch, at rollout.
-    * gate normaliser: `gate="log_vocab"` (default, the paper's and tiny-dgpo's
-      H_t / log|V|, clipped to [0,1]) needs `vocab_size` (static; the vocabulary is not a
-      rollout field, so a recipe sets `estimator_kwargs.vocab_size` to the model's
-      vocabulary size — the number of logits the entropy is taken over, the model
-      config's `vocab_size`, which may exceed the tokenizer's); without it the call
-      raises ValueError eagerly, before tracing. `gate="row_mean"` is the spec's
-      g_t = H_t / (mean of H over the valid tokens of the same response + ε) (ours; the
-      default until 2026-10). Under "softmax" the normaliser does not cancel: the row-mean
-      gate is O(1) while H/log|V| is ≈ 0–0.3, so "row_mean" is much sharper; under
-      "linear" it cancels in w up to ε. `gate_power` is κ (κ = 0: deviation only, no
-      gate). Negative entropies are clipped to 0.
-    * tiny-dgpo computes the scores from the current policy's logits inside the loss,
-      without detaching them (the gradient flows through w). Here they come from the
-      behaviour policy with stop-gradient, likely the paper's intent but unverified. Its
-      d_t is the full-vocabulary 1 − Σ√(π π_ref) ("Hellinger distance" as written is the
-      squared one); whether the paper means the squared or the plain Hellinger distance
-      is open without the PDF.
-    * "linear": ε also enters the numerator (+ε), so the budget holds exactly and
-      Σ s = 0 gives uniform weights without a special case; the spec's
-      α L s/(Σ s + ε) loses α L ε/(Σ s + ε) of the budget (≤ 1e-5 relative on its
-      example).
-    * Â_b: GRPO, (R − μ_g)/(σ_g + ε) with the unbiased group std by default
-      (`group_std="population"` for ddof = 0). Singleton groups, all-equal groups, fully
-      masked rows and rows with a group id outside [0, num_groups) get exact zeros and
-      take no part in the group statistics, as in `grpo_advantages`.
+  Differences: without `hellinger_ref` the distance is the sampled-token proxy
+  (√π_t − √π_ref,t)², so no full-vocabulary pass is needed (`exact_hellinger=True` makes
+  the runner produce the exact one); π is the behaviour policy, so the weights are fixed
+  for the PPO epochs of a batch. `weighting="linear"` and `gate="row_mean"` are an
+  alternative of this library's, documented on the method's page.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float behaviour-policy log-prob of the sampled token.
-    logprob_ref: [B,T] float reference-model log-prob of the sampled token.
+    logprob_ref: [B,T] float reference log-prob of the sampled token.
     entropy: [B,T] float policy entropy at each position (nats).
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    weighting: static, "softmax" (paper) | "linear" (spec).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    weighting: static, "softmax" (paper) | "linear".
     temperature: τ > 0 of "softmax".
-    alpha: α ∈ [0,1] of "linear" (α = 0 is GRPO).
-    gate_power: κ ≥ 0, exponent of the entropy gate.
-    vocab_size: static vocabulary size |V| of the paper's gate H/log|V| (required by
-      `gate="log_vocab"`).
-    gate: static, "log_vocab" (paper) | "row_mean" (spec's, ours).
+    alpha: α ∈ [0,1] of "linear" (0 is GRPO).
+    gate_power: κ ≥ 0 (0: deviation only).
+    vocab_size: static |V|, required by `gate="log_vocab"` (the model's vocabulary size).
+    gate: static, "log_vocab" (paper) | "row_mean".
     group_std: static, "unbiased" | "population".
-    eps: added to σ_g, to the gate's mean entropy and as the uniform prior of "linear".
-    exact_hellinger: static; the paper's full-vocabulary d_t from `hellinger_ref` (which
-      must then be given; the runner plans `divergence_pass`). False (default): the
-      sampled-token proxy unless `hellinger_ref` is passed anyway.
-    hellinger_ref: optional [B,T] float full-vocabulary squared Hellinger distances in
-      [0,1] (values are clipped to [0,1]).
+    eps: added to σ_g and used by the gate and the linear mixture.
+    exact_hellinger: static; use `hellinger_ref` (then required).
+    hellinger_ref: optional [B,T] full-vocabulary squared Hellinger distances.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> pi, ref = np.array([0.9, 0.3, 0.6, 0.05]), np.array([0.9, 0.6, 0.3, 0.05])
-  >>> row = lambda x: np.tile(np.asarray(x, np.float32), (2, 1))
-  >>> a = dgpo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
-  ...                     response_mask=np.ones((2, 4), bool),
-  ...                     logprob_old=row(np.log(pi)), logprob_ref=row(np.log(ref)),
-  ...                     entropy=row([0.1, 1.2, 0.8, 2.0]), num_groups=1,
-  ...                     weighting="linear", gate="row_mean", group_std="population")
-  >>> np.round(np.asarray(a, np.float64), 3).tolist()
-  [[0.5, 1.7, 1.3, 0.5], [-0.5, -1.7, -1.3, -0.5]]
+  Example:
+    >>> import numpy as np
+    >>> pi, ref = np.array([0.9, 0.3, 0.6, 0.05]), np.array([0.9, 0.6, 0.3, 0.05])
+    >>> row = lambda x: np.tile(np.asarray(x, np.float32), (2, 1))
+    >>> a = dgpo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...                     response_mask=np.ones((2, 4), bool),
+    ...                     logprob_old=row(np.log(pi)), logprob_ref=row(np.log(ref)),
+    ...                     entropy=row([0.1, 1.2, 0.8, 2.0]), num_groups=1,
+    ...                     weighting="linear", gate="row_mean", group_std="population")
+    >>> np.round(np.asarray(a, np.float64), 3).tolist()
+    [[0.5, 1.7, 1.3, 0.5], [-0.5, -1.7, -1.3, -0.5]]
   """
   check_choice("dgpo_advantages", "weighting", weighting, _WEIGHTINGS)
   check_choice("dgpo_advantages", "group_std", group_std, _GROUP_STDS)

@@ -34,34 +34,32 @@ def eapo_entropy_scores(*, response_mask: ArrayLike, entropy: ArrayLike,
                         eps: ArrayLike = 1e-6) -> Array:
   """EAPO's normalised token entropy h[b,t] (no gradient), 0 outside the mask.
 
-  `norm="batch_quantile"` (the authors' code, `normalize_token_entropies` in
-  wgcyeo/EAPO `src/trainers/eapo_trainer.py`): a robust min-max over the batch,
+  `norm="batch_quantile"` (the authors' code) is a robust min-max over the batch::
 
-  .. math::
-    h_{b,t} = clip((H_{b,t} − q_lo)/(q_hi − q_lo + 1e-8), 0, 1)  ∈ [0,1]
+    h[b,t] = clip((H[b,t] − q_lo) / (q_hi − q_lo + 1e-8), 0, 1)
 
-  with q_lo, q_hi the linear-interpolation quantiles `quantiles` (10%, 90%) of the entropy
-  over every valid token of the batch (one pool, so a row's scores depend on the other
-  rows; the code gathers the pool across processes), computed by a radix select
-  (`ops.masked_quantiles`) instead of a sort, with the same result. `norm="row_zscore_tanh"` (our earlier
-  design, kept as an option): s = tanh((H − μ_b)/(σ_b + ε)) ∈ (−1,1) with μ_b, σ_b
-  (population) over the valid tokens of row b.
+  with q_lo, q_hi the linearly interpolated quantiles `quantiles` of the entropy over every
+  valid token of the batch (one pool, so a row's scores depend on the other rows),
+  computed by a radix select (`ops.masked_quantiles`) rather than a sort.
+  `norm="row_zscore_tanh"` is tanh((H − μ_b)/(σ_b + ε)) with the row's mean and
+  (population) std.
 
   Args:
     response_mask: [B,T] bool.
     entropy: [B,T] float policy entropy.
     norm: static, "batch_quantile" | "row_zscore_tanh".
-    quantiles: static (q_lo, q_hi) of "batch_quantile", 0 ≤ q_lo < q_hi ≤ 1.
+    quantiles: static (q_lo, q_hi), 0 ≤ q_lo < q_hi ≤ 1.
     eps: added to σ_b ("row_zscore_tanh").
 
   Returns:
     [B,T] float32 scores, 0 outside the mask.
 
-  >>> import numpy as np
-  >>> h = eapo_entropy_scores(response_mask=np.ones((1, 4), bool),
-  ...                         entropy=np.array([[0.2, 1.5, 0.4, 0.9]], np.float32))
-  >>> np.round(np.asarray(h, np.float64), 4).tolist()
-  [[0.0, 1.0, 0.1321, 0.6038]]
+  Example:
+    >>> import numpy as np
+    >>> h = eapo_entropy_scores(response_mask=np.ones((1, 4), bool),
+    ...                         entropy=np.array([[0.2, 1.5, 0.4, 0.9]], np.float32))
+    >>> np.round(np.asarray(h, np.float64), 4).tolist()
+    [[0.0, 1.0, 0.1321, 0.6038]]
   """
   check_choice("eapo_entropy_scores", "norm", norm, _NORMS)
   q_lo, q_hi = (float(q) for q in quantiles)
@@ -87,14 +85,15 @@ def eapo_entropy_scores(*, response_mask: ArrayLike, entropy: ArrayLike,
 
 
 def eapo_kappa(kappa: ArrayLike, step: ArrayLike, decay_steps: int = 0) -> Array:
-  """The code's optional linear κ decay: κ · (1 − min(step/decay_steps, 1)); `decay_steps`
-  0 (the code's default, `eapo_kappa_decay_steps`) keeps κ constant.
+  """The code's optional linear κ decay: κ · (1 − min(step/decay_steps, 1)).
 
-  The estimator is stateless: a caller that wants the decay evaluates this once per rollout
-  batch (as the code does) and passes the result as `kappa`.
+  `decay_steps` 0 (the code's default) keeps κ constant. The estimator is stateless: a
+  caller that wants the decay evaluates this once per rollout batch, as the code does, and
+  passes the result as `kappa`.
 
-  >>> float(eapo_kappa(2.0, step=50, decay_steps=200))
-  1.5
+  Example:
+    >>> float(eapo_kappa(2.0, step=50, decay_steps=200))
+    1.5
   """
   kappa = jnp.asarray(kappa, jnp.float32)
   if decay_steps <= 0:
@@ -117,7 +116,11 @@ def _exp_weights(adv_B: Array, s_BT: Array, mask_BT: Array, kappa, renormalize: 
 @register_estimator(
     "eapo", needs=("reward", "group_id", "response_mask", "entropy"), paper=_PAPER,
     static_argnames=("num_groups", "group_size", "group_std", "renormalize", "weighting",
-                     "entropy_norm", "entropy_quantiles"))
+                     "entropy_norm", "entropy_quantiles"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: wgcyeo/EAPO src/trainers/eapo_trainer.py "
+                            "(normalize_token_entropies, eapo_token_advantages), "
+                            "src/training_args_default.py"))
 def eapo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     entropy: ArrayLike, num_groups: int, group_size: int | None = None,
                     kappa: ArrayLike = math.log(4.0), alpha: ArrayLike = 0.5,
@@ -129,76 +132,50 @@ def eapo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     eps: ArrayLike = 1e-6) -> Array:
   """EAPO: the GRPO sequence advantage reweighted by exp(κ · sign(Â) · normalised entropy).
 
+  In a success (Â > 0) high-entropy "forking" tokens get more credit; in a failure
+  (Â < 0) confident low-entropy tokens get more blame. With h the batch-normalised entropy
+  (`eapo_entropy_scores`)::
+
+    r[b,t] = exp(κ · sign(Â_b) · h[b,t])
+    w[b,t] = r[b,t] / mean_t r[b,t]       (`renormalize=True`)
+    A[b,t] = Â_b · w[b,t]
+
+  κ = log 4 bounds the credit ratio of two tokens of a response by 4. w > 0 keeps the
+  verifier's sign, Σ_t A = L_b Â_b, Â = 0 gives w = 1, and the weights carry no gradient.
+
   Paper: "Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for
-  Exploration in LLM Reasoning" (Yeo, Kang, Lee, Park, Baek, Hwang; KAIST), arXiv
-  2609.33781 — EAPO, *Entropic* Advantage Policy Optimization.
-
-  Confidence: code-verified, against the authors' code wgcyeo/EAPO
-  `src/trainers/eapo_trainer.py` (`normalize_token_entropies`, `eapo_token_advantages`,
-  `EAPOTrainer._generate_and_score_completions`) and `src/training_args_default.py`
-  (defaults); a paper review quotes the same equation (its Proposition 1: the weight is the
-  solution of a KL-to-uniform regularised problem). Until 2026-10 this module cited a
-  different paper (arXiv 2604.11056, He et al., "Entropy-Aware Policy Optimization") and
-  used a linear form of our own; that form is kept as options (below).
-
-  .. math::
-    h_{b,t} = clip((H_{b,t} − q_10)/(q_90 − q_10 + 1e-8), 0, 1)   (quantiles over the batch)
-    r_{b,t} = exp(κ · sign(Â_b) · h_{b,t})
-    w_{b,t} = r_{b,t} / mean_{valid t} r_{b,t}                      (`renormalize=True`)
-    A_{b,t} = Â_b · w_{b,t}
-
-  κ = log 4 bounds the raw credit ratio between two tokens of a response by 4. In a
-  success (Â > 0) high-entropy ("forking") tokens get more credit; in a failure (Â < 0)
-  confident low-entropy tokens get more blame. w > 0, so every token keeps the verifier's
-  sign, and Σ_t A_{b,t} = L_b Â_b (the response keeps its credit). Â = 0 gives w = 1.
-  Weights carry no gradient.
-
-  Notes against the code:
-    * The entropy quantiles are one statistic of the whole batch passed in (the code
-      gathers them over all processes of a rollout batch), so a row's weights depend on
-      the other rows. Rows outside `response_mask` or outside [0, num_groups) take no part.
-    * H is the rollout (behaviour) policy's entropy, computed once per batch, as in the
-      code (weights stay fixed across the PPO epochs of a batch).
-    * The code's κ schedule (`eapo_kappa_decay_steps`, off by default) needs the training
-      step; this estimator is stateless, so pass `eapo_kappa(kappa, step, decay_steps)`.
-    * Â_b: the code uses TRL GRPO with `scale_rewards="group"` (unbiased group std, our
-      default); TRL's ε is 1e-4, ours 1e-6 (`eps`). Its loss is DAPO's token mean with
-      ε_low 0.2 / ε_high 0.28 and no KL; G = 8.
-
-  Options: `weighting="linear"` (ours, earlier): w = max(1 + α sign(Â) s, 0), α = `alpha`;
-  `entropy_norm="row_zscore_tanh"` (ours, earlier): s = tanh of the per-response entropy
-  z-score (see `eapo_entropy_scores`). The earlier default is `weighting="linear",
-  entropy_norm="row_zscore_tanh"`. Reductions: κ = 0 (or α = 0 for "linear"), an entropy
-  that is constant over the batch, or a one-token response give GRPO. Singleton groups,
-  all-equal groups, fully masked rows and out-of-range group ids give exact zeros.
+  Exploration in LLM Reasoning" (EAPO), arXiv 2609.33781. As the authors' code, the
+  entropy is the behaviour policy's and the quantiles pool the whole batch; its κ decay
+  schedule is `eapo_kappa` (pass its value as `kappa`). `weighting="linear"` and
+  `entropy_norm="row_zscore_tanh"` are alternatives of this library's.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     entropy: [B,T] float behaviour-policy entropy at each position.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    kappa: κ ≥ 0 of "exp" (log 4, the code's default; 0 = GRPO).
-    alpha: α of "linear" (keep ≤ 1 so w ≥ 0).
-    weighting: static, "exp" (code) | "linear" (ours).
-    entropy_norm: static, "batch_quantile" (code) | "row_zscore_tanh" (ours).
-    entropy_quantiles: static (q_lo, q_hi) of "batch_quantile" ((0.1, 0.9), the code's).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    kappa: κ ≥ 0 of "exp" (log 4; 0 is GRPO).
+    alpha: α of "linear": w = max(1 + α sign(Â) s, 0) (keep ≤ 1).
+    weighting: static, "exp" (code) | "linear".
+    entropy_norm: static, "batch_quantile" (code) | "row_zscore_tanh".
+    entropy_quantiles: static (q_lo, q_hi) of "batch_quantile", (0.1, 0.9).
     renormalize: static, mean weight 1 per response (code); False uses w as is.
-    group_std: static, "unbiased" | "population" | "none" (no std division).
+    group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std and to the entropy std of "row_zscore_tanh".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> h = np.tile(np.array([[0.2, 1.5, 0.4, 0.9]], np.float32), (2, 1))
-  >>> a = eapo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
-  ...                     response_mask=np.ones((2, 4), bool), entropy=h, num_groups=1,
-  ...                     group_std="population")
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[0.4792, 1.9168, 0.5931, 1.0109], [-1.5798, -0.3949, -1.2764, -0.7489]]
+  Example:
+    >>> import numpy as np
+    >>> h = np.tile(np.array([[0.2, 1.5, 0.4, 0.9]], np.float32), (2, 1))
+    >>> a = eapo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...                     response_mask=np.ones((2, 4), bool), entropy=h, num_groups=1,
+    ...                     group_std="population")
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.4792, 1.9168, 0.5931, 1.0109], [-1.5798, -0.3949, -1.2764, -0.7489]]
   """
   check_choice("eapo_advantages", "group_std", group_std, GROUP_STDS)
   check_choice("eapo_advantages", "weighting", weighting, _WEIGHTINGS)

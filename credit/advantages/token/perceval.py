@@ -26,61 +26,55 @@ _PAPER = ("Improving Vision-language Models with Perception-centric Process Rewa
 
 @register_estimator(
     "perceval", needs=("reward", "group_id", "response_mask", "flag_mask"), paper=_PAPER,
-    static_argnames=("num_groups", "group_size", "group_std", "singleton"))
+    static_argnames=("num_groups", "group_size", "group_std", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: RUCAIBox/Perceval verl/trainer/ppo/core_algos.py "
+                            "compute_TRM_outcome_advantage, examples/perceval/train"))
 def perceval_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                         response_mask: ArrayLike, flag_mask: ArrayLike, num_groups: int,
                         group_size: int | None = None, penalty: ArrayLike = 0.1,
                         group_std: Literal["unbiased", "population", "none"] = "unbiased",
                         singleton: Literal["zero", "raw"] = "zero",
                         eps: ArrayLike = 1e-6) -> Array:
-  """Perceval token-level penalty: A = Â − α·|Â| on flagged tokens, Â elsewhere.
+  """Perceval token-level penalty: A = Â − α·abs(Â) on flagged tokens, Â elsewhere.
 
-  Confidence: code-verified (RUCAIBox/Perceval, `verl/trainer/ppo/core_algos.py`
-  `compute_TRM_outcome_advantage`, estimator "trm"; `examples/perceval/train/*_vstar_trm.sh`
-  set `penalty_percentage=0.1`; README, Eq. 3 of the paper). Spec:
-  `shared/methods/token_and_implicit.md` §3.
+  A perception process reward model returns the spans of a response it judges
+  hallucinated; the loop turns them into `flag_mask`. Flagged tokens get less credit in a
+  correct response and more blame in a wrong one::
 
-  .. math::
-    Â_b = (R_b − μ_g)/(σ_g + ε)          (GRPO, unbiased std, ε = 1e-6)
-    A_{b,t} = M_{b,t} · (Â_b − α · |Â_b| · F_{b,t})
+    Â_b = (R_b − μ_g) / (σ_g + ε)                    (GRPO, unbiased std)
+    A[b,t] = M[b,t] · (Â_b − α · abs(Â_b) · F[b,t])
 
-  with F the `flag_mask` (1 inside spans the Perceval PRM returned as hallucinated; the
-  loop turns span lists into this mask). Flagged tokens get less credit in a correct
-  response and more blame in a wrong one. As a redistribution this is A = Â·w with
-  w = 1 − α·sign(Â)·F, not renormalised (the response's total credit changes); w ≥ 0,
-  so signs are kept, for α ≤ 1 (the code does not clip: α > 1 flips flagged tokens of
-  correct responses, kept as is). A boolean mask cannot double-penalise overlapping spans.
+  The response's total credit changes (no renormalisation); for α ≤ 1 signs are kept (the
+  code does not clip, and neither does this). All-equal groups give Â = 0 and no penalty.
 
-  Deviations from the code: a group with one valid row gives 0 by default (the code,
-  like verl, uses μ = 0, σ = 1, i.e. the raw reward: `singleton="raw"`); fully masked rows
-  take no part in the group statistics. `group_std="none"` is the code's
-  `norm_adv_by_std_in_grpo=False`. All-equal groups give Â = 0 and so no penalty at all
-  (the penalty scales with |Â|).
+  Paper: "Improving Vision-language Models with Perception-centric Process Reward Models"
+  (Perceval), CVPR 2026, Eq. 3. α = 0.1 as in the authors' training scripts. A one-row group
+  gives 0 (the code: the raw reward; `singleton="raw"`).
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     flag_mask: [B,T] bool, tokens inside flagged spans (ignored outside `response_mask`).
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    penalty: α, the fraction of |Â| taken off flagged tokens (code `penalty_percentage`,
-      0.1; the paper's ablation found 0.03 too weak and 0.3 too strong).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    penalty: α, the fraction of abs(Â) taken off flagged tokens.
     group_std: static, "unbiased" (code) | "population" | "none".
-    singleton: static, "zero" (library) | "raw" (code: Â = R for a lone sample).
+    singleton: static, "zero" | "raw".
     eps: added to the group std.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> flags = np.zeros((4, 4), bool); flags[0, 1:3] = True; flags[1, 3] = True
-  >>> a = perceval_advantages(reward=np.array([1., 0., 1., 0.]), group_id=np.zeros(4, np.int32),
-  ...                         response_mask=np.ones((4, 4), bool), flag_mask=flags,
-  ...                         num_groups=1)
-  >>> np.round(np.asarray(a[:2], np.float64), 4).tolist()
-  [[0.866, 0.7794, 0.7794, 0.866], [-0.866, -0.866, -0.866, -0.9526]]
+  Example:
+    >>> import numpy as np
+    >>> flags = np.zeros((4, 4), bool); flags[0, 1:3] = True; flags[1, 3] = True
+    >>> a = perceval_advantages(reward=np.array([1., 0., 1., 0.]), group_id=np.zeros(4, np.int32),
+    ...                         response_mask=np.ones((4, 4), bool), flag_mask=flags,
+    ...                         num_groups=1)
+    >>> np.round(np.asarray(a[:2], np.float64), 4).tolist()
+    [[0.866, 0.7794, 0.7794, 0.866], [-0.866, -0.866, -0.866, -0.9526]]
   """
   check_choice("perceval_advantages", "group_std", group_std, GROUP_STDS)
   check_choice("perceval_advantages", "singleton", singleton, SINGLETONS)

@@ -19,8 +19,8 @@ Array = jax.Array
 __all__ = ["SCAPOState", "SCAPOOutput", "scapo_init_state", "scapo_stability",
            "scapo_advantages"]
 
-_PAPER = ("SCAPO: semifactual-stability advantage shaping (code announced at "
-          "https://github.com/DtYXs/SCAPO), arXiv preprint (abstract only; id not retrieved)")
+_PAPER = ("SCAPO: semifactual-stability advantage shaping, arXiv preprint (authors' code "
+          "announced at https://github.com/DtYXs/SCAPO)")
 
 
 class SCAPOState(NamedTuple):
@@ -44,11 +44,12 @@ def scapo_stability(*, response_mask: ArrayLike, logprob_old: ArrayLike,
                     logprob_interventions: ArrayLike, eps: ArrayLike = 1e-6) -> Array:
   """Token stability u ∈ [0,1] under M prompt interventions (1 = stable; no gradient).
 
-  .. math::
-    d_t = mean_m |exp(ℓ^{(m)}_t) − exp(ℓ_t)|,      u_t = 1 − (d_t − min d)/(max d − min d + ε)
+  ::
 
-  min/max over the valid tokens of the same response; a response whose drift is constant
-  (or one token long) gets u = 1 everywhere.
+    d_t = mean_m abs(exp(ℓ⁽ᵐ⁾_t) − exp(ℓ_t)),      u_t = 1 − (d_t − min d) / (max d − min d + ε)
+
+  min and max run over the valid tokens of the same response; a response whose drift is
+  constant (or one token long) gets u = 1 everywhere.
 
   Args:
     response_mask: [B,T] bool.
@@ -81,7 +82,9 @@ def scapo_stability(*, response_mask: ArrayLike, logprob_old: ArrayLike,
     "scapo", needs=("reward", "group_id", "response_mask", "logprob_old",
                     "logprob_interventions"),
     paper=_PAPER, static_argnames=("num_groups", "group_size", "group_std"),
-    returns_output=True, init_state=scapo_init_state)
+    returns_output=True, init_state=scapo_init_state,
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def scapo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob_old: ArrayLike,
                      logprob_interventions: ArrayLike, state: SCAPOState, num_groups: int,
@@ -91,56 +94,49 @@ def scapo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      eps: ArrayLike = 1e-6) -> SCAPOOutput:
   """SCAPO: shrink (never enlarge) the advantage of tokens that drift under semifactual prompts.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `shared/methods/token_and_implicit.md` §12). The abstract re-scores each fixed response
-  under answer-preserving ("semifactual") prompt interventions, calls tokens whose
-  probability drifts unstable, reduces their advantage magnitude early in training and
-  anneals the effect away. The code is announced at DtYXs/SCAPO; that repository is not in
-  the searchable index (`find_files`, `find_repos` "SCAPO", pages / code searches, 2026),
-  so no equation or default could be checked.
+  Each response is re-scored under answer-preserving ("semifactual") prompt rewrites;
+  tokens whose probability drifts are called unstable and lose part of the GRPO advantage
+  Â_b, early in training only::
 
-  .. math::
-    u_{b,t} = scapo_stability(ℓ, ℓ^{(1..M)})  ∈ [0,1]        (1 = stable)
-    λ(k)    = λ₀ · max(0, 1 − k / S)
-    A_{b,t} = Â_b · (1 − λ(k) (1 − u_{b,t}))
+    u[b,t] = scapo_stability(ℓ, ℓ⁽¹ ⁻ ᴹ⁾) ∈ [0, 1]         (1 = stable)
+    λ(k)   = λ₀ · max(0, 1 − k / S)
+    A[b,t] = Â_b · (1 − λ(k) (1 − u[b,t]))
 
-  with k the estimator's step counter (`state.step`, advanced by one per call, so a
-  training loop that computes advantages once per batch anneals over S batches). The
-  factor lies in [1 − λ₀, 1], so |A| ≤ |Â| and the sign is kept (λ₀ ≤ 1); it is not
-  renormalised (the response loses credit on unstable tokens). Weights carry no gradient.
+  with k the estimator's step counter (`state.step`, one per call). The factor lies in
+  [1 − λ₀, 1]: abs(A) ≤ abs(Â), the sign is kept, and there is no renormalisation.
+  λ₀ = 0, k ≥ S, or constant drift give GRPO.
 
-  Choices (ours): λ₀ = 0.5, S = 100 steps (S ≤ 0: no shrinking at all); GRPO Â with the
-  unbiased group std; the behaviour policy's log-probs (rollout time). Reductions:
-  λ₀ = 0, k ≥ S, or stable responses (constant drift) give GRPO. Singleton / all-equal
-  groups and empty rows give exact 0.
+  Paper: "SCAPO: semifactual-stability advantage shaping" (arXiv preprint). The abstract
+  gives the idea but no equation or defaults: the formula, λ₀ = 0.5 and S = 100 are this
+  library's reading of it.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float behaviour-policy log-prob of the sampled token.
     logprob_interventions: [B,T,M] float log-probs of the same tokens under M ≥ 1
       answer-preserving prompt interventions.
     state: `SCAPOState` (from `scapo_init_state`).
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    shrink: λ₀ ∈ [0,1], the largest fraction of |Â| removed from an unstable token.
-    anneal_steps: S, the number of steps over which λ decays linearly to 0.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    shrink: λ₀ ∈ [0,1].
+    anneal_steps: S (≤ 0: no shrinking).
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std and to the drift range.
 
   Returns:
-    `SCAPOOutput(advantages [B,T] float32 zero outside the mask, state with step + 1)`.
+    SCAPOOutput(advantages [B,T] float32 zero outside the mask, state with step + 1).
 
-  >>> import numpy as np
-  >>> out = scapo_advantages(
-  ...     reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
-  ...     response_mask=np.ones((2, 2), bool), logprob_old=np.zeros((2, 2), np.float32),
-  ...     logprob_interventions=np.log(np.array([[[1., 1.], [.5, .5]]] * 2, np.float32)),
-  ...     state=scapo_init_state(), num_groups=1, group_std="population")
-  >>> np.round(np.asarray(out.advantages, np.float64), 3).tolist(), int(out.state.step)
-  ([[1.0, 0.5], [-1.0, -0.5]], 1)
+  Example:
+    >>> import numpy as np
+    >>> out = scapo_advantages(
+    ...     reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 2), bool), logprob_old=np.zeros((2, 2), np.float32),
+    ...     logprob_interventions=np.log(np.array([[[1., 1.], [.5, .5]]] * 2, np.float32)),
+    ...     state=scapo_init_state(), num_groups=1, group_std="population")
+    >>> np.round(np.asarray(out.advantages, np.float64), 3).tolist(), int(out.state.step)
+    ([[1.0, 0.5], [-1.0, -0.5]], 1)
   """
   check_choice("scapo_advantages", "group_std", group_std, GROUP_STDS)
   rows = ops.group_rows("scapo_advantages", reward, group_id, num_groups, group_size,

@@ -29,20 +29,25 @@ def treg_token_rewards(*, response_mask: ArrayLike, logprob_alt_pos: ArrayLike,
                        logprob_alt_neg: ArrayLike, scale: ArrayLike = 1.0) -> Array:
   """Self-generated token rewards r̂ = scale · (σ(ℓ⁺ − ℓ⁻) − ½) ∈ (−scale/2, scale/2).
 
-  Confidence: paper-equation (T-REG §Method, via a full-paper digest): r̂_t =
-  σ(log π(y_t | x_better, y_<t) − log π(y_t | x_worse, y_<t)) − 0.5 ∈ [−0.5, 0.5], with π the
-  frozen *reference* model and x_better / x_worse the prompt under the two contrastive
-  revision instructions — so ℓ± are precomputable once per batch. `scale=2` gives the
-  earlier (ours) 2σ(Δ) − 1 = tanh(Δ/2) ∈ (−1, 1).
+  T-REG scores each token under two contrastive revision prompts ("improve" ℓ⁺ and
+  "worsen" ℓ⁻); with `scale=1` this is the paper's r̂_t = σ(ℓ⁺ − ℓ⁻) − 0.5.
 
   Args:
     response_mask: [B,T] bool.
     logprob_alt_pos: [B,T] float log-prob of the token under the "improve" prompt.
     logprob_alt_neg: [B,T] float log-prob of the token under the "worsen" prompt.
-    scale: multiplier of σ(Δ) − ½ (1.0: the paper's).
+    scale: multiplier of σ(Δ) − ½.
 
   Returns:
     [B,T] float32 token rewards (no gradient), 0 outside the mask.
+
+  Example:
+    >>> import numpy as np
+    >>> r = treg_token_rewards(response_mask=np.ones((1, 3), bool),
+    ...                        logprob_alt_pos=np.array([[-0.5, -1.0, -0.2]], np.float32),
+    ...                        logprob_alt_neg=np.array([[-1.5, -0.8, -0.2]], np.float32))
+    >>> np.round(np.asarray(r, np.float64), 4).tolist()
+    [[0.2311, -0.0498, 0.0]]
   """
   mask_BT = jnp.asarray(response_mask)
   pos_BT = jnp.asarray(logprob_alt_pos, jnp.float32)
@@ -59,9 +64,9 @@ def treg_pair_weight(*, chosen_logratio: ArrayLike, rejected_logratio: ArrayLike
                      beta: ArrayLike = 0.1) -> Array:
   """T-REG's sequence weight w = sg σ(r_DPO(x, y_l) − r_DPO(x, y_w)) per pair ([P]).
 
-  r_DPO(x, y) = β Σ_t (log π_θ − log π_ref)(y_t) is DPO's implicit reward, so w is DPO's
-  own per-pair gradient weight: the regulariser weighs most where DPO still ranks the
-  pair wrongly. The paper's ablation without w ("static weighting") loses most of the gain.
+  r_DPO(x, y) = β Σ_t (log π_θ − log π_ref)(y_t) is DPO's implicit reward, so w is DPO's own
+  per-pair gradient weight: the regulariser weighs most where DPO still ranks the pair
+  wrongly.
 
   Args:
     chosen_logratio: [P] float Σ_t (log π_θ − log π_ref) over the chosen response y_w.
@@ -86,36 +91,25 @@ def treg_regularizer_loss(*, logprob: ArrayLike, logprob_alt_pos: ArrayLike,
                           temperature: ArrayLike | None = None) -> Array:
   """T-REG's token-level regulariser for preference optimisation, one value per response [B].
 
-  Confidence: paper-equation (T-REG §Method, via a full-paper digest; no code retrieved).
-  The paper maximises Σ_t (β log π_θ/π_ref)(y_t) · r̂_t, i.e. (π_ref fixed) a token-weighted
-  log-likelihood, `form="weighted_logprob"` (default):
+  `form="weighted_logprob"` (the paper's) is a token-weighted log-likelihood::
 
-  .. math::
     L_REG(x, y) = − Σ_t β · r̂_t · log π_θ(y_t | x, y_<t)
-    L = L_DPO + α · w · (L_REG(x, y_w) + L_REG(x, y_l)),   w = sg σ(r_DPO(y_l) − r_DPO(y_w))
+    L = L_DPO + α · w · (L_REG(x, y_w) + L_REG(x, y_l)),   w = `treg_pair_weight`
 
-  with α searched in {0.1, 0.25, 0.5} (0.25 a reasonable default) and w from
-  `treg_pair_weight` (pass it as `pair_weight`, one value per row: the pair's weight on both
-  its chosen and its rejected row). The regulariser applies to both responses of a pair;
-  the paper also pairs it with SimPO (SimPO-REG). `token_reduce="mean"` divides by the
-  response length instead of summing (the digest writes a sum).
-
-  `form="agreement"` is our earlier design (kept as an option): it asks DPO's token
-  rewards ρ_t = β (log π_θ − log π_ref)(y_t) to agree in sign with r̂_t,
-  L_b = −(1/L_b) Σ_t log σ(r̂_t ρ_t / β_r), β_r = `temperature` (default β); it needs
-  `logprob_ref` and ignores `token_reduce`.
-
-  Gradients flow into `logprob` only. Empty rows give 0.
+  with α ∈ {0.1, 0.25, 0.5} in the paper. `form="agreement"` (an alternative of this
+  library's) asks DPO's token rewards ρ_t = β (log π_θ − log π_ref) to agree in sign with
+  r̂_t: L_b = −(1/L_b) Σ_t log σ(r̂_t ρ_t / β_r). Gradients flow into `logprob` only;
+  empty rows give 0.
 
   Args:
     logprob: [B,T] float policy log-prob of the sampled token (differentiated).
-    logprob_alt_pos, logprob_alt_neg: [B,T] float, as in `treg_token_rewards` (reference
-      model under the two revision prompts).
+    logprob_alt_pos: [B,T] float reference log-prob under the "improve" prompt.
+    logprob_alt_neg: [B,T] float reference log-prob under the "worsen" prompt.
     response_mask: [B,T] bool.
     beta: DPO β.
     pair_weight: optional [B] float sequence weight w (stop-gradient).
     token_reduce: static, "sum" (paper) | "mean" ("weighted_logprob" only).
-    form: static, "weighted_logprob" (paper) | "agreement" (ours).
+    form: static, "weighted_logprob" | "agreement".
     logprob_ref: [B,T] float reference log-prob ("agreement" only).
     temperature: β_r of "agreement" (None: β).
 
@@ -154,7 +148,10 @@ def treg_regularizer_loss(*, logprob: ArrayLike, logprob_alt_pos: ArrayLike,
 @register_estimator(
     "treg", needs=("reward", "group_id", "response_mask", "logprob_alt_pos", "logprob_alt_neg"),
     paper=_PAPER, static_argnames=("num_groups", "group_size", "mode", "renormalize",
-                                   "group_std"))
+                                   "group_std"),
+                    confidence="paper-equation",
+                    source=(_PAPER + ", its method section's equations (the RL adapter is this "
+                            "library's)"))
 def treg_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_alt_pos: ArrayLike, logprob_alt_neg: ArrayLike, num_groups: int,
                     group_size: int | None = None, alpha: ArrayLike = 0.5,
@@ -162,55 +159,35 @@ def treg_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     renormalize: bool = True,
                     group_std: Literal["unbiased", "population", "none"] = "unbiased",
                     eps: ArrayLike = 1e-6) -> Array:
-  """T-REG for RL: the GRPO advantage plus the self-generated token rewards.
+  """T-REG for RL: the GRPO advantage plus self-generated token rewards.
 
-  Paper: "T-REG: Preference Optimization with Token-Level Reward Regularization" (Zhou,
-  Zhang, Zhao, Meng), ACL 2025, arXiv 2412.02685. T-REG is a regulariser for DPO/SimPO,
-  not an RL method; this is an RL adapter of it. Spec:
-  `shared/methods/token_and_implicit.md` §13.
+  T-REG regularises DPO with token rewards the model gives itself under contrastive
+  revision prompts. In DPO its term is a token policy gradient with advantage ∝ r̂_t added
+  to the sequence-level one; this adapter keeps that structure with GRPO's Â_b::
 
-  Confidence: paper-equation for the token rewards (see `treg_token_rewards`; source:
-  the paper's §Method equations, read from a full-paper digest, papernotes ACL 2025
-  T-REG; the code repository wzhouad/T-REG was not retrievable); the adapter is ours.
+    r̂[b,t] = σ(ℓ⁺ − ℓ⁻) − ½                                    ∈ (−½, ½)
+    "additive" (default):   A[b,t] = Â_b + α r̂[b,t]
+    "redistribute":         w = 1 + α sign(Â_b) r̂,  w ← L_b w / Σ_t w,  A = Â_b w
 
-  .. math::
-    r̂_{b,t} = σ(ℓ⁺_{b,t} − ℓ⁻_{b,t}) − ½                          ∈ (−½, ½)
-    "additive" (default):  A_{b,t} = Â_b + α r̂_{b,t}
-    "redistribute" (ours): w = 1 + α sign(Â_b) r̂_{b,t},  w ← L_b w / Σ_t w,  A = Â_b w
+  α = 0, or prompts that agree (r̂ = 0), give GRPO. "additive" is not zero on all-equal
+  groups (α r̂ is not); "redistribute" keeps signs (α < 2) and the response's credit.
 
-  What the adapter does relative to the paper: in DPO, T-REG adds
-  −α w Σ_t β r̂_t log π_θ(y_t) to the pair loss (`treg_regularizer_loss`) — a token
-  policy-gradient term whose advantage is (α w β) r̂_t, added to DPO's own sequence-level
-  gradient. "additive" is exactly that structure in RL: the sequence advantage Â_b (GRPO
-  here, in place of DPO's pairwise term) plus a per-token term α r̂_t. What it drops or
-  changes: the pair weight w (DPO's per-pair weight; the RL analogue of a per-row weight
-  is not defined here), β (folded into α), and the pairing (every sampled response is
-  regularised, not a chosen/rejected pair). α = 0.5 is ours (the paper's α ∈ {0.1, 0.25,
-  0.5} multiplies β r̂ in a DPO loss, not comparable to a normalised Â). "additive" is not
-  zero on all-equal or singleton groups (Â = 0 there, α r̂ is not). "redistribute" (the
-  earlier default, ours) only spreads Â over the tokens: the sign is kept (α < 2), with
-  `renormalize` Σ_t A = L_b Â_b, and all-equal or singleton groups give exact 0.
-
-  ℓ⁺ / ℓ⁻ (`logprob_alt_pos` / `logprob_alt_neg`) score the sampled tokens under the
-  "improve" / "worsen" revision prompts; the paper scores them with the frozen reference
-  model (the producer here scores with the behaviour policy — a difference of the runner,
-  not of this function). Token rewards carry no gradient. Rows that are empty or outside
-  [0, num_groups) give exact zeros. Until 2026-10 r̂ was 2σ(Δ) − 1 (twice the paper's) and
-  the default mode was "redistribute".
-
-  Reductions: α = 0, or prompts that agree (ℓ⁺ = ℓ⁻ ⇒ r̂ = 0), give GRPO.
+  Paper: "T-REG: Preference Optimization with Token-Level Reward Regularization",
+  ACL 2025, arXiv 2412.02685. T-REG is a regulariser for DPO / SimPO; the RL adapter is
+  this library's: it drops DPO's pair weight, folds β into α (0.5 here), and regularises
+  every sampled response rather than a chosen / rejected pair. The paper scores ℓ± with
+  the frozen reference; the runner's producer scores them with the behaviour policy.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_alt_pos: [B,T] float sampled-token log-prob under the "improve" prompt.
     logprob_alt_neg: [B,T] float the same under the "worsen" prompt.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    alpha: α, strength of the token rewards (0.5, ours).
-    mode: static, "additive" (default) | "redistribute" (ours).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    alpha: α, strength of the token rewards.
+    mode: static, "additive" | "redistribute".
     renormalize: static, keep the budget Σ_t w = L_b ("redistribute" only).
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std.
@@ -218,12 +195,15 @@ def treg_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> r = treg_token_rewards(response_mask=np.ones((1, 3), bool),
-  ...                        logprob_alt_pos=np.array([[-0.5, -1.0, -0.2]], np.float32),
-  ...                        logprob_alt_neg=np.array([[-1.5, -0.8, -0.2]], np.float32))
-  >>> np.round(np.asarray(r, np.float64), 4).tolist()
-  [[0.2311, -0.0498, 0.0]]
+  Example:
+    >>> import numpy as np
+    >>> kw = dict(logprob_alt_pos=np.array([[-0.5, -1.0, -0.2]] * 2, np.float32),
+    ...           logprob_alt_neg=np.array([[-1.5, -0.8, -0.2]] * 2, np.float32))
+    >>> a = treg_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...                     response_mask=np.ones((2, 3), bool), num_groups=1,
+    ...                     group_std="population", **kw)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.1155, 0.9751, 1.0], [-0.8845, -1.0249, -1.0]]
   """
   check_choice("treg_advantages", "mode", mode, _MODES)
   check_choice("treg_advantages", "group_std", group_std, GROUP_STDS)
