@@ -74,17 +74,18 @@ def row_advantages(fn: str, score_B: Array, rows_: ops.GroupRows, num_groups: in
 
 def answer_likelihood_loss(*, logprob_answer: ArrayLike, answer_mask: ArrayLike,
                            answer_weight: ArrayLike) -> Array:
-  """The reference answer's weighted negative log-likelihood on any subset of rows:
+  """The reference answer's weighted negative log-likelihood on any subset of rows.
 
-  .. math::
+  ::
+
     L = −mean_b  w_b Σ_j m_{b,j} log π(a*_j | x, z_b, a*_{<j})
 
   the answer-token term of VeriFree (w = R, its reward) and JEPO (w = the group's
   self-normalised answer probabilities), which train log π(a* | x, z) besides the policy
   gradient on z. The runner adds it to every minibatch's loss with `logprob_answer`
-  recomputed under the update's parameters (`TrainedLoss` with scores ("logprob_answer",),
-  from `answer_tokens` / `answer_positions`); `answer_weight` comes from the estimator's
-  output over whole groups and carries no gradient.
+  recomputed under the update's parameters (`TrainedLoss` with scores
+  ("logprob_answer",)); `answer_weight` comes from the estimator's output over whole groups
+  and carries no gradient.
 
   Args:
     logprob_answer: [B,A] float log-probs of the answer tokens (differentiated).

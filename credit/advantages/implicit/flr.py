@@ -25,7 +25,10 @@ def flr_reward(*, logprob_followup: ArrayLike, num_positive: int = 1) -> Array:
 
   Args:
     logprob_followup: [B,F] float mean per-token log-prob of each follow-up text.
-    num_positive: static P, the first P follow-ups are positive, the rest negative.
+    num_positive: static P; the first P follow-ups are positive, the rest negative.
+
+  Returns:
+    [B] float32 rewards.
   """
   lf_BF = jnp.asarray(logprob_followup, jnp.float32)
   chex.assert_rank(lf_BF, 2)
@@ -40,44 +43,52 @@ def flr_reward(*, logprob_followup: ArrayLike, num_positive: int = 1) -> Array:
 
 @register_estimator("flr", needs=("group_id", "response_mask", "logprob_followup"),
                     paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "num_positive", "baseline"))
+                    static_argnames=("num_groups", "group_size", "num_positive", "baseline"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def flr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                    logprob_followup: ArrayLike, num_groups: int,
                    group_size: int | None = None, reward_scale: ArrayLike = 1.0,
                    num_positive: int = 1, baseline: Literal["rloo", "grpo"] = "rloo",
                    eps: ArrayLike = 1e-6) -> Array:
-  """FLR: length-normalised follow-up log-likelihoods (positive − negative), group-baselined.
+  """FLR: follow-up log-likelihoods (positive − negative) as the reward, group-baselined.
 
-  Paper: "Aligning Language Models Using Follow-up Likelihood as Reward Signal" (Zhang et
-  al.), arXiv 2409.13948
-  (`shared/methods/token_and_implicit.md` §18). A response is good when a user is likely
-  to answer it positively: a language model scores P positive and N negative follow-up
-  texts ("Thanks, that helps!" / "That's wrong.") after prompt ⊕ response.
+  A response is good when a user is likely to answer it positively: a language model scores
+  P positive and N negative follow-up texts ("Thanks, that helps!" / "That's wrong.") after
+  prompt ⊕ response. With ℓ̄_{b,f} the mean per-token log-prob of follow-up f::
 
-  Confidence: inferred (from the abstract). With ℓ̄_{b,f} the mean per-token log-prob of
-  follow-up f (the field `logprob_followup`, positive follow-ups first):
-
-  .. math::
     R_b = mean_{p<P} ℓ̄_{b,p} − mean_{n≥P} ℓ̄_{b,n}
-    "rloo": A_b = R_b − mean_{j≠b in group} R_j;  "grpo": (R_b − μ_g)/(σ_g + ε)
+    "rloo": A_b = R_b − mean_{j≠b in group} R_j;   "grpo": A_b = (R_b − μ_g) / (σ_g + ε)
 
-  The paper ranks candidates into DPO pairs (best against worst per prompt) or uses R as
-  an RL reward; this is the RL reward with a group baseline (ours). Rows with an empty
-  response, singleton groups and equal rewards give exact 0.
+  broadcast to the response tokens.
+
+  Paper: "Aligning Language Models Using Follow-up Likelihood as Reward Signal",
+  arXiv 2409.13948. The paper ranks candidates into DPO pairs or uses R as an RL reward;
+  the group baseline is this library's choice. Rows with an empty response, one-row groups
+  and equal rewards give exact 0.
 
   Args:
-    group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
+    group_id: [B] int group ids (may be None with `group_size`).
     response_mask: [B,T] bool.
-    logprob_followup: [B,F] float mean per-token log-prob of each follow-up.
+    logprob_followup: [B,F] float mean per-token log-prob of each follow-up, positives
+      first.
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    reward_scale: multiplies R (ours).
+    reward_scale: multiplies R.
     num_positive: static P (the rest of the F follow-ups are negative).
     baseline: static, "rloo" | "grpo".
     eps: added to σ_g under "grpo".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> lf = np.array([[-1., -3.], [-2., -2.], [-1., -1.], [-3., -1.]], np.float32)
+    >>> a = flr_advantages(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 2), bool),
+    ...                    logprob_followup=lf, num_groups=1, num_positive=1)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()   # R = [2, 0, 0, −2]
+    [2.6667, 0.0, 0.0, -2.6667]
   """
   fn = "flr_advantages"
   check_choice(fn, "baseline", baseline, lk.BASELINES)

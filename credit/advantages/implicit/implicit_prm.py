@@ -38,18 +38,15 @@ def implicit_prm_step_rewards(*, logprob_prm: ArrayLike, logprob_ref: ArrayLike 
                               coef: ArrayLike = 0.001) -> ImplicitStepRewards:
   """Per-step implicit process rewards r_k = c Σ_{t ∈ step k} (log π_φ − log π_ref)(y_t).
 
-  Confidence: code-verified (PRIME-RL/ImplicitPRM `eval/prm_eval_utils.py`: q =
-  cumsum(c·(log π_φ − log π_ref)·mask), gathered at the step ends; the per-step reward is
-  the difference of consecutive q ("single"), the q values themselves are "accumulative").
+  ::
 
-  .. math::
-    r_k = c Σ_{t: step_id_t = k, valid} (log π_φ(y_t) − log π_ref(y_t)),   q_k = Σ_{j≤k} r_j
+    r_k = c Σ_{t: step_id_t = k, valid} (log π_φ(y_t) − log π_ref(y_t)),   q_k = Σ_{j ≤ k} r_j
 
-  The released evaluation uses c = 0.001 (not the training β = 0.05); `logprob_ref=None`
-  is the reference-free variant (r from log π_φ alone). Differences from the code (ours):
-  steps are given by `step_id`, so tokens outside every step (step_id = −1, masked) count
-  for no step, whereas the code's cumulative sum gives tokens between two step ends to the
-  later step; a step with no valid token has r = 0 and `step_mask` False.
+  The released evaluation of ImplicitPRM (PRIME-RL/ImplicitPRM `eval/prm_eval_utils.py`)
+  uses c = 0.001, not the training β = 0.05; `logprob_ref=None` is the reference-free
+  variant. Difference from that code: steps are given by `step_id`, so tokens outside every
+  step count for none (the code's cumulative sum gives tokens between two step ends to the
+  later step); a step with no valid token has r = 0 and `step_mask` False.
 
   Args:
     logprob_prm: [B,T] float PRM log-prob of the sampled tokens.
@@ -89,14 +86,17 @@ def implicit_prm_score(*, logprob_prm: ArrayLike, logprob_ref: ArrayLike | None,
                        value: Literal["step", "cumulative"] = "step") -> Array:
   """Solution score of the implicit PRM: min or sum over steps (best-of-N ranking).
 
-  Confidence: code-verified (ImplicitPRM `manipulate_rewards`: aggregations "min" and
-  "sum" over the per-step values). `value="step"` aggregates r_k ("single"),
-  `"cumulative"` aggregates q_k ("accumulative"; its "sum" is Σ_k q_k, its "min" the
-  lowest running value). Rows without a valid step score 0.
+  `value="step"` aggregates r_k, `"cumulative"` aggregates q_k (its "min" is the lowest
+  running value), as ImplicitPRM's `manipulate_rewards` does. Rows without a valid step
+  score 0.
 
   Args:
-    logprob_prm, logprob_ref, response_mask, step_id, num_steps, coef: as
-      `implicit_prm_step_rewards`.
+    logprob_prm: [B,T] float PRM log-prob of the sampled tokens.
+    logprob_ref: [B,T] float reference log-probs, or None.
+    response_mask: [B,T] bool.
+    step_id: [B,T] int step of each token, −1 outside.
+    num_steps: static K.
+    coef: c.
     aggregation: static, "min" | "sum".
     value: static, "step" | "cumulative".
 

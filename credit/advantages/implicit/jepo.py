@@ -49,53 +49,53 @@ def _masked_logmeanexp(x_B: Array, sel_BB: Array) -> tuple[Array, Array]:
                     trained_loss=TrainedLoss(
                         fn=lk.answer_likelihood_loss, fields=("answer_mask",),
                         targets=("answer_weight",), params=(), coef=1.0,
-                        scores=("logprob_answer",)))
+                        scores=("logprob_answer",)),
+                    confidence="inferred",
+                    source=_PAPER)
 def jepo_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_answer: ArrayLike, answer_mask: ArrayLike, num_groups: int,
                     group_size: int | None = None,
                     reward_scale: ArrayLike = 1.0) -> JepoOutput:
   """Multi-sample JEPO: leave-one-out credit for the group's Jensen evidence bound.
 
-  Paper: "Beyond Verifiable Rewards: Scaling Reinforcement Learning for Language Models to
-  Unverifiable Data" (Tang, Wang, Madaan, Munos), arXiv 2503.19618
-  (`shared/methods/token_and_implicit.md` §17). The chain of thought z is a latent variable;
-  with G samples z_1..z_G of a prompt the objective is the bound
-  L_G = log (1/G) Σ_g π(a* | x, z_g) ≤ log π(a* | x).
+  The chain of thought z is a latent variable; with G samples of a prompt the objective is
+  the bound L_G = log (1/G) Σ_g π(a* | x, z_g) ≤ log π(a* | x). Each sample is credited with
+  its leave-one-out contribution to the bound, with ℓ_g = Σ_j log π(a*_j | x, z_g, a*_{<j})::
 
-  Confidence: inferred. The spec gives L_G "shared by the group (approximate)"; a reward
-  shared by the whole group has zero group-baselined advantage, so each sample is credited
-  here with its leave-one-out contribution (ours, the VIMCO control variate of Mnih and
-  Rezende, arXiv 1602.06725), with ℓ_g = Σ_j log π(a*_j | x, z_g, a*_{<j}):
-
-  .. math::
     A_g = L_G − log (1/(G−1)) Σ_{h≠g} exp(ℓ_h)
 
-  constant over the response tokens of sample g. A_g > 0 when z_g raises the group's
-  answer likelihood. The bound's gradient through the answer tokens is
-  ∇_ℓ L_G = Σ_g w_g ∇ℓ_g with w_g = π(a* | x, z_g) / Σ_h π(a* | x, z_h), the group's
-  self-normalised answer probabilities: `answer_likelihood_loss` with the per-row weight
-  `answer_weight` = n_g·w_g (n_g the group's rows), so that its mean over the rows of whole
-  groups is −mean_groups Σ_g w_g ℓ_g. The registry's `trained_loss` makes the experiment
-  runner add it to each minibatch's loss with the answer rescored under the update's
-  parameters (coefficient 1: the bound's own gradient; this term and its weights are
-  derived here from the bound, no code was read). Rows with an empty response or no
-  answer tokens take no part (weight 0); singleton groups get advantage 0 (and weight 1: their
-  bound is ℓ itself); a group whose ℓ are all equal gets advantage 0 and weights 1.
-  The leave-one-out sums are taken over [N,G,G] masks with contiguous groups (`group_size`,
-  O(B·G)) and over a [B,B] same-group mask otherwise (O(B²) memory).
+  constant over the response tokens of sample g. The bound's gradient through the answer
+  tokens is Σ_g w_g ∇ℓ_g with w_g the group's self-normalised answer probabilities: the
+  returned `answer_weight` (n_g·w_g) feeds `answer_likelihood_loss`, which the
+  registration's `trained_loss` makes the runner add to every minibatch's loss.
+
+  Paper: "Beyond Verifiable Rewards: Scaling Reinforcement Learning for Language Models to
+  Unverifiable Data", arXiv 2503.19618. The paper's reward is the bound shared by the
+  group, whose group-baselined advantage would be zero; the leave-one-out credit (VIMCO's
+  control variate, arXiv 1602.06725) and the answer weights are derived here from the
+  bound. Empty rows take no part; one-row groups and groups with equal ℓ get advantage 0.
 
   Args:
-    group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
+    group_id: [B] int group ids (may be None with `group_size`).
     response_mask: [B,T] bool.
     logprob_answer: [B,A] float log-probs of the reference-answer tokens.
     answer_mask: [B,A] bool.
     num_groups: static number of groups.
-    group_size: static G for contiguous groups.
-    reward_scale: multiplies A (ours; not the answer weights).
+    group_size: static G for contiguous groups (O(B·G) instead of O(B²) memory).
+    reward_scale: multiplies A (not the answer weights).
 
   Returns:
     JepoOutput: advantages [B,T] float32 (zero outside `response_mask`) and answer_weight
     [B] float32 (0 on rows that take no part).
+
+  Example:
+    >>> import numpy as np
+    >>> lp = np.log(np.array([[.9, .8], [.5, .5], [.2, .9], [.1, .1]], np.float32))
+    >>> out = jepo_advantages(group_id=np.zeros(4, np.int32),
+    ...                       response_mask=np.ones((4, 2), bool), logprob_answer=lp,
+    ...                       answer_mask=np.ones((4, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(out.advantages[:, 0], np.float64), 4).tolist()
+    [0.6817, -0.045, -0.1191, -0.279]
   """
   fn = "jepo_advantages"
   lp_BA, _, has_B = lk.answer_inputs(logprob_answer, answer_mask,

@@ -30,19 +30,17 @@ def prime_token_scores(*, response_mask: ArrayLike, logprob_prm: ArrayLike,
                        process_scale: Literal["max_return", "beta"] = "max_return") -> Array:
   """PRIME's per-token process scores before the leave-one-out baseline.
 
-  Confidence: code-verified (PRIME-RL/PRIME `dp_prime.compute_implicit_reward` and its
-  `batch_norm` branch). With q_t = log π_φ(y_t) − log π_ref(y_t) on valid tokens:
+  With q_t = log π_φ(y_t) − log π_ref(y_t) on valid tokens::
 
-  .. math::
-    s_t = q_t  ("token")   or   s_t = [t = last] · Σ_u q_u  ("whole")
-    "max_return":  s_t ← s_t / (max_{b,t} |Σ_{u≥t} s_{b,u}| + 1e-6)   (whole batch)
-    "beta":        s_t ← β s_t                                            (paper)
+    s_t = q_t  ("token")   or   s_t = [t = last] Σ_u q_u  ("whole")
+    "max_return":  s_t ← s_t / (max_{b,t} abs(Σ_{u≥t} s_{b,u}) + 1e-6)    (whole batch)
+    "beta":        s_t ← β s_t                                             (paper)
 
   Args:
     response_mask: [B,T] bool.
     logprob_prm: [B,T] float implicit PRM log-prob of the sampled token.
     logprob_ref: [B,T] float reference log-prob of the same token.
-    beta: β of the paper's r = β log π_φ/π_ref (used by `process_scale="beta"` only).
+    beta: β of the paper's r = β log π_φ/π_ref (`process_scale="beta"` only).
     granularity: static, "token" | "whole".
     process_scale: static, "max_return" (code default) | "beta" (paper).
 
@@ -71,7 +69,12 @@ def prime_token_scores(*, response_mask: ArrayLike, logprob_prm: ArrayLike,
     "prime", needs=("reward", "group_id", "response_mask", "logprob_prm", "logprob_ref"),
     paper=_PAPER,
     static_argnames=("num_groups", "group_size", "granularity", "process_scale",
-                     "process_baseline", "whiten"))
+                     "process_baseline", "whiten"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: PRIME-RL/PRIME "
+                            "training/verl/workers/actor/dp_prime.py (compute_implicit_reward, "
+                            "batch_norm), training/verl/trainer/ppo/core_algos.py "
+                            "(compute_rloo_returns), training/examples/run_prime_main.sh"))
 def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob_prm: ArrayLike, logprob_ref: ArrayLike,
                      num_groups: int, group_size: int | None = None,
@@ -83,97 +86,56 @@ def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      whiten: bool = True, eps: ArrayLike = 1e-8) -> Array:
   """PRIME: RLOO over implicit process rewards plus the RLOO outcome, batch-whitened.
 
-  Paper: "Process Reinforcement through Implicit Rewards" (Cui et al.), arXiv 2502.01456
-  (`shared/methods/token_and_implicit.md` §1 and its "Corrections from the authors' code").
-  An implicit PRM π_φ (trained online with `credit.losses.prm_ce_loss`) scores every
-  sampled token by q_t = log π_φ(y_t) − log π_ref(y_t); PRIME turns those scores into
-  dense rewards and adds the outcome's leave-one-out advantage.
+  An implicit PRM π_φ, trained online (`credit.losses.prm_ce_loss`), scores every sampled
+  token by q_t = log π_φ(y_t) − log π_ref(y_t). With s the token scores of
+  `prime_token_scores`, m_i their mean over row i's valid tokens and K the valid rows of
+  the group::
 
-  Confidence: code-verified (PRIME-RL/PRIME `training/verl/workers/actor/dp_prime.py`
-  `compute_implicit_reward` and `batch_norm`, `training/verl/trainer/ppo/core_algos.py`
-  `compute_rloo_returns`, `training/examples/run_prime_main.sh`). With s_{i,t} the token
-  scores of `prime_token_scores`, m_i = mean_t s_{i,t} over the valid tokens of row i,
-  K the number of valid rows of its group:
-
-  .. math::
-    "group_mean" (code):     s̃_{i,t} = K/(K−1) · s_{i,t} − Σ_{j∈g} m_j /(K−1)
-    "leave_one_out" (paper): s̃_{i,t} = s_{i,t} − Σ_{j∈g, j≠i} m_j /(K−1)
-    A^o_i = R_i − Σ_{j≠i} R_j /(K−1)                      (outcome RLOO)
+    "group_mean" (code):     s̃_{i,t} = K/(K−1) s_{i,t} − Σ_{j∈g} m_j / (K−1)
+    "leave_one_out" (paper): s̃_{i,t} = s_{i,t} − Σ_{j∈g, j≠i} m_j / (K−1)
+    A^o_i = R_i − Σ_{j≠i} R_j / (K−1)                                (outcome RLOO)
     G_{i,t} = Σ_{u≥t} γ_p^{u−t} s̃_{i,u} + γ_o^{L_i−1−t} A^o_i
-    A = (G − mean(G)) / sqrt(var(G) + 1e-8)              (all valid tokens of the batch)
+    A = (G − mean G) / sqrt(var G + 1e-8)          (over every valid token of the batch)
 
-  with the mean and the unbiased variance taken over every valid token of the batch.
-
-  Where the paper and the released code disagree (the code is the default; the paper's
-  form is an option named after what it does):
-    * scale: the code feeds the raw log-ratio q (no β; the `rm_coef`/`reward_coef`
-      weights never reach the RLOO return) divided by the batch's largest |reverse
-      cumulative sum| + 1e-6 (`process_scale="max_return"`, the `batch_norm` default);
-      the paper's r = β q is `process_scale="beta"` (β = `beta_train` = 0.05).
-    * baseline: the code's loop subtracts the mean of *all* K per-sample means and scales
-      by K/(K−1) (`process_baseline="group_mean"`), which equals the paper's leave-one-out
-      baseline plus (s_{i,t} − m_i)/(K−1); the paper is `"leave_one_out"`.
-    * The paper configuration is `process_scale="beta", process_baseline="leave_one_out"`
-      (the spec's worked example).
-
-  Choices (ours):
-    * Groups are given by `group_id` (the code assumes contiguous blocks of `n_samples`);
-      K counts the non-empty rows of a group, so masking a row equals removing it.
-    * Rows of singleton groups (K = 1, where the code divides by zero) and empty rows get
-      exact 0 and take no part in the whitening; with fewer than two valid tokens in the
-      batch the whitened output is 0 (the code raises). `whiten=False` returns G.
-    * The "max_return" normaliser is taken over every valid token of the batch (singletons
-      included, as the code normalises before the RLOO step).
-    * `process_coef` (ours, default 1) multiplies s̃: 0 gives the outcome RLOO alone.
-    * Discounting skips masked positions (observation tokens): the outcome is discounted
-      by the number of valid tokens after t. Both γ default to 1 (the authors' script).
-    * β only enters under `process_scale="beta"` (it is the PRM loss's β otherwise).
-    * The result is batch-coupled: whitening uses the statistics of the whole batch.
-
-  Measured (credit bench, `pivotal`, 2026-12-06, seed 0, from 0.39 held-out; ~8% of the
-  training samples succeed): PRIME collapses to 0.00 by step 90. The PRM there learns from
-  labels that are ~92% negative. Its score of the policy's new samples turns positive
-  (`prm_accuracy` falls 0.86 -> 0.07 while nearly every label is 0, correct rows score below
-  incorrect ones), and the policy follows the process reward. At step 150: PRM lr 1e-4 (the
-  runner's default) 0.00, 6e-4 (2x the policy's, PRIME's ratio) 0.00, 1e-5 0.25;
-  `process_coef=0` (outcome RLOO only) 0.42; GRPO 0.38. PRIME's own runs filter prompts to
-  group accuracy in [0.2, 0.8] (a loop concern, see the spec), so the PRM's labels are
-  balanced. With the runner's filter (`--config.group_filter.min_accuracy=0.2
-  --config.group_filter.max_accuracy=0.8`; 7-20% of the groups kept, 16-64% of the steps
-  left with none) PRIME no longer collapses to 0, but it reaches only 0.12-0.17, below its
-  start (two runs).
+  Paper: "Process Reinforcement through Implicit Rewards", arXiv 2502.01456. The
+  defaults follow the authors' code where it differs from the paper: the raw log-ratio
+  scaled by the batch's largest return (`process_scale="max_return"`) and the group-mean
+  baseline (`process_baseline="group_mean"`); `process_scale="beta",
+  process_baseline="leave_one_out"` is the paper's form. Differences from the code: groups
+  come from `group_id`, one-row groups and empty rows give exact 0 (the code divides by
+  zero), discounting skips masked positions, and `process_coef` weighs the process term.
 
   Args:
-    reward: [B] float outcome rewards (verifier, 0/1 in the paper).
-    group_id: [B] int group of each row in [0, num_groups); may be None with `group_size`.
+    reward: [B] float outcome rewards.
+    group_id: [B] int group ids (may be None with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_prm: [B,T] float implicit PRM log-prob of each sampled token.
-    logprob_ref: [B,T] float reference log-prob (the PRM's reference; the code can use the
-      behaviour policy instead: pass `logprob_old` here for that variant).
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
+    logprob_ref: [B,T] float the PRM's reference log-prob.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     beta: β of the paper's process reward (`process_scale="beta"`).
-    process_coef: weight of the process term (ours; 1 = PRIME).
-    gamma_process: γ_rm, discount of the process return.
-    gamma_outcome: γ_v, discount of the outcome advantage.
-    granularity: static, "token" (a score on every token) | "whole" (the sum on the last).
+    process_coef: weight of the process term (1 is PRIME; 0 the outcome RLOO alone).
+    gamma_process: γ_p, discount of the process return.
+    gamma_outcome: γ_o, discount of the outcome advantage.
+    granularity: static, "token" | "whole".
     process_scale: static, "max_return" (code) | "beta" (paper).
     process_baseline: static, "group_mean" (code) | "leave_one_out" (paper).
-    whiten: static; whiten the returns over the batch's valid tokens (PRIME) or not.
+    whiten: static; whiten the returns over the batch's valid tokens (PRIME) or return G.
     eps: added to the variance of the whitening.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> q = np.array([[0.2, -0.1, 0.3], [0.0, 0.1, 0.0], [-0.2, -0.2, 0.1]], np.float32)
-  >>> m = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
-  >>> a = prime_advantages(reward=np.array([1., 0., 1.]), group_id=np.zeros(3, np.int32),
-  ...                      response_mask=m, logprob_prm=q, logprob_ref=np.zeros_like(q),
-  ...                      num_groups=1, process_scale="beta",
-  ...                      process_baseline="leave_one_out")
-  >>> np.round(np.asarray(a, np.float64), 3).tolist()
-  [[0.572, 0.556, 0.561], [-1.62, -1.619, 0.0], [0.496, 0.517, 0.538]]
+  Example:
+    >>> import numpy as np
+    >>> q = np.array([[0.2, -0.1, 0.3], [0.0, 0.1, 0.0], [-0.2, -0.2, 0.1]], np.float32)
+    >>> m = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
+    >>> a = prime_advantages(reward=np.array([1., 0., 1.]), group_id=np.zeros(3, np.int32),
+    ...                      response_mask=m, logprob_prm=q, logprob_ref=np.zeros_like(q),
+    ...                      num_groups=1, process_scale="beta",
+    ...                      process_baseline="leave_one_out")
+    >>> np.round(np.asarray(a, np.float64), 3).tolist()
+    [[0.572, 0.556, 0.561], [-1.62, -1.619, 0.0], [0.496, 0.517, 0.538]]
   """
   fn = "prime_advantages"
   check_choice(fn, "process_baseline", process_baseline, _BASELINES)

@@ -17,7 +17,8 @@ Array = jax.Array
 __all__ = ["RedippoOutput", "redippo_advantages", "redippo_weights"]
 
 _PAPER = ("ReDiPPO: Reference-Guided Value Calibration and Discrepancy-Aware Token Reweighting "
-          "for Mathematical Reasoning, https://github.com/cii030/ReDiPPO")
+          "for Mathematical Reasoning (authors' code announced at "
+          "https://github.com/cii030/ReDiPPO)")
 WHITEN_MODES = ("before", "after", "none")
 _EPS = 1e-8
 
@@ -33,29 +34,32 @@ class RedippoOutput(NamedTuple):
 def redippo_weights(*, values: ArrayLike, values_ref: ArrayLike, response_mask: ArrayLike,
                     beta: ArrayLike = 0.5, w_min: ArrayLike = 0.0,
                     w_max: ArrayLike = 3.0) -> Array:
-  """ReDiPPO's token weights from the gap between the two critics (spec §24, ours).
+  """ReDiPPO's token weights from the gap between the two critics.
 
-  .. math::
-    d_t = |V^{ref}_t − V^{std}_t|,    w_t = clip(1 + β·d_t / (mean_M d + 1e-8), w_min, w_max)
+  ::
 
-  mean_M is the mean over every valid token of the batch (not per row). Where the critics
-  agree everywhere (d ≡ 0) every weight is exactly 1.
+    d_t = abs(V^ref_t − V^std_t),    w_t = clip(1 + β d_t / (mean d + 1e-8), w_min, w_max)
+
+  The mean runs over every valid token of the batch (not per row). Where the critics
+  agree everywhere every weight is exactly 1.
 
   Args:
     values: [B,T] standard critic values V^std (masked positions ignored, even NaN).
     values_ref: [B,T] reference-guided critic values V^ref.
     response_mask: [B,T] bool.
-    beta, w_min, w_max: β and the clip range (0.5, 0, 3: the spec's, the paper's unknown);
-      may be traced.
+    beta: β (may be traced).
+    w_min: lower clip of the weights.
+    w_max: upper clip of the weights.
 
   Returns:
     [B,T] float32 weights, 0 outside the mask.
 
-  >>> import numpy as np
-  >>> w = redippo_weights(values=np.array([[.5, .6, .2]]), values_ref=np.array([[.5, .9, .1]]),
-  ...                     response_mask=np.ones((1, 3), bool))
-  >>> np.round(np.asarray(w, np.float64), 4).tolist()
-  [[1.0, 2.125, 1.375]]
+  Example:
+    >>> import numpy as np
+    >>> w = redippo_weights(values=np.array([[.5, .6, .2]]), values_ref=np.array([[.5, .9, .1]]),
+    ...                     response_mask=np.ones((1, 3), bool))
+    >>> np.round(np.asarray(w, np.float64), 4).tolist()
+    [[1.0, 2.125, 1.375]]
   """
   v_BT = jnp.asarray(values, jnp.float32)
   vr_BT = jnp.asarray(values_ref, jnp.float32)
@@ -73,7 +77,9 @@ def redippo_weights(*, values: ArrayLike, values_ref: ArrayLike, response_mask: 
 
 @register_estimator("redippo", needs=("reward", "values", "values_ref", "response_mask"),
                     paper=_PAPER, static_argnames=("whiten",), returns_output=True,
-                    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"})
+                    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"},
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def redippo_advantages(*, reward: ArrayLike, values: ArrayLike, values_ref: ArrayLike,
                        response_mask: ArrayLike, logprob_old: ArrayLike | None = None,
                        logprob_ref: ArrayLike | None = None,
@@ -83,57 +89,51 @@ def redippo_advantages(*, reward: ArrayLike, values: ArrayLike, values_ref: Arra
                        whiten: str = "before") -> RedippoOutput:
   """ReDiPPO: GAE with the reference-guided critic, reweighted by the critics' disagreement.
 
+  A critic that sees the reference answer (a training-time privileged signal) gives the
+  values; a standard critic is kept beside it, and where the two disagree the token is a
+  hard reasoning state whose advantage is enlarged::
+
+    Â, returns = GAE_{γ,λ}(r, V^ref)                       (`gae_advantages`)
+    w_t = `redippo_weights`(V^std, V^ref)
+    A_t = w_t · whiten(Â)_t   ("before", default)
+        = whiten(w · Â)_t     ("after")
+        = w_t · Â_t           ("none")
+
+  Regress both critics on `returns` (e.g. `credit.losses.value_loss` once with `values`,
+  once with `values_ref`). When the critics agree the result is `gae_advantages` on
+  `values_ref`. The weights, like the whitening, use statistics of the whole batch.
+
   Paper: "ReDiPPO: Reference-Guided Value Calibration and Discrepancy-Aware Token
-  Reweighting for Mathematical Reasoning" (no arXiv id located; code announced at
-  https://github.com/cii030/ReDiPPO). Spec: `shared/methods/outcome_and_clipping.md` §24
-  (GAE as §5).
-
-  Confidence: inferred (from the abstract). The repository cii030/ReDiPPO could not be
-  read here (not in the code index and no snapshot obtainable), and no paper text with
-  equations was found, so the formulas below are the spec's proposal, not the authors'
-  equations. What the abstract states: a critic that sees the reference
-  answer as a training-time privileged signal gives the values; a standard critic is kept;
-  their token-level discrepancy marks hard reasoning states and reweights the token
-  advantages inside PPO. Ours: which critic drives GAE (the reference-guided one), the
-  normalised affine weight and its clip, where whitening sits, and every default.
-
-  .. math::
-    Â, returns = GAE_{γ,λ}(r, V^{ref})                      (`gae_advantages`, §5)
-    d_t = |V^{ref}_t − V^{std}_t|
-    w_t = clip(1 + β·d_t / (mean_M d + 1e-8), w_min, w_max)  (`redippo_weights`)
-    A_t = w_t·whiten_M(Â)_t   ("before", default)
-        = whiten_M(w·Â)_t     ("after")
-        = w_t·Â_t             ("none")
-
-  Regress both critics on `returns` (e.g. `credit.losses.value_loss`, once with `values`,
-  once with `values_ref`). With d ≡ 0 (the critics agree) w = 1 and the result is
-  `gae_advantages(values=values_ref, whiten=whiten != "none")` exactly. The mean of d is
-  over all valid tokens of the batch, so the weights (like whitening) are batch-coupled.
+  Reweighting for Mathematical Reasoning". The abstract names the two critics and the
+  discrepancy reweighting but gives no equation: which critic drives GAE, the clipped
+  affine weight, the place of the whitening and every default are this library's.
 
   Args:
     reward: [B] outcome rewards.
-    values: [B,T] standard critic values V^std (contract `values`).
-    values_ref: [B,T] reference-guided critic values V^ref (contract `values_ref`).
+    values: [B,T] standard critic values V^std.
+    values_ref: [B,T] reference-guided critic values V^ref.
     response_mask: [B,T] bool.
-    logprob_old, logprob_ref, token_reward, kl_coef: KL-in-reward and dense rewards, as
-      `gae_advantages`.
-    gamma, lam: GAE discount and λ (1, 0.95: spec); may be traced.
-    beta, w_min, w_max: weight strength and clip range (0.5, 0, 3: spec); may be traced.
-    whiten: static; "before" (whiten Â over valid tokens, then weight), "after" (weight,
-      then whiten) or "none".
+    logprob_old: optional [B,T] behaviour log-probs (KL-in-reward, with `logprob_ref`).
+    logprob_ref: optional [B,T] reference log-probs.
+    token_reward: optional [B,T] dense rewards.
+    kl_coef: β of the KL-in-reward term.
+    gamma: GAE discount (may be traced).
+    lam: GAE λ (may be traced).
+    beta: weight strength (may be traced).
+    w_min: lower clip of the weights.
+    w_max: upper clip of the weights.
+    whiten: static, "before" | "after" | "none".
 
   Returns:
     RedippoOutput(advantages [B,T], returns [B,T], weights [B,T]); zero outside the mask.
 
-  Example (r = [0, 0, 1], V^ref = [.5, .9, .1], V^std = [.5, .6, .2]): Â = [0.45225, 0.055,
-  0.9], d = [0, 0.3, 0.1], w = [1, 2.125, 1.375]:
-
-  >>> import numpy as np
-  >>> out = redippo_advantages(reward=np.array([1.]), values=np.array([[.5, .6, .2]]),
-  ...                          values_ref=np.array([[.5, .9, .1]]),
-  ...                          response_mask=np.ones((1, 3), bool), whiten="none")
-  >>> [np.round(np.asarray(x, np.float64), 4).tolist() for x in out]
-  [[[0.4522, 0.1169, 1.2375]], [[0.9523, 0.955, 1.0]], [[1.0, 2.125, 1.375]]]
+  Example:
+    >>> import numpy as np
+    >>> out = redippo_advantages(reward=np.array([1.]), values=np.array([[.5, .6, .2]]),
+    ...                          values_ref=np.array([[.5, .9, .1]]),
+    ...                          response_mask=np.ones((1, 3), bool), whiten="none")
+    >>> [np.round(np.asarray(x, np.float64), 4).tolist() for x in out]
+    [[[0.4522, 0.1169, 1.2375]], [[0.9523, 0.955, 1.0]], [[1.0, 2.125, 1.375]]]
   """
   check_choice("redippo_advantages", "whiten", whiten, WHITEN_MODES)
   v_BT = jnp.asarray(values, jnp.float32)

@@ -24,8 +24,6 @@ def rlpr_reward(*, logprob_answer: ArrayLike, answer_mask: ArrayLike,
                 logprob_answer_prior: ArrayLike | None = None) -> Array:
   """R_b = mean_j π(a*_j | x, z_b, a*_{<j}); with the prior, clip(R_b − R_prior_b, 0, 1).
 
-  Confidence: code-verified (OpenBMB/RLPR at 8490fca, `compute_scoreB` with
-  `mean_exp_log_softmax` and the `threshold_0` shaping; the spec's §17 was recalled).
   Rows without answer tokens get 0.
 
   Args:
@@ -58,7 +56,11 @@ def rlpr_reward(*, logprob_answer: ArrayLike, answer_mask: ArrayLike,
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "debias", "baseline",
                                      "format_coef"),
-                    optional_needs={"format_ok": "format_coef"})
+                    optional_needs={"format_ok": "format_coef"},
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: OpenBMB/RLPR@8490fca reward_manager/prob.py "
+                            "(compute_scoreB, mean_exp_log_softmax, threshold_0), "
+                            "ray_trainer.py, examples/RLPR/reproduce_qwen.sh"))
 def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_answer: ArrayLike, answer_mask: ArrayLike,
                     logprob_answer_prior: ArrayLike | None, num_groups: int,
@@ -66,46 +68,25 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                     format_coef: float = 0.1, reward_scale: ArrayLike = 1.0,
                     debias: bool = True, baseline: Literal["rloo", "grpo"] = "grpo",
                     eps: ArrayLike = 1e-6) -> Array:
-  """RLPR: debiased mean answer-token probability, group-normalised.
+  """RLPR: debiased mean answer-token probability (plus a format term), group-normalised.
 
-  Paper: "RLPR: Extrapolating RLVR to General Domains without Verifiers" (Yu et al.),
-  arXiv 2506.18254 (`shared/methods/token_and_implicit.md` §17).
+  With z_b the sampled reasoning and a* the reference answer::
 
-  Confidence: code-verified (the spec's RLPR details were recalled; the authors' code was
-  read for this, see below). With z_b the sampled reasoning, a* the reference answer of
-  |a*| tokens:
+    R_b  = mean_j π(a*_j | x, z_b, a*_{<j})                    (mean token probability)
+    R'_b = clip(R_b − mean_j π(a*_j | x, a*_{<j}), 0, 1)        (`debias=True`)
+    S_b  = (1 − c) R'_b + c f_b          (f_b = `format_ok`, c = `format_coef`)
+    A_b  = (S_b − μ_g) / (σ_g + ε)        ("grpo", default; or "rloo")
 
-  .. math::
-    R_b = 1/|a*| Σ_j π(a*_j | x, z_b, a*_{<j})            (mean token probability)
-    R'_b = clip(R_b − 1/|a*| Σ_j π(a*_j | x, a*_{<j}), 0, 1)     (`debias=True`)
-    S_b = (1 − c)·R'_b + c·f_b          (f_b = format_ok_b ∈ {0, 1}, c = `format_coef`)
-    A_b = (S_b − μ_g)/(σ_g + ε)                         ("grpo", default; or "rloo")
-
-  The paper's filter of prompts whose reward std is below a threshold is a training-loop
-  concern (not here). Rows with an empty response or no answer tokens, singleton groups
-  and equal rewards give exact 0; the std is the unbiased one (ours).
-
-  Read against the authors' code (OpenBMB/RLPR at 8490fca, `reward_manager/prob.py`,
-  `ray_trainer.py` and `examples/RLPR/reproduce_qwen.sh`, 2026-12-07). Agrees: the mean
-  token probability (`compute_score_name=mean_exp_log_softmax`), the debiasing clipped at
-  0 (`shaping_function_name=threshold_0`; R − R_prior ≤ 1 already), the gold answer
-  written after the response's answer tag (appended with the tag when the response has
-  none; the runner's `answer_pass` does the same with the task's `answer_marker`), GRPO
-  advantages, and two parts now reproduced: the format term S = (1 − c)·R' + c·f with
-  c = 0.1 (`format_coefficient`'s default; f the response's R1 tag format there, the
-  runner's `format_ok` here: the task's format check, else the response ended by itself),
-  and the prior computed with the initial policy and kept fixed
-  (`compute_promptgt2scoreA(0)` before training; the runner's `answer_prior_scorer`
-  "auto" scores it with the frozen reference for `rlpr`). Not reproduced: a repetition
-  penalty (−1 for a response in which a 10-word window repeats 10 times;
-  `repetition_penalty=True`) and the EMA reward-std prompt filter, training-loop parts of
-  its runs, and its `format_coefficient=-1` mode (S = R' when formatted, else −1).
-  `format_coef=0` (static switch: the registry then does not ask for `format_ok`) gives
-  the reward without the format term; a `format_ok` left out counts every row as
-  formatted.
+  Paper: "RLPR: Extrapolating RLVR to General Domains without Verifiers",
+  arXiv 2506.18254. As the authors' code: the mean token probability, the debiasing
+  clipped at 0, the format term with c = 0.1, and a prior scored once by the initial
+  policy (the runner's `answer_prior_scorer="auto"` uses the frozen reference for it).
+  Not reproduced: the code's repetition penalty and its reward-std prompt filter
+  (training-loop parts). Rows with an empty response or no answer tokens, one-row groups
+  and equal scores give exact 0.
 
   Args:
-    group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
+    group_id: [B] int group ids (may be None with `group_size`).
     response_mask: [B,T] bool.
     logprob_answer: [B,A] float log-probs of the answer tokens after prompt ⊕ response.
     answer_mask: [B,A] bool.
@@ -113,15 +94,25 @@ def rlpr_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
       ignored (may be None) with `debias=False`.
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    format_ok: optional [B] bool, the response has the output format (f_b); None: all 1.
-    format_coef: static c in [0, 1], the format term's weight (0.1, the code's default).
-    reward_scale: multiplies S (ours; 1 = RLPR).
+    format_ok: optional [B] bool, the response has the output format (None: all 1).
+    format_coef: static c in [0, 1]; 0 drops the format term (and the `format_ok` need).
+    reward_scale: multiplies S.
     debias: static; subtract the prompt-only probability and clip to [0, 1].
     baseline: static, "grpo" | "rloo".
     eps: added to σ_g under "grpo".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> lp = np.log(np.array([[.9, .8], [.5, .5], [.2, .9], [.1, .1]], np.float32))
+    >>> a = rlpr_advantages(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 2), bool),
+    ...                     logprob_answer=lp, answer_mask=np.ones((4, 2), bool),
+    ...                     logprob_answer_prior=np.log(np.full((4, 2), .5, np.float32)),
+    ...                     num_groups=1, format_coef=0.0)   # R' = [.35, 0, .05, 0]
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [1.4852, -0.5941, -0.297, -0.5941]
   """
   fn = "rlpr_advantages"
   check_choice(fn, "baseline", baseline, lk.BASELINES)

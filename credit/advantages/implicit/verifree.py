@@ -38,7 +38,9 @@ _PAPER = ("Reinforcing General Reasoning without Verifiers (VeriFree) (Zhou et a
                     trained_loss=TrainedLoss(
                         fn=lk.answer_likelihood_loss, fields=("answer_mask",),
                         targets=("answer_weight",), params=(), coef=1.0,
-                        scores=("logprob_answer",)))
+                        scores=("logprob_answer",)),
+                    confidence="code-verified",
+                    source=_PAPER + "; code: sail-sg/VeriFree@c9ae30c verifree.py, run.sh")
 def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                         logprob_answer: ArrayLike, answer_mask: ArrayLike, num_groups: int,
                         group_size: int | None = None, format_ok: ArrayLike | None = None,
@@ -48,63 +50,49 @@ def verifree_advantages(*, group_id: ArrayLike | None, response_mask: ArrayLike,
                         eps: ArrayLike = 1e-6) -> VerifreeOutput:
   """VeriFree: R = π(a* | x, z), the reference answer's probability, with an RLOO baseline.
 
-  Paper: "Reinforcing General Reasoning without Verifiers" (Zhou et al.), arXiv 2505.21493
-  (`shared/methods/token_and_implicit.md` §17).
+  With z_b the sampled reasoning and a* the reference answer::
 
-  Confidence: code-verified (sail-sg/VeriFree at c9ae30c, `verifree.py` and the released
-  `run.sh`, read for this; the spec was written from the abstract). With z_b the sampled
-  reasoning and a* the reference answer:
-
-  .. math::
-    R_b = exp(Σ_j log π(a*_j | x, z_b, a*_{<j}))   (0 where format_ok_b is false)
-    A_b = R_b − mean_{j≠b in group} R_j       ("rloo", default; "grpo" z-scores instead)
-    L = −mean_b A_b Σ_t log π(z_{b,t})  −  mean_b w_b Σ_j log π(a*_j | x, z_b, a*_{<j})
+    R_b = exp(Σ_j log π(a*_j | x, z_b, a*_{<j}))     (0 where `format_ok` is false)
+    A_b = R_b − mean_{j≠b in group} R_j               ("rloo"; "grpo" z-scores instead)
+    L = −mean_b A_b Σ_t log π(z_{b,t}) − mean_b w_b Σ_j log π(a*_j | x, z_b, a*_{<j})
 
   The second term trains the answer tokens directly (the gradient of E_z π(a* | x, z) has
-  both parts). It is `answer_likelihood_loss` with the per-row weight `answer_weight`
-  returned here: the released run's w = R ("reward", `--sft_coef_source reward`), the
-  code's other choices "advantage" (w = A, its argument default) and "one". The registry's
-  `trained_loss` makes the experiment runner add it to each minibatch's loss with the
-  answer rescored under the update's parameters (coefficient 1, as the port adds the two).
-  The reward vanishes for long answers (the failure mode the comparison paper reports).
-  Rows with an empty response or no answer tokens, singleton groups and equal rewards
-  give exact 0 advantage; rows with an empty response or no answer tokens get w = 0.
+  both parts): it is `answer_likelihood_loss` with the returned `answer_weight` w, which
+  the registration's `trained_loss` makes the runner add to every minibatch's loss.
 
-  The format gate (the port's default, on here): the port scores the answer after the
-  response cut at "<answer" (its template's tag) and gives R = 0 (log R = −inf) to a
-  response without the tag or stopped by the length limit; such a row stays in its group
-  (its RLOO baseline counts it) and trains no answer tokens. Here a row with
-  `format_ok` false gets R = 0 and w = 0 and stays in its group. The runner's
-  `format_check` producer makes `format_ok`: the task's own format check where it has
-  one (`chain`: running sums, the marker, an integer answer — stricter than the tag
-  alone), else "the response ended by itself" (a stop token, not the length limit).
-  `format_gate=False` (static) does not ask for `format_ok`: every row's answer is
-  scored, after the response cut at the task's `answer_marker` (`answer_pass`; a row
-  without it gets the marker inserted) or after the whole response. A `format_ok` given
-  with the gate off is applied too; without `format_ok` no row is gated.
-  The port's policy term sums the reasoning tokens' log-probs per row without a ratio (one
-  epoch); in the runner that is the policy loss's choice (`policy_loss`, its aggregation).
+  Paper: "Reinforcing General Reasoning without Verifiers", arXiv 2505.21493. As the
+  authors' released run: w = R, the two terms added with weight 1, and the format gate
+  (R = 0 and w = 0 for a response without the output format or stopped by the length
+  limit; such a row stays in its group). The reward vanishes for long answers.
 
   Args:
-    group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
+    group_id: [B] int group ids (may be None with `group_size`).
     response_mask: [B,T] bool.
     logprob_answer: [B,A] float log-probs of the reference-answer tokens.
     answer_mask: [B,A] bool.
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    format_ok: optional [B] bool, the response has the output format and ended by itself;
-      R = 0 and w = 0 where false.
+    format_ok: optional [B] bool; R = 0 and w = 0 where false (None: no row gated).
     format_gate: static; True (default) makes the registry ask for `format_ok`.
-    reward_scale: multiplies R (ours; 1 = the answer probability; the port's
-      `reward_scale` multiplies log R instead, 1 in its run).
+    reward_scale: multiplies R.
     baseline: static, "rloo" | "grpo".
-    answer_weight: static, the answer term's weight: "reward" (R), "advantage" (A) or
-      "one".
+    answer_weight: static, the answer term's weight: "reward" (R) | "advantage" (A) | "one".
     eps: added to σ_g under "grpo".
 
   Returns:
     VerifreeOutput: advantages [B,T] float32 (zero outside `response_mask`) and
     answer_weight [B] float32.
+
+  Example:
+    >>> import numpy as np
+    >>> lp = np.log(np.array([[.9, .8], [.5, .5], [.2, .9], [.1, .1]], np.float32))
+    >>> out = verifree_advantages(group_id=np.zeros(4, np.int32),
+    ...                           response_mask=np.ones((4, 2), bool), logprob_answer=lp,
+    ...                           answer_mask=np.ones((4, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(out.advantages[:, 0], np.float64), 4).tolist()
+    [0.5733, -0.0533, -0.1467, -0.3733]
+    >>> np.round(np.asarray(out.answer_weight, np.float64), 4).tolist()   # w = R
+    [0.72, 0.25, 0.18, 0.01]
   """
   fn = "verifree_advantages"
   check_choice(fn, "baseline", baseline, lk.BASELINES)

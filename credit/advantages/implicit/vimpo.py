@@ -73,26 +73,27 @@ def vimpo_value_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mas
                      clip: ArrayLike | None = None,
                      kl_estimate: Literal["k3", "none"] = "k3",
                      kl_ref: ArrayLike | None = None) -> Array:
-  """VIMPO's terminal-value loss L_V on any subset of rows (a minibatch), from each row's
-  centred reward `value_target` = R_b − b_g (`VimpoOutput.value_target`, computed once over
-  whole groups by `vimpo_advantages`):
+  """VIMPO's terminal-value loss L_V on any subset of rows (a minibatch).
 
-  .. math::
-    L_V = ½ · mean_b [ Σ_t M_{b,t} (ρ_{b,t} − sg κ_{b,t}) − y_b ]²,   y = value_target
+  From each row's centred reward `value_target` = R_b − b_g (`VimpoOutput.value_target`,
+  computed once over whole groups by `vimpo_advantages`)::
 
-  over the rows that select a token; ρ, κ and the arguments as in `vimpo_advantages` (the
-  same defaults). Differentiable in `logprob` only. This is the term through which the
-  reward reaches the policy: the runner adds c_V·L_V to every minibatch's loss (the port's
-  L = L_V + c_A·L_PPO, c_A = 5e-3, is c_V = 200 at the policy loss's scale). On whole groups
-  it equals `vimpo_advantages(...).value_loss`.
+    L_V = ½ mean_b [Σ_t M_{b,t} (ρ_{b,t} − sg κ_{b,t}) − y_b]²,     y = value_target
+
+  over the rows that select a token; ρ and κ as in `vimpo_advantages`. Differentiable in
+  `logprob` only. This is the term through which the reward reaches the policy: the runner
+  adds c_V·L_V to every minibatch's loss. On whole groups it equals
+  `vimpo_advantages(...).value_loss`.
 
   Args:
     logprob: [B,T] float current policy log-prob of the sampled token (differentiated).
     logprob_ref: [B,T] float reference log-prob (stop-gradient).
     response_mask: [B,T] bool.
     value_target: [B] float R − b_g per row (no gradient).
-    beta, clip, kl_estimate, kl_ref: as in `vimpo_advantages` (here κ uses `kl_ref` when
-      it is given).
+    beta: β of the KL regularisation.
+    clip: optional bound C on the implied sums.
+    kl_estimate: static, "k3" | "none" (without `kl_ref`).
+    kl_ref: optional [B,T] exact KL(π_θ ‖ π_ref) per position.
 
   Returns:
     The scalar loss.
@@ -118,7 +119,11 @@ def vimpo_value_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mas
                     trained_loss=TrainedLoss(
                         fn=vimpo_value_loss, fields=("logprob_ref", "response_mask"),
                         targets=("value_target",), params=("beta", "clip", "kl_estimate"),
-                        coef=200.0, optional_fields=(("kl_ref", "exact_kl"),)))
+                        coef=200.0, optional_fields=(("kl_ref", "exact_kl"),)),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: huggingface/trl "
+                            "trl/experimental/vimpo/vimpo_trainer.py, vimpo_config.py (a port "
+                            "that follows the paper)"))
 def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob: ArrayLike, logprob_ref: ArrayLike,
                      num_groups: int, group_size: int | None = None,
@@ -128,91 +133,59 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                      kl_ref: ArrayLike | None = None) -> VimpoOutput:
   """VIMPO: the policy-implied value, its terminal loss and the implied TD actor advantage.
 
-  Paper: "VIMPO: Value-Implicit Policy Optimization for LLMs" (Kang, Feng, Levine, Song,
-  Zhao), arXiv 2606.20008 (Eq. 4, §3.3–3.5, Algorithm 1). In a token MDP whose optimum is
-  KL-regularised, β log(π*/π_ref)(a_t|s_t) = r_t + V(s_{t+1}) − V(s_t); with the reward only
-  at the end, the policy's own log-ratios imply every prefix value, a terminal-value loss
-  is the only place the reward enters, and the actor follows the implied TD errors.
+  When the optimum is KL-regularised, β log(π*/π_ref)(a_t | s_t) = r_t + V(s_{t+1}) − V(s_t):
+  with the reward only at the end, the policy's own log-ratios imply every prefix value. A
+  terminal-value loss is then the only place the reward enters, and the actor follows the
+  implied TD errors. With ℓ_t = log π_θ(y_t) − log π_ref(y_t), ρ_t = β ℓ_t,
+  κ_t = β KL(π_θ ‖ π_ref)(s_t) (no gradient) and b_g the group's mean reward::
 
-  Confidence: code-verified (port-verified: the HF TRL port `huggingface/trl`
-  `trl/experimental/vimpo/vimpo_trainer.py` and `vimpo_config.py`, which cites the paper;
-  the authors' repository backprop07/VIMPO was not retrievable; an equation-level digest
-  of the paper agrees term by term). With ℓ_t = log π_θ(y_t) − log π_ref(y_t),
-  ρ_t = β ℓ_t, κ_t = β KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) (no gradient), b_g the mean reward of
-  the row's group:
+    L_V = ½ mean_b [Σ_t M (ρ − sg κ) − (R_b − b_g)]²
+    δ_t = sg(ρ_t − κ_t),    A_t = Σ_{l≥0} λ^l δ_{t+l}          (over valid tokens)
+    Â_t = (A_t − mean A) / (std A + 1e-8)                     (over the batch's tokens)
+    V_t = b_g + Σ_{s<t} (ρ_s − κ_s)                            (`values`, diagnostic)
 
-  .. math::
-    L_V = ½ · mean_b [ Σ_t M_{b,t} (ρ_{b,t} − sg κ_{b,t}) − (R_b − b_g) ]²
-    δ_t = sg(ρ_t − κ_t),   A_t = Σ_{l≥0} λ^l δ_{t+l}       (reverse over valid tokens)
-    Â_t = (A_t − mean)/(std + 1e-8)      (mean, population std over every valid token)
-    V_t = b_g + Σ_{s<t} (ρ_s − κ_s)                         (`values`, diagnostic)
+  Use `advantages` with a PPO-clip loss without a KL term and add `value_loss` (the
+  registration's `trained_loss` makes the runner add 200·`vimpo_value_loss`, the reference
+  implementation's balance L = L_V + 5e-3·L_PPO). Without it the reward never reaches the
+  policy.
 
-  Defaults as the port: β = 5e-4, λ = 1, reward centred but not scaled (the port enforces
-  `scale_rewards="none"`), frozen reference. Use `advantages` with a PPO-clip policy loss
-  (no KL term: β enters here) and add `value_loss`: the port's objective is
-  L = L_V + c_A · L_PPO with c_A = 5e-3, i.e. the value loss weighs 200× the actor loss.
-  The gradient of `value_loss` flows into `logprob` only. Without it the reward never
-  reaches the policy: from π = π_ref every δ is 0. The registration's `trained_loss` makes
-  the experiment runner add 200·`vimpo_value_loss` to each minibatch's loss, from the
-  batch's `value_target` and the update's own log-probs (config `estimator_loss_coef`).
-
-  κ_t, the deviation: the port computes the exact full-vocabulary KL per position. By
-  default (`kl_estimate="k3"`) κ_t is the sampled-token estimate k3 = β(e^{−ℓ_t} − 1 + ℓ_t)
-  (unbiased for the KL on-policy, ≥ 0; ℓ clamped at −30 inside the exponential); then
-  δ_t = β(1 − π_ref/π_θ)(y_t), still zero-mean on-policy like the exact ρ − κ, but noisier.
-  (k1 = β ℓ_t cannot be used: it makes δ ≡ 0.) `kl_estimate="none"` sets κ = 0
-  (E[δ] = β KL ≠ 0). `exact_kl=True` reads the contract field `kl_ref` [B,T], the exact
-  per-position KL(π_θ ‖ π_ref) from the policy's and the reference's logits (the runner's
-  divergence producer makes it), which is the port's form and overrides `kl_estimate`.
-
-  Choices and other differences: sums and the reverse accumulation skip masked positions
-  (observation tokens pass the running sum through; the port's loop resets it at every
-  masked position, which only matters for holes inside a response); the whitening pool
-  is the batch given (the port gathers over processes); `clip` C (None: off, the port's
-  default; an earlier design of ours) bounds the implied sums Σ(ρ − κ) in `value_loss`
-  and `values` to [−C, C]. Rows that are empty or outside [0, num_groups) get zeros and
-  take no part in b_g, in the whitening or in the mean of L_V. A singleton group has
-  target R − b_g = 0. Until 2026-10 this module used a design of ours (β = 0.1, A = R − V_t,
-  C = 10, no κ); it was replaced.
-
-  Scale of β (measured, credit bench, 2026-12-06): L_V asks Σ_t β ℓ_t to reach R − b_g, so
-  β must suit the response length. With the port's 5e-4 on 7-token responses the target
-  ±1 means thousands of nats; trained with the value loss the policy collapses within ~10
-  steps (train reward 0.11 → 0, held-out 0.00 on three tasks; exact KL likewise). β = 0.02
-  / 0.1 do not collapse (held-out 0.28 / 0.41 after 300 steps from 0.39).
+  Paper: "VIMPO: Value-Implicit Policy Optimization for LLMs", arXiv 2606.20008 (Eq. 4,
+  §3.3–3.5, Algorithm 1). Defaults as the TRL port: β = 5e-4, λ = 1, centred unscaled
+  reward. Differences: κ defaults to the sampled-token k3 estimate β(e^{−ℓ} − 1 + ℓ);
+  `exact_kl=True` reads the exact per-position KL `kl_ref`, the port's form. Masked
+  positions inside a response pass the running sums through. β must suit the response
+  length (see the method's page).
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group ids in [0, num_groups); may be None with `group_size`.
+    group_id: [B] int group ids (may be None with `group_size`).
     response_mask: [B,T] bool.
     logprob: [B,T] float current policy log-prob of the sampled token (differentiated).
     logprob_ref: [B,T] float reference log-prob (stop-gradient).
     num_groups: static number of groups.
     group_size: static G for contiguous groups.
-    beta: β of the KL regularisation (5e-4, the port's `vimpo_beta`).
-    gae_lambda: λ of the reverse accumulation (1.0, the port's `vimpo_gae_lambda`).
-    clip: optional bound C on the implied sums (None: no clipping).
+    beta: β of the KL regularisation.
+    gae_lambda: λ of the reverse accumulation.
+    clip: optional bound C on the implied sums (None: off).
     kl_estimate: static, κ without `kl_ref`: "k3" | "none".
-    exact_kl: static; κ from the exact `kl_ref` (which must then be given; the runner plans
-      `divergence_pass`, the port's full-vocabulary KL). False: `kl_estimate` unless
-      `kl_ref` is passed anyway.
-    kl_ref: optional [B,T] float exact KL(π_θ ‖ π_ref) per position (no gradient; contract
-      field).
+    exact_kl: static; κ from `kl_ref` (then required).
+    kl_ref: optional [B,T] float exact KL(π_θ ‖ π_ref) per position.
 
   Returns:
-    `VimpoOutput(advantages [B,T], value_loss scalar, values [B,T])`.
+    VimpoOutput(advantages [B,T], value_loss scalar, values [B,T], value_target [B]).
 
-  >>> import numpy as np
-  >>> out = vimpo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
-  ...                        response_mask=np.ones((2, 3), bool),
-  ...                        logprob=np.array([[-.5, -.2, -.1], [-.3, -1., -.2]], np.float32),
-  ...                        logprob_ref=np.log(np.full((2, 3), 0.5, np.float32)),
-  ...                        kl_ref=np.full((2, 3), 0.1, np.float32), beta=0.1,
-  ...                        num_groups=1)
-  >>> np.round(np.asarray(out.advantages, np.float64), 4).tolist()
-  [[1.392, 1.1199, -0.0287], [-0.653, -1.5094, -0.3208]]
-  >>> round(float(out.value_loss), 5)
-  0.11009
+  Example:
+    >>> import numpy as np
+    >>> out = vimpo_advantages(reward=np.array([1., 0.]), group_id=np.zeros(2, np.int32),
+    ...                        response_mask=np.ones((2, 3), bool),
+    ...                        logprob=np.array([[-.5, -.2, -.1], [-.3, -1., -.2]], np.float32),
+    ...                        logprob_ref=np.log(np.full((2, 3), 0.5, np.float32)),
+    ...                        kl_ref=np.full((2, 3), 0.1, np.float32), beta=0.1,
+    ...                        num_groups=1)
+    >>> np.round(np.asarray(out.advantages, np.float64), 4).tolist()
+    [[1.392, 1.1199, -0.0287], [-0.653, -1.5094, -0.3208]]
+    >>> round(float(out.value_loss), 5)
+    0.11009
   """
   fn = "vimpo_advantages"
   check_choice(fn, "kl_estimate", kl_estimate, _KL_ESTIMATES)
