@@ -9,12 +9,15 @@ Variants: `:tiny` (2 steps; tests give it the teacher of `sft_teacher_arithmetic
 The setting is `grpo_arithmetic.py`'s. SCOPE (`credit.advantages.distill.scope`) routes each
 sample by the verifier: a failed one gets the teacher log-ratio (ℓ_teacher − ℓ_student) as
 its token advantage, weighted by how confident the teacher is on it; a correct one gets a
-constant advantage (the on-policy gradient of maximum likelihood), weighted by how unsure
-the student was. Other teacher estimators run here by name
+constant advantage (the on-policy gradient of maximum likelihood), weighted as the authors'
+code weights it (by the student's confidence; `--config.estimator_kwargs.student_weight=
+uncertain` for the paper's description). Other teacher estimators run here by name
 (`--config.estimator=diffgate|hypereyes|sod|sspo|pcsd|verpo|...`).
 
-Measured (as `opd_arithmetic.py`, 150 steps, seeds 0 / 1 / 2): 0.895 / 0.812 / 0.980 (mean 0.896;
-step 25 mean 0.822), against GRPO's 0.941 / 0.859 / 0.973 (0.924).
+Measured with the earlier form (student_weight="uncertain", mle_token_scale=False; as
+`opd_arithmetic.py`, 150 steps, seeds 0 / 1 / 2): 0.895 / 0.812 / 0.980 (mean 0.896; step 25
+mean 0.822), against GRPO's 0.941 / 0.859 / 0.973 (0.924); the code's defaults are not yet
+re-measured here.
 """
 from experiments.configs import common, opd_arithmetic
 
