@@ -34,7 +34,9 @@ def atom_searcher_weight(step: ArrayLike, total_steps: ArrayLike | None,
                                             "response_mask"),
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "format_gate", "singleton"),
-                    optional_needs={"format_ok": "format_gate"})
+                    optional_needs={"format_ok": "format_gate"},
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def atom_searcher_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
                              step_mask: ArrayLike, group_id: ArrayLike,
                              response_mask: ArrayLike, num_groups: int,
@@ -46,42 +48,48 @@ def atom_searcher_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
                              singleton: Literal["zero", "raw"] = "zero") -> Array:
   """Atom-Searcher: λ(step)·(mean atomic-thought score) + (1 − λ(step))·outcome, then GRPO.
 
-  Confidence: inferred from abstract (`shared/methods/outcome_and_clipping.md` §17; the
-  authors' repository antgroup/Research-Venus holds a README, a demo and an inference
-  notebook, no training code; the README and paper summaries say only that the ATR weight
-  decays linearly as training proceeds and the outcome is F1, 2026-12). λ0 = 0.5, the
-  linear decay to 0 at `total_steps` and r_fail = −1 (the format penalty of
-  DeepResearcher, on which the paper builds) are recalled, not read from code.
+  A reasoning reward model scores each atomic thought of a response; their mean is mixed
+  with the outcome under a weight that decays over training, so the dense signal guides
+  early training and the outcome dominates later::
+
+    λ     = λ0 · clip(1 − train_step / total_steps, 0, 1)     (λ0 when total_steps is None)
+    ATR_i = Σ_s m_{i,s} score_{i,s} / Σ_s m_{i,s}              (0 with no thoughts)
+    R_i   = λ ATR_i + (1 − λ) o_i                              (r_fail if format_ok_i is false)
+    A     = GRPO(R)                                            (unbiased σ, ε on σ)
 
   Paper: "Atom-Searcher: Enhancing Agentic Deep Research via Fine-Grained Atomic Thought
-  Reward", arXiv 2508.12800.
-
-  .. math::
-    λ     = λ0 · clip(1 − train_step / total_steps, 0, 1)     (λ0 when total_steps is None)
-    ATR_i = Σ_s m_{i,s} score_{i,s} / Σ_s m_{i,s}      (0 with no thoughts)
-    R_i   = λ · ATR_i + (1 − λ) · o_i                  (r_fail where format_ok_i is false)
-    A     = GRPO(R)     (unbiased σ, ε on σ)
-
-  `train_step` and `total_steps` may be traced arrays (the runner passes its RL step as an
-  array, so it does not recompile, and `total_steps` = its step count unless set). With `format_gate=True` (static; the registry then
-  asks for `format_ok`) format-invalid rows get `r_fail` whatever their scores; a
-  `format_ok` given without the switch is applied too.
+  Reward", arXiv 2508.12800. The paper states a linear decay of the thought-reward weight
+  and an F1 outcome; λ0 = 0.5, the decay to 0 at `total_steps` and r_fail = −1 (the format
+  penalty of DeepResearcher, on which it builds) are this library's choices.
 
   Args:
-    reward: [B] outcome o (F1 of the final answer in deep research).
-    step_reward: [B,K] float RRM score of each atomic thought.
-    step_mask: [B,K] bool atomic thoughts present.
-    group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
+    reward: [B] outcome o (the final answer's F1 in deep research).
+    step_reward: [B,K] float score of each atomic thought.
+    step_mask: [B,K] bool, thoughts present.
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     format_ok: optional [B] bool, the response follows the output format.
-    lambda0: λ0, the process weight at step 0.
-    train_step: current training step (scalar, may be traced; the runner passes its RL step).
-    total_steps: step at which λ reaches 0 (scalar, may be traced), or None: constant λ0.
-    format_gate: static; require `format_ok`.
+    lambda0: λ0, the thought-reward weight at step 0.
+    train_step: current training step (may be traced; the runner passes its RL step).
+    total_steps: step at which λ reaches 0 (may be traced), or None: constant λ0.
+    format_gate: static; require `format_ok` (a `format_ok` given anyway is applied too).
     r_fail: reward of a format-invalid row.
-    eps: added to σ. singleton: static "zero" | "raw".
+    eps: added to σ.
+    singleton: static "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = atom_searcher_advantages(
+    ...     reward=np.array([1., 0.]), step_reward=np.array([[1., .5], [.5, .5]]),
+    ...     step_mask=np.ones((2, 2), bool), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 2), bool), num_groups=1)   # R = [0.875, 0.25]
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [0.7071, -0.7071]
   """
   fn = "atom_searcher_advantages"
   check_choice(fn, "singleton", singleton, ops.SINGLETONS)

@@ -22,43 +22,52 @@ _PAPER = ("Hybrid Reward Normalization for Process-supervised Non-verifiable Age
 
 @register_estimator("ppr_renorm", needs=("step_reward", "step_mask", "reward", "step_id",
                                          "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups", "step_returns", "singleton"))
+                    paper=_PAPER, static_argnames=("num_groups", "step_returns", "singleton"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def ppr_renorm_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, reward: ArrayLike,
                           step_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                           num_groups: int, step_returns: bool = False, eps: float = 1e-6,
                           singleton: Literal["zero", "raw"] = "zero") -> Array:
-  """PPR ReNorm: r̃ = p + o − 1 per step, z-scored over all steps of the prompt group.
+  """PPR ReNorm: process scores calibrated by the outcome (p + o − 1), z-scored over the group's steps.
 
-  Confidence: inferred (from the abstract; spec `shared/methods/outcome_and_clipping.md`
-  §12; the paper's arXiv HTML page was found but its ReNorm equation was not retrieved, and
-  no code was found).
+  ::
 
-  Paper: P. Xu, Z. Li et al., "Hybrid Reward Normalization for Process-supervised
-  Non-verifiable Agentic Tasks", arXiv 2509.25598.
+    r̃_{i,s} = p_{i,s} + o_i − 1                   (in [−1, 1] for p, o in [0, 1])
+    Â_{i,s} = (r̃_{i,s} − μ_g) / (σ_g + ε)         (over every valid step of group g)
+    A[i,t]  = Â_{i,s(t)}   or, with `step_returns`, Σ_{s' ≥ s(t)} Â_{i,s'}
 
-  .. math::
-    r̃_{i,s} = p_{i,s} + o_i − 1                 (∈ [−1, 1] for p, o ∈ [0, 1])
-    Â_{i,s} = (r̃_{i,s} − μ_g)/(σ_g + ε)        (over every valid step (i, s) of group g,
-                                                 unbiased σ; < 2 valid steps → 0)
-    A[i,t] = Â_{i,s(t)}        or, with `step_returns`, Σ_{s' ≥ s(t)} Â_{i,s'}
+  A step of a failed trajectory can never earn a net positive r̃. Rows without any valid
+  step fall back to the GRPO z-score of the outcome; tokens of a row with steps that lie
+  outside every step get 0; fewer than two valid steps in a group give 0.
 
-  A step in a failed trajectory can never earn a net positive r̃ (p ≤ 1, o = 0). Rows
-  without any valid step (no `step_mask` entry with tokens) fall back to the GRPO z-score
-  of the outcome over the group's valid rows, broadcast over the response; tokens of a row
-  with steps that lie outside every step (`step_id` −1) get 0.
+  Paper: "Hybrid Reward Normalization for Process-supervised Non-verifiable Agentic
+  Tasks", arXiv 2509.25598. The abstract describes normalising the process rewards with the
+  outcome; the formula above is this library's reading of it.
 
   Args:
-    step_reward: [B,K] PRM scores p in [0, 1]. step_mask: [B,K] bool valid steps.
+    step_reward: [B,K] PRM scores p in [0, 1].
+    step_mask: [B,K] bool valid steps.
     reward: [B] outcome o in {0, 1}.
     step_id: [B,T] int step of each token (−1 outside).
-    group_id, num_groups: prompt groups (static count).
+    group_id: [B] int group ids.
     response_mask: [B,T] bool.
-    step_returns: static; accumulate the normalised step values backwards (reverse cumsum over
-      the valid steps) before scattering them to tokens.
-    eps: added to σ. singleton: the fallback's one-row groups ("zero" | "raw").
+    num_groups: static number of groups.
+    step_returns: static; accumulate the step values backwards before scattering them.
+    eps: added to σ.
+    singleton: the fallback's one-row groups ("zero" | "raw").
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = ppr_renorm_advantages(
+    ...     step_reward=np.array([[1., .5], [.5, 0.]]), step_mask=np.ones((2, 2), bool),
+    ...     reward=np.array([1., 0.]), step_id=np.array([[0, 0, 1, 1]] * 2, np.int32),
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()   # r̃ = [[1, .5], [−.5, −1]]
+    [[1.0954, 1.0954, 0.5477, 0.5477], [-0.5477, -0.5477, -1.0954, -1.0954]]
   """
   fn = "ppr_renorm_advantages"
   check_choice(fn, "singleton", singleton, ops.SINGLETONS)

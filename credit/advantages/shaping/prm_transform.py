@@ -25,13 +25,14 @@ def prm_step_transform(step_reward: ArrayLike, step_mask: ArrayLike, *,
                        transform: str = "clip_delta", eta: ArrayLike = 0.5) -> Array:
   """The Clip / Delta transforms of PRM step scores p [B,K] over the valid steps.
 
-  .. math::
-    clip:   r̃_s = min(p_s − η, 0)
-    delta:  r̃_s = p_s − p_{s'}  (s' the next valid step),   r̃_{last} = p_{last}
-    clip_delta: delta applied to the clipped scores;   none: r̃ = p
+  ::
 
-  Delta telescopes: Σ_{s'' ≥ s} r̃_{s''} = p_s, so the return from any step is one score.
-  Returns [B,K] float32, 0 outside `step_mask`.
+    clip:        r̃_s = min(p_s − η, 0)
+    delta:       r̃_s = p_s − p_{s'}  (s' the next valid step),   r̃_last = p_last
+    clip_delta:  delta applied to the clipped scores;              none: r̃ = p
+
+  Delta telescopes: the return from any step is that step's score alone, so a policy
+  cannot collect reward by adding steps. Returns [B,K] float32, 0 outside `step_mask`.
   """
   check_choice("prm_step_transform", "transform", transform, _TRANSFORMS)
   p = jnp.asarray(step_reward, jnp.float32)
@@ -49,7 +50,9 @@ def prm_step_transform(step_reward: ArrayLike, step_mask: ArrayLike, *,
 @register_estimator("prm_transform",
                     needs=("reward", "step_reward", "step_mask", "step_id", "response_mask"),
                     paper=_PAPER, optional_needs={"group_id": "group_baseline"},
-                    static_argnames=("num_groups", "transform", "group_baseline"))
+                    static_argnames=("num_groups", "transform", "group_baseline"),
+                    confidence="inferred",
+                    source=_PAPER + ", its Clip and Delta mechanisms as the paper describes them")
 def prm_transform_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
                              step_mask: ArrayLike, step_id: ArrayLike,
                              response_mask: ArrayLike, group_id: ArrayLike | None = None,
@@ -60,37 +63,44 @@ def prm_transform_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
                              group_baseline: bool = False) -> Array:
   """Clip / Delta-transformed PRM rewards at step ends plus the success reward, as returns.
 
-  Confidence: inferred (spec `shared/methods/outcome_and_clipping.md` §18, formulas recalled
-  from the paper; the arXiv HTML page and its Clip/Delta figure were found, the equations
-  and the authors' code were not retrieved).
+  Dense PRM rewards invite reward hacking (more steps, more reward); Clip bounds every step
+  reward above by 0 and Delta makes the return from any step one score::
 
-  Paper: J. Gao, S. Xu et al., "On Designing Effective RL Reward at Training Time for LLM
-  Reasoning", arXiv 2410.15115.
+    r̃       = prm_step_transform(p, transform, η)                 (per valid step)
+    x[i,t]  = α r̃_{i,s} at the last token of step s, + R_i at the last response token
+    A[i,t]  = Σ_{t' ≥ t} γ^{n(t,t')} x[i,t']                      (returns-to-go)
+    group_baseline:  A[i,t] −= mean over the group's rows of their whole-response return
 
-  .. math::
-    r̃ = prm_step_transform(p, transform, η)                 (per valid step)
-    x[i,t] = α r̃_{i,s} at the last token of step s,  + R_i at the last response token
-    A[i,t] = Σ_{t' ≥ t} γ^{n(t,t')} x[i,t']                 (returns-to-go, γ = 1)
-    group_baseline:  A[i,t] −= mean_{j ∈ g(i)} A[j, first token]
-
-  The paper trains with PPO (a critic baseline); without a critic the returns are the
-  REINFORCE advantages (`group_baseline=False`, the default). `group_baseline=True` (ours)
-  subtracts the mean whole-response return of the prompt group's valid rows (needs
-  `group_id`, `num_groups`). Steps listed in `step_mask` but without tokens in `step_id`
-  add nothing; tokens outside any step still carry the return.
+  Paper: "On Designing Effective RL Reward at Training Time for LLM Reasoning",
+  arXiv 2410.15115. The paper trains with PPO and a critic; without one the returns are
+  REINFORCE advantages (`group_baseline=False`), and `group_baseline=True` is this library's
+  option. Steps without tokens add nothing; tokens outside any step still carry the return.
 
   Args:
     reward: [B] success reward R (1/0 or ±1).
-    step_reward: [B,K] PRM scores p. step_mask: [B,K] bool valid steps.
+    step_reward: [B,K] PRM scores p.
+    step_mask: [B,K] bool valid steps.
     step_id: [B,T] int step of each token (−1 outside).
     response_mask: [B,T] bool.
-    group_id, num_groups: for `group_baseline` only.
-    transform: static, "clip" | "delta" | "clip_delta" (default) | "none".
-    eta: Clip threshold η. alpha: process-reward weight α. gamma: discount γ.
+    group_id: [B] int group ids (`group_baseline` only).
+    num_groups: static number of groups (`group_baseline` only).
+    transform: static, "clip" | "delta" | "clip_delta" | "none".
+    eta: Clip threshold η.
+    alpha: process-reward weight α.
+    gamma: discount γ.
     group_baseline: static, see above.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = prm_transform_advantages(
+    ...     reward=np.array([1., 0.]), step_reward=np.array([[.9, .8], [.3, .6]]),
+    ...     step_mask=np.ones((2, 2), bool), step_id=np.array([[0, 0, 1, 1]] * 2, np.int32),
+    ...     response_mask=np.ones((2, 4), bool))
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()   # clip_delta, η = 0.5
+    [[1.0, 1.0, 1.0, 1.0], [-0.2, -0.2, 0.0, 0.0]]
   """
   fn = "prm_transform_advantages"
   check_choice(fn, "transform", transform, _TRANSFORMS)

@@ -27,7 +27,7 @@ _BALANCE = ("sqrt_inverse", "inverse")
 def rl_tango_alpha(train_step: ArrayLike, *, alpha0: ArrayLike = 0.5,
                    alpha_min: ArrayLike = 1e-3, total_steps: ArrayLike = 1000.0,
                    decay_frac: ArrayLike = 1.0) -> Array:
-  """α(step) = max(α_min, α0·exp(−k·step)),  k = ln(α0/α_min)/(decay_frac·total_steps).
+  """α(step) = max(α_min, α0 · exp(−k · step)),  k = ln(α0/α_min) / (decay_frac · total_steps).
 
   Reaches α_min after decay_frac·total_steps steps. `train_step` may be traced.
   """
@@ -41,7 +41,10 @@ def rl_tango_alpha(train_step: ArrayLike, *, alpha0: ArrayLike = 0.5,
 @register_estimator("rl_tango", needs=("reward", "step_reward", "step_mask", "step_id",
                                        "group_id", "response_mask"),
                     paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "schedule", "singleton"))
+                    static_argnames=("num_groups", "group_size", "schedule", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: kaiwenzha/RL-Tango "
+                            "verl/trainer/ppo/rl_tango_trainer.py, verl/trainer/ppo/core_algos.py"))
 def rl_tango_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                         step_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                         num_groups: int, group_size: int | None = None,
@@ -53,41 +56,55 @@ def rl_tango_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask:
                         singleton: Literal["zero", "raw"] = "zero") -> Array:
   """RL Tango generator advantage: (1 − α)·outcome GRPO + α·returns of z-scored step verdicts.
 
-  Confidence: code-verified (kaiwenzha/RL-Tango `verl/trainer/ppo/rl_tango_trainer.py`,
-  `verl/trainer/ppo/core_algos.py`; spec `shared/methods/outcome_and_clipping.md` §26).
+  A generative verifier, trained with the policy, judges each step of a response; its
+  verdicts v (`step_reward`, placed at the last token of each step) become a process
+  advantage mixed with the outcome's::
 
-  Paper: K. Zha et al., "RL Tango: Reinforcing Generator and Verifier Together for
-  Language Reasoning", arXiv 2505.15034.
+    A_out[i,t]  = (R_i − μ_g) / (σ_g + ε)                     (constant on the response)
+    ẑ_{i,s}     = (v_{i,s} − μ'_g) / (σ'_g + ε)                (all valid steps of group g)
+    A_proc[i,t] = Σ_{s: end(s) ≥ t} ẑ_{i,s}
+    A = (1 − α) A_out + α A_proc,   α = rl_tango_alpha(train_step)      ("exp")
+    A = w_o A_out + w_p A_proc                                          ("fixed")
 
-  .. math::
-    A_out[i,t]  = (R_i − μ_g)/(σ_g + ε)                       (constant on the response)
-    ẑ_{i,s}     = (v_{i,s} − μ'_g)/(σ'_g + ε)                 (all valid steps of group g;
-                                                               n ≤ 1 → μ' = 0, σ' = 1)
-    A_proc[i,t] = Σ_{s: end(s) ≥ t} ẑ_{i,s}                   (reverse cumsum from step ends)
-    A = (1 − α)·A_out + α·A_proc,   α = `rl_tango_alpha`(train_step)     ("exp")
-    A = w_o·A_out + w_p·A_proc                                           ("fixed")
+  σ and σ' are unbiased; a group with at most one step uses μ' = 0, σ' = 1.
 
-  v = `step_reward`: the verifier's step judgments (±1/S in the code), placed at the last
-  token of each step (from `step_id`). σ, σ' are unbiased (torch.std). The code averages
-  A_proc over several verifier rollouts per sample; here `step_reward` holds one
-  verifier's judgments (average the verifier rollouts' A_proc outside, or pass the mean
-  judgment, which is the same for the linear reverse cumsum only when the normalisers
-  agree). Steps without tokens are ignored.
+  Paper: "RL Tango: Reinforcing Generator and Verifier Together for Language Reasoning",
+  arXiv 2505.15034. The authors' code averages A_proc over several verifier rollouts per
+  sample; here `step_reward` holds one verifier's verdicts (average the rollouts' A_proc
+  outside for the code's form). Steps without tokens are ignored.
 
   Args:
-    reward: [B] outcome. step_reward: [B,K] verdicts v. step_mask: [B,K] bool.
+    reward: [B] outcome.
+    step_reward: [B,K] verifier verdicts v (±1/S in the code).
+    step_mask: [B,K] bool.
     step_id: [B,T] int step of each token (−1 outside).
-    group_id, response_mask, num_groups, group_size, singleton: as `grpo_advantages`
-      (`singleton` applies to the outcome part).
-    schedule: static, "exp" (default) | "fixed".
-    train_step: the training step (may be traced). alpha0, alpha_min, total_steps,
-      decay_frac: the exponential schedule (`rl_tango_alpha`; α0 = 0.5, α_min = 1e-3;
-      set total_steps to the run's length).
-    outcome_weight, process_weight: w_o, w_p of the "fixed" mix.
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    schedule: static, "exp" | "fixed".
+    train_step: the training step (may be traced).
+    alpha0: α0 of the schedule.
+    alpha_min: α_min of the schedule.
+    total_steps: the run's length (for the schedule).
+    decay_frac: fraction of the run over which α decays to α_min.
+    outcome_weight: w_o of "fixed".
+    process_weight: w_p of "fixed".
     eps: added to σ and σ'.
+    singleton: static "zero" | "raw", for the outcome part.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = rl_tango_advantages(
+    ...     reward=np.array([1., 0.]), step_reward=np.array([[.5, .5], [.5, -.5]]),
+    ...     step_mask=np.ones((2, 2), bool), step_id=np.array([[0, 0, 1, 1]] * 2, np.int32),
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool),
+    ...     num_groups=1, schedule="fixed")
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.7071, 1.7071, 1.2071, 1.2071], [-1.7071, -1.7071, -2.2071, -2.2071]]
   """
   fn = "rl_tango_advantages"
   check_choice(fn, "schedule", schedule, _SCHEDULES)
@@ -148,29 +165,26 @@ def class_balance_weights(labels: ArrayLike, state: ClassBalanceState, *,
                           ) -> tuple[Array, ClassBalanceState]:
   """RL Tango's class-imbalance weights for the verifier's per-sample loss.
 
-  Confidence: code-verified (kaiwenzha/RL-Tango `verl/trainer/ppo/rl_tango_trainer.py`;
-  spec `shared/methods/outcome_and_clipping.md` §26).
+  ::
 
-  .. math::
-    n⁺ ← d·n⁺ + (1 − d)·#pos,   n⁻ ← d·n⁻ + (1 − d)·#neg     (first batch: n = #)
-    c_i = n_{y_i}^{−1/2} ("sqrt_inverse") or n_{y_i}^{−1} ("inverse")
-    w_i = c_i / mean_{valid j} c_j
+    n⁺ ← d n⁺ + (1 − d) #pos,   n⁻ ← d n⁻ + (1 − d) #neg          (first batch: n = #)
+    c_i = n_{y_i}^(−1/2) ("sqrt_inverse") or n_{y_i}^(−1) ("inverse")
+    w_i = c_i / mean over the valid rows of c
 
-  The weights multiply each sample's PPO loss (`sample_weight` of the policy losses).
-  A class whose count EMA is 0 (never seen) has no sample in the batch, so its
-  coefficient is never used (guarded against division by zero).
+  as the authors' trainer (kaiwenzha/RL-Tango `rl_tango_trainer.py`) weighs the verifier's
+  samples. The weights multiply each sample's loss (`sample_weight` of the policy losses).
+  A class never seen has no sample in the batch, so its coefficient is never used.
 
   Args:
     labels: [B] bool, True for a positive example (the verifier's target).
     state: `ClassBalanceState` (`class_balance_init()`).
-    decay: EMA decay d (0.8).
-    mode: static, "sqrt_inverse" (default) | "inverse".
+    decay: EMA decay d.
+    mode: static, "sqrt_inverse" | "inverse".
     valid: optional [B] bool rows that count (others get weight 0).
 
   Returns:
-    (sample_weight [B] float32 with mean 1 over the valid rows, new state).
-
-  Example: 3 positives and 1 negative (first batch) → [0.845299]·3 + [1.464102].
+    (sample_weight [B] float32 with mean 1 over the valid rows, new state). For example,
+    3 positives and 1 negative in the first batch give [0.845299] × 3 and [1.464102].
   """
   check_choice("class_balance_weights", "mode", mode, _BALANCE)
   y_B = jnp.asarray(labels).astype(bool)

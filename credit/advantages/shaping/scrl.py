@@ -16,59 +16,64 @@ Array = jax.Array
 
 __all__ = ["scrl_advantages"]
 
-_PAPER = ("SCRL: From Reasoning Chains to Verifiable Subproblems (subproblem curriculum RL); "
-          "arXiv id not given in the seeds")
+_PAPER = ("SCRL: From Reasoning Chains to Verifiable Subproblems (subproblem curriculum RL), "
+          "arXiv preprint")
 _FILLS = ("next", "zero")
 
 
 @register_estimator("scrl", needs=("sub_rewards", "sub_mask", "span_id", "group_id",
                                    "response_mask"),
                     paper=_PAPER,
-                    static_argnames=("num_groups", "group_size", "fill", "singleton"))
+                    static_argnames=("num_groups", "group_size", "fill", "singleton"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def scrl_advantages(*, sub_rewards: ArrayLike, sub_mask: ArrayLike, span_id: ArrayLike,
                     group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                     group_size: int | None = None, eps: float = 1e-6,
                     fill: Literal["next", "zero"] = "next",
                     singleton: Literal["zero", "raw"] = "zero") -> Array:
-  """SCRL: z-score each subproblem's reward per group; credit it to its answer span.
+  """SCRL: z-score each subproblem's reward within the group; credit it to its answer span.
 
-  Confidence: inferred from abstract (`shared/methods/outcome_and_clipping.md` §9; no code
-  found: searched the code and pages corpora for SCRL / "verifiable subproblems" /
-  "subproblem curriculum", 2026-12).
+  A problem is decomposed into verifiable subproblems whose answers appear as spans of the
+  response; each subproblem's reward is normalised across the group's rows that answered
+  it::
 
-  Paper: "From Reasoning Chains to Verifiable Subproblems" (SCRL; arXiv id not given in
-  the seeds).
-
-  .. math::
     a_{i,j} = (r_{i,j} − μ_{g,j}) / (σ_{g,j} + ε)     over {i ∈ g : sub_mask_{i,j}}
     A[i,t]  = a_{i, span_id[i,t]}                    on answer-span tokens
     A[i,t]  = fill                                    on the other response tokens
 
-  Statistics are P6 with item (group, subproblem): unbiased σ, ε on σ; a (group,
-  subproblem) with one valid answer gives 0 (`singleton="zero"`) or its raw reward
-  ("raw"). An entry outside `sub_mask` (a subproblem the prompt does not have, or that
-  the rollout left unanswered) takes no part in the statistics and gets 0. To count an
-  unanswered subproblem as a failure instead, put 0 in `sub_rewards` and keep it in
-  `sub_mask`.
+  With `fill="next"` (default) the reasoning before answer j shares answer j's credit and
+  tokens after the last span take the last span's; `fill="zero"` trains the answer spans
+  only. An entry outside `sub_mask` takes no part and gets 0 (to count an unanswered
+  subproblem as a failure, put 0 in `sub_rewards` and keep it in `sub_mask`).
 
-  `fill` (static) credits the response tokens outside every answer span:
-    * "next" (default): the advantage of the next answer span in the row, so the reasoning
-      that leads to answer j shares answer j's credit; tokens after the row's last span
-      (closing text, end of sequence) get the last span's advantage, i.e. that of the
-      original problem when the last span answers it; a row with no answer span gets 0;
-    * "zero": 0 (only answer spans are trained).
-  A span token whose `span_id` is not below J (the number of columns of `sub_rewards`)
-  counts as outside every span.
+  Paper: "From Reasoning Chains to Verifiable Subproblems" (SCRL, arXiv preprint). The
+  abstract describes subproblem-level rewards; the per-(group, subproblem) z-score and the
+  span credit are this library's reading of it.
 
   Args:
-    sub_rewards: [B,J] float verifier result r_{i,j} per subproblem answer.
+    sub_rewards: [B,J] float verifier result per subproblem answer.
     sub_mask: [B,J] bool valid entries of `sub_rewards`.
     span_id: [B,T] int answer span j holding token t, −1 outside answer spans.
-    group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
-    eps: added to σ. fill: static "next" | "zero". singleton: static "zero" | "raw".
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    eps: added to σ.
+    fill: static "next" | "zero".
+    singleton: static "zero" | "raw", for a (group, subproblem) with one answer.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = scrl_advantages(
+    ...     sub_rewards=np.array([[1., 1], [0, 1], [1, 0]]), sub_mask=np.ones((3, 2), bool),
+    ...     span_id=np.array([[-1, 0, -1, 1]] * 3, np.int32), group_id=np.zeros(3, np.int32),
+    ...     response_mask=np.ones((3, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.5773, 0.5773, 0.5773, 0.5773], [-1.1547, -1.1547, 0.5773, 0.5773], [0.5773, 0.5773, -1.1547, -1.1547]]
   """
   fn = "scrl_advantages"
   check_choice(fn, "fill", fill, _FILLS)

@@ -37,7 +37,9 @@ def _check_weights(fn: str, weights, num_obj: int):
 @register_estimator("searchllm", needs=("reward_components", "group_id", "response_mask"),
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "num_gates", "mode",
-                                     "singleton"))
+                                     "singleton"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def searchllm_advantages(*, reward_components: ArrayLike, group_id: ArrayLike,
                          response_mask: ArrayLike, num_groups: int,
                          group_size: int | None = None, num_gates: int = 1,
@@ -47,36 +49,46 @@ def searchllm_advantages(*, reward_components: ArrayLike, group_id: ArrayLike,
                          singleton: Literal["zero", "raw"] = "zero") -> Array:
   """SearchLLM: constraint scores gate the weighted objective score; GRPO on the result.
 
-  Confidence: inferred from abstract (`shared/methods/outcome_and_clipping.md` §16, a
-  proposal; the paper's HTML, arXiv 2603.10473, was found but only its abstract could be
-  read; no code found, 2026-12). Thresholds, r_fail and the soft variant are ours.
+  The first `num_gates` columns of `reward_components` are bottom-line constraints
+  (factual grounding, basic quality, format), the rest behaviour objectives (robustness,
+  user-need alignment)::
+
+    s_i    = Σ_c w_c obj_{i,c}                         (w ≥ 0, normalised to Σ w = 1)
+    hard:  pass_i = Π_c 1[gate_{i,c} ≥ τ_c],   R_i = pass_i s_i + (1 − pass_i) r_fail
+    soft:  R_i = (min_c gate_{i,c}) s_i                (gates in [0, 1])
+    A = GRPO(R)
+
+  With `num_gates=0` every row passes. A group failing the gates everywhere has equal
+  rewards and zero advantages (pair with a DAPO filter).
 
   Paper: "Aligning Large Language Models with Searcher Preferences", arXiv 2603.10473
-  (the Gated Aggregation Strategy).
-
-  .. math::
-    s_i    = Σ_c w_c · obj_{i,c}                       (w ≥ 0 normalised to Σ w = 1)
-    hard:  pass_i = Π_c 1[gate_{i,c} ≥ τ_c],   R_i = pass_i s_i + (1 − pass_i) r_fail
-    soft:  R_i = (min_c gate_{i,c}) · s_i             (gates expected in [0, 1])
-    A = GRPO(R)     (unbiased σ, ε on σ)
-
-  The first `num_gates` columns of `reward_components` are the bottom-line constraint
-  scores (factual grounding, basic quality, format), the rest the behaviour-objective
-  scores (robustness, user-need alignment). With `num_gates=0` every row passes and R = s.
-  A group failing the gates everywhere has equal rewards, hence A = 0 (pair with a DAPO
-  filter).
+  (its Gated Aggregation Strategy). The thresholds, r_fail and the soft variant are this
+  library's.
 
   Args:
     reward_components: [B,R] float scores, gates first.
-    group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
-    num_gates: static number Cg of gate columns, 0 <= Cg < R.
-    thresholds: τ, scalar or [Cg] (hard mode).
-    weights: [R − Cg] objective weights (default uniform), normalised to sum 1.
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    num_gates: static number of gate columns, 0 ≤ num_gates < R.
+    thresholds: τ, scalar or [num_gates] (hard mode).
+    weights: [R − num_gates] objective weights (default uniform).
     r_fail: reward of a row failing a gate (hard mode).
-    mode: static "hard" | "soft". eps: added to σ. singleton: static "zero" | "raw".
+    mode: static "hard" | "soft".
+    eps: added to σ.
+    singleton: static "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> c = np.array([[1., .8], [0., .9], [1., .4], [1., .8]])   # gate, objective
+    >>> a = searchllm_advantages(reward_components=c, group_id=np.zeros(4, np.int32),
+    ...                          response_mask=np.ones((4, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()   # R = [.8, 0, .4, .8]
+    [0.7833, -1.3056, -0.2611, 0.7833]
   """
   fn = "searchllm_advantages"
   check_choice(fn, "mode", mode, _MODES)

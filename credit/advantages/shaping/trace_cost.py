@@ -108,7 +108,12 @@ def trace_cost_bonus(*, reward: ArrayLike, tool_calls: ArrayLike, tool_cost: Arr
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "singleton", "update_ref",
                                      "init_missing_ref"),
-                    returns_output=True, init_state=trace_cost_init_state)
+                    returns_output=True, init_state=trace_cost_init_state,
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: DeepExperience/HyperEyes "
+                            "RL/relax-hypereyes/examples/HyperEyes/HyperEyes_reward_V1_2_w_dynamic_w_OPD_v0.py "
+                            "(compute_group_bonus, BaselineCache._is_better, "
+                            "_best_rollout_baseline, reward_func)"))
 def trace_cost_advantages(*, reward: ArrayLike, tool_calls: ArrayLike, tool_cost: ArrayLike,
                           group_id: ArrayLike, response_mask: ArrayLike, prompt_id: ArrayLike,
                           state: TraceCostState, num_groups: int,
@@ -118,47 +123,55 @@ def trace_cost_advantages(*, reward: ArrayLike, tool_calls: ArrayLike, tool_cost
                           singleton: Literal["zero", "raw"] = "zero") -> TraceCostOutput:
   """HyperEyes TRACE: accuracy plus a tool-cost bonus relative to a per-prompt reference, GRPO.
 
-  Confidence: code-verified (DeepExperience/HyperEyes
-  `RL/relax-hypereyes/examples/HyperEyes/HyperEyes_reward_V1_2_w_dynamic_w_OPD_v0.py`:
-  `compute_group_bonus`, `BaselineCache._is_better`, `_best_rollout_baseline`,
-  `reward_func`; spec `shared/methods/outcome_and_clipping.md` §15 and its corrections).
+  Per row with accuracy `acc` (1 correct, 0 wrong, −0.5 unparseable), tool-call rounds tc
+  and total searches tot, against its prompt's reference (ref_tc, ref_tot):
 
-  Per row with accuracy `acc` (1 correct, 0 wrong, −0.5 unparseable), tool-call rounds
-  `tc` and total searches `tot`, against its prompt's reference (ref_tc, ref_tot):
+  * acc ≤ −0.5: bonus 0;
+  * wrong: bonus −0.1 if tc < ref_tc or tc > int(1.5 ref_tc), else 0;
+  * correct with tc = 0: bonus 0 (a possible guess);
+  * correct with tc > 0: "good" when tc ≤ ref_tc and tot ≤ ref_tot, else "bad". Within each
+    set of the group the distinct (tc, tot) are ranked ascending, r = 0..M−1, and
+    bonus = hi − (hi − lo) r/(M − 1) (hi when M = 1), with (lo, hi) = (0.05, 0.20) for
+    good and (−0.10, −0.02) for bad, rounded to 4 decimals.
 
-  * acc ≤ −0.5 (parse failure): bonus 0, final score = acc;
-  * wrong (−0.5 < acc ≤ 0): bonus −0.1 if tc < ref_tc or tc > int(1.5·ref_tc), else 0;
-  * correct (acc > 0) with tc = 0: bonus 0 (a possible guess);
-  * correct with tc > 0: "good" when tc ≤ ref_tc and tot ≤ ref_tot, else "bad". Within
-    each set of the group, the distinct keys (tc, tot) are ranked ascending r = 0..M−1 and
-    bonus = hi − (hi − lo)·r/(M − 1) (hi when M = 1), (lo, hi) = (0.05, 0.20) for good,
-    (−0.10, −0.02) for bad; rounded to 4 decimals.
+  Then R = acc + bonus and A = GRPO(R). Without a reference every wrong answer gets −0.1
+  and every correct tc > 0 is "bad". `update_ref` (off, as in the released reward
+  function) replaces a prompt's reference by the group's cheapest correct row when it is
+  cheaper; `init_missing_ref` also sets a missing one.
 
-  .. math::
-    R_i = acc_i + bonus_i,    A_i = (R_i − μ_g)/(σ_g + ε)   (GRPO, unbiased σ)
-
-  No reference (−1): every wrong answer gets −0.1 and every correct tc > 0 is "bad".
-
-  Reference update (`update_ref`, off by default: the released reward function skips its
-  cache update): among the group's correct rows with tc ≥ 1, the lexicographic minimum
-  (tc, tot) replaces the reference when tc < ref_tc, or tc = ref_tc and tot < ref_tot. As
-  in the code's comparison, a missing reference (−1) is never established this way;
-  `init_missing_ref=True` (ours) sets it from the group's best correct row instead.
+  Source: the TRACE reward of HyperEyes (DeepExperience/HyperEyes).
 
   Args:
     reward: [B] accuracy acc.
-    tool_calls: [B] int tool-call rounds tc. tool_cost: [B] total searches tot.
-    group_id, response_mask, num_groups, group_size, singleton: as `grpo_advantages`.
-    prompt_id: [B] int slot in `state` of each row's prompt (constant within a group; two
-      groups of one batch must not share a slot). Rows whose slot is out of range use no
-      reference (−1) and update nothing.
+    tool_calls: [B] int tool-call rounds tc.
+    tool_cost: [B] total searches tot.
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    prompt_id: [B] int slot in `state` of each row's prompt (constant within a group;
+      distinct between groups); out-of-range slots use no reference.
     state: `TraceCostState` [P] (`trace_cost_init_state(P)`: no references).
-    update_ref, init_missing_ref: static, see above.
-    wrong_penalty: the wrong-answer bonus (−0.1).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    update_ref: static, see above.
+    init_missing_ref: static, see above.
+    wrong_penalty: the wrong-answer bonus.
     eps: added to σ.
+    singleton: static "zero" | "raw".
 
   Returns:
     TraceCostOutput(advantages [B,T], state [P], reward [B] = acc + bonus, 0 on invalid rows).
+
+  Example:
+    >>> import numpy as np
+    >>> st = trace_cost_init_state(1)._replace(ref_tc=np.array([2], np.int32),
+    ...                                        ref_total=np.array([4.], np.float32))
+    >>> out = trace_cost_advantages(
+    ...     reward=np.array([1., 1., 0., 1.]), tool_calls=np.array([1, 3, 2, 2], np.int32),
+    ...     tool_cost=np.array([2., 6., 4., 3.]), group_id=np.zeros(4, np.int32),
+    ...     response_mask=np.ones((4, 2), bool), prompt_id=np.zeros(4, np.int32), state=st,
+    ...     num_groups=1)
+    >>> np.round(np.asarray(out.reward, np.float64), 4).tolist()
+    [1.2, 0.98, 0.0, 1.05]
   """
   fn = "trace_cost_advantages"
   check_choice(fn, "singleton", singleton, ops.SINGLETONS)

@@ -22,7 +22,7 @@ __all__ = ["VeRPOTestsState", "VeRPOTestsOutput", "verpo_tests_init_state",
            "verpo_tests_advantages"]
 
 _PAPER = ("VeRPO: dense reward from difficulty-weighted unit tests combined with the global "
-          "outcome; arXiv id not given in the seeds")
+          "outcome, arXiv preprint")
 _DIFFICULTY = ("group", "ema")
 _SCALES = ("group", "batch", "none")
 # Test columns a state holds by default (`verpo_tests_init_state(P, num_tests=...)`).
@@ -59,7 +59,9 @@ def verpo_tests_init_state(num_prompts: int,
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "difficulty", "scale",
                                      "singleton"),
-                    returns_output=True, init_state=verpo_tests_init_state)
+                    returns_output=True, init_state=verpo_tests_init_state,
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
                            group_id: ArrayLike, response_mask: ArrayLike,
                            prompt_id: ArrayLike | None = None,
@@ -72,58 +74,49 @@ def verpo_tests_advantages(*, test_pass: ArrayLike, test_mask: ArrayLike,
                            singleton: Literal["zero", "raw"] = "zero") -> VeRPOTestsOutput:
   """VeRPO: difficulty-weighted fraction of passed unit tests, blended under the outcome.
 
-  Confidence: inferred from abstract (`shared/methods/outcome_and_clipping.md` §13, a
-  proposal; no code found: searched the code and pages corpora for VeRPO / difficulty-
-  weighted unit tests, 2026-12). α and the EMA decay are ours.
+  Passing a test that most of the group fails is worth more than passing an easy one::
 
-  Paper: VeRPO (verifiable dense rewards from unit tests; arXiv id not given in the seeds).
+    π_{g,u} = mean_{i ∈ g} pass_{i,u}       (difficulty="group"; "ema": the prompt's EMA)
+    w_{i,u} = (1 − π_{g,u}) / Σ_{u'} (1 − π_{g,u'})      (uniform when the sum is 0)
+    d_i     = Σ_u w_{i,u} pass_{i,u},     o_i = Π_u pass_{i,u}
+    R_i     = o_i + (1 − o_i) α d_i
+    A_i     = (R_i − μ_g)/(σ_g + ε) ("group") | (R_i − μ_g)/(σ_B + ε) ("batch") | R_i − μ_g ("none")
 
-  .. math::
-    π_{g,u} = mean_{i ∈ g} pass_{i,u}          (difficulty="group")
-            or the prompt's EMA of π             (difficulty="ema")
-    w_{i,u} = (1 − π_{g,u}) / Σ_{u'} (1 − π_{g,u'})   (uniform when the sum is 0)
-    d_i     = Σ_u w_{i,u} · pass_{i,u}
-    o_i     = Π_u pass_{i,u}                     (all tests pass, for 0/1 results)
-    R_i     = o_i + (1 − o_i) · α · d_i
-    A_i     = (R_i − μ_g) / (σ_g + ε)            (scale="group", GRPO; the default)
-            = (R_i − μ_g) / (σ_B + ε)            (scale="batch")
-            = R_i − μ_g                          (scale="none", Dr. GRPO)
+  over the row's valid tests; a row with no valid test gets R = 0. `scale="none"` keeps
+  the partial-credit differences of an all-failing group at their size instead of blowing
+  them up to unit scale. The optional state keeps each prompt's EMA of the pass rates
+  (`verpo_tests_init_state(P, num_tests)`); it is updated whenever it is given.
 
-  Sums and products run over the row's valid tests (`test_mask`); π over the valid rows of
-  the group having the test. A row with no valid test gets o = d = R = 0 (nothing was
-  verified). Then GRPO as `grpo_advantages` with the same `scale` (μ_g, σ_g: mean and
-  unbiased std of R over the group's valid rows; σ_B: unbiased std of R over every valid row
-  of the batch; ε on σ; `singleton`).
-
-  Why `scale="none"` (Dr. GRPO, Liu et al., arXiv 2503.20783, drop the σ division): in a
-  group where no row passes every test, the R differ only by partial credit, α·d ≤ α, and on
-  small polynomial tasks d often rewards chance agreement on a test; the σ division blows
-  those differences up to unit size, as large as a pass/fail group's. Without it they keep
-  their size (|A| ≤ α there), while a group with passing and failing rows keeps differences
-  of about 1. Not in the VeRPO proposal; an option of ours.
-
-  State (optional; `verpo_tests_init_state(P, num_tests)`; `state=None` skips it): per
-  prompt slot `prompt_id` and test u, the EMA of π with `decay`: the first batch that has a
-  valid result sets it to π, later ones to decay·old + (1 − decay)·π; tests without a valid
-  result in the batch and slots not in it are unchanged. The state is updated whenever it is
-  given; `difficulty="ema"` (needs the state) takes π from the updated EMA instead of the
-  batch, for difficulty estimates that span steps. Two groups of one batch must not share a
-  slot (their updates would collide), and U must not exceed the state's `num_tests`.
+  Paper: VeRPO (difficulty-weighted unit tests as dense reward, arXiv preprint). The
+  abstract describes the weighting; the formula above, α and the EMA are this library's.
 
   Args:
     test_pass: [B,U] float 1 when the response passes test u, 0 when it fails.
     test_mask: [B,U] bool tests the prompt has.
-    group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
     prompt_id: [B] int slot of each row's prompt in `state` (needed with a state).
     state: `VeRPOTestsState` [P,U_max], or None.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     alpha: weight α of the partial credit (< 1 keeps a failed row below a passing one).
     decay: EMA decay of the pass rates in the state.
-    difficulty: static "group" | "ema".
-    scale: static "group" (÷ group σ, default) | "batch" (÷ batch σ) | "none" (no division).
-    eps: added to σ (unused by "none"). singleton: static "zero" | "raw".
+    difficulty: static "group" | "ema" (needs the state).
+    scale: static "group" | "batch" | "none".
+    eps: added to σ.
+    singleton: static "zero" | "raw".
 
   Returns:
     VeRPOTestsOutput(advantages [B,T] float32, state VeRPOTestsState or None).
+
+  Example:
+    >>> import numpy as np
+    >>> p = np.array([[1., 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    >>> out = verpo_tests_advantages(test_pass=p, test_mask=np.ones((4, 3), bool),
+    ...                              group_id=np.zeros(4, np.int32),
+    ...                              response_mask=np.ones((4, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(out.advantages[:, 0], np.float64), 4).tolist()
+    [1.4606, -0.1826, -0.5477, -0.7303]
   """
   fn = "verpo_tests_advantages"
   check_choice(fn, "difficulty", difficulty, _DIFFICULTY)
