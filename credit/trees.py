@@ -32,23 +32,34 @@ roots of its prompt instead, so the batch keeps its static size ``N·G + N·k·�
 
 `step_rollout` lays out SLATE's step-level sampling the same way: per prompt, k candidate next
 steps from the chosen path at every step, each a row owning only its step's tokens.
+
+The traced side, shared by the tree estimators (CBPO, TreeRL, SLATE, PROPA) and the runner:
+`validate_tree` (eager checks of a layout, before tracing), `tree_layout` (a tree batch after
+the shared checks, a `TreeRows`), `sibling_matrix` and `first_of_node` (the rows of one
+exact-prefix node; [B,B] comparisons, O(B²), fine for a few hundred rows) and
+`segment_starts` (where a row's tokens change node).
 """
 from __future__ import annotations
 
 import functools
 from typing import Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
-from credit._checks import check_choice
+from credit import ops
+from credit._checks import check_choice, check_int
 
 Array = jax.Array
 
 __all__ = ["TreeRollout", "BRANCH_CRITERIA", "budgets", "tree_rows", "branch_candidates",
            "step_starts", "choose_branch_points", "grow_tree", "path_segments",
-           "rebuild_paths", "tree_depth", "node_normalize", "step_rollout"]
+           "rebuild_paths", "tree_depth", "node_normalize", "step_rollout",
+           "validate_tree", "TreeRows", "tree_layout", "sibling_matrix", "first_of_node",
+           "segment_starts"]
 
 BRANCH_CRITERIA = ("entropy", "surprisal", "step", "given")
 
@@ -385,3 +396,134 @@ def step_rollout(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sample_fn: 
   tree = TreeRollout(*(np.concatenate(x, axis=0) for x in zip(*parts)))
   return tree, np.concatenate(scores), {"path_steps": path_steps, "path_tokens": cur,
                                          "path_mask": cur_path}
+
+
+# --------------------------------------------------------------------------------------------
+# Tree layout on the traced side (estimators) and its eager checks (runner).
+# --------------------------------------------------------------------------------------------
+
+
+def _concrete(*xs) -> bool:
+  return all(not isinstance(x, jax.core.Tracer) for x in xs if x is not None)
+
+
+def validate_tree(parent_id: ArrayLike, prefix_len: ArrayLike, group_id: ArrayLike | None = None,
+                  *, num_tokens: int | None = None, where: str = "tree") -> None:
+  """Eager checks of a tree layout (host arrays; call before tracing).
+
+  Raises ValueError when: the arrays are not [B] integers; a parent index is outside [−1, B)
+  or not smaller than the row's own index; a branch departs at a column outside
+  [1, num_tokens) or not after its parent's own departure column (a branch of a branch departs
+  inside the parent's own tokens); a root has a non-zero prefix_len; a branch has another
+  prompt group than its parent.
+  """
+  par = np.asarray(parent_id)
+  pre = np.asarray(prefix_len)
+  if par.ndim != 1 or pre.shape != par.shape:
+    raise ValueError(f"{where}: parent_id and prefix_len must both be [B], got {par.shape} and "
+                     f"{pre.shape}")
+  if par.dtype.kind not in "iu" or pre.dtype.kind not in "iu":
+    raise ValueError(f"{where}: parent_id and prefix_len must be integers, got {par.dtype} and "
+                     f"{pre.dtype}")
+  rows = np.arange(par.shape[0])
+  bad = (par < -1) | (par >= rows)
+  if bad.any():
+    i = int(np.flatnonzero(bad)[0])
+    raise ValueError(f"{where}: parent_id[{i}] = {par[i]}; a branch continues an earlier row "
+                     "(−1 <= parent_id[c] < c)")
+  root = par < 0
+  if np.any(pre[root] != 0):
+    i = int(np.flatnonzero(root & (pre != 0))[0])
+    raise ValueError(f"{where}: root row {i} has prefix_len {pre[i]} (roots depart at 0)")
+  child = ~root
+  hi = np.iinfo(np.int64).max if num_tokens is None else num_tokens
+  p = pre[child]
+  if np.any((p < 1) | (p >= hi)):
+    i = int(np.flatnonzero(child & ((pre < 1) | (pre >= hi)))[0])
+    raise ValueError(f"{where}: branch row {i} departs at prefix_len {pre[i]}, outside "
+                     f"[1, {num_tokens if num_tokens is not None else 'T'})")
+  parents = np.where(child, par, 0)
+  later = child & (pre <= pre[parents]) & (par[parents] >= 0)
+  if later.any():
+    i = int(np.flatnonzero(later)[0])
+    raise ValueError(f"{where}: branch row {i} departs at {pre[i]}, not after its parent row "
+                     f"{par[i]}'s own departure at {pre[par[i]]}")
+  if group_id is not None:
+    gid = np.asarray(group_id)
+    if gid.shape != par.shape:
+      raise ValueError(f"{where}: group_id must be [B] like parent_id, got {gid.shape}")
+    diff = child & (gid != gid[parents])
+    if diff.any():
+      i = int(np.flatnonzero(diff)[0])
+      raise ValueError(f"{where}: branch row {i} is in group {gid[i]} but its parent row "
+                       f"{par[i]} in group {gid[par[i]]}")
+
+
+class TreeRows(NamedTuple):
+  """A tree batch after the shared checks (`tree_layout`).
+
+  reward: [B] float32, 0 on invalid rows. group_id: [B] int32. mask: [B,T] bool.
+  valid: [B] bool, a non-empty response and a group id in [0, num_groups).
+  parent: [B] int32, −1 for roots. prefix: [B] int32. child: [B] bool (parent >= 0).
+  """
+  reward: Array
+  group_id: Array
+  mask: Array
+  valid: Array
+  parent: Array
+  prefix: Array
+  child: Array
+
+
+def tree_layout(fn: str, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
+                parent_id: ArrayLike, prefix_len: ArrayLike, num_groups: int) -> TreeRows:
+  """Shape/type asserts, static checks, eager `validate_tree` (on concrete inputs) and the
+  per-row validity of a tree batch."""
+  check_int(fn, "num_groups", num_groups)
+  if _concrete(parent_id, prefix_len, group_id, response_mask):
+    validate_tree(parent_id, prefix_len, group_id, num_tokens=np.shape(response_mask)[-1],
+                  where=fn)
+  rows = ops.group_rows(fn, reward, group_id, num_groups, response_mask=response_mask)
+  par = jnp.asarray(parent_id)
+  pre = jnp.asarray(prefix_len)
+  chex.assert_type([par, pre], int)
+  chex.assert_equal_shape([par, pre, rows.values])
+  par = par.astype(jnp.int32)
+  return TreeRows(reward=jnp.where(rows.valid, rows.values, 0.0), group_id=rows.group_id,
+                  mask=rows.mask, valid=rows.valid, parent=par,
+                  prefix=pre.astype(jnp.int32), child=par >= 0)
+
+
+def sibling_matrix(tree: TreeRows) -> Array:
+  """[B,B] bool: rows c, c' are branches of the same node (same parent and prefix_len);
+  True on the diagonal of branch rows, False for roots."""
+  same = (tree.parent[:, None] == tree.parent[None, :]) & (
+      tree.prefix[:, None] == tree.prefix[None, :])
+  return same & tree.child[:, None] & tree.child[None, :]
+
+
+def first_of_node(sib_BB: Array, valid_B: Array) -> Array:
+  """[B] bool: the valid branch row of lowest index in its node (one writer per node)."""
+  B = valid_B.shape[0]
+  before = jnp.arange(B)[None, :] < jnp.arange(B)[:, None]
+  return valid_B & ~jnp.any(sib_BB & valid_B[None, :] & before, axis=1)
+
+
+def segment_starts(tree: TreeRows, has_B: Array, num_tokens: int) -> tuple[Array, Array]:
+  """Branch points taken from each row and, per token, the last one at or before it.
+
+  Args:
+    tree: the batch.
+    has_B: [B] bool, the branch rows whose node counts (e.g. the valid ones).
+    num_tokens: T.
+
+  Returns:
+    (mark_BT, start_BT): mark[a, p] = a valid-looking branch departs from row a at column p;
+    start[a, t] = the largest such p <= t, −1 before the first (the row's own segment).
+  """
+  B, T = tree.parent.shape[0], num_tokens
+  ok = has_B & tree.child & (tree.prefix >= 0) & (tree.prefix < T)
+  a = jnp.where(ok, tree.parent, B)               # out of range: dropped
+  mark = jnp.zeros((B, T), bool).at[a, jnp.clip(tree.prefix, 0, T - 1)].set(True, mode="drop")
+  pos = jnp.where(mark, jnp.arange(T, dtype=jnp.int32)[None, :], -1)
+  return mark, jax.lax.cummax(pos, axis=1)

@@ -253,7 +253,7 @@ def check_batch(fields: dict[str, Any], *, num_groups: int, where: str) -> None:
   host = parallel.to_host({k: v for k, v in fields.items() if k in credit.CONTRACT})
   credit.validate_fields(host, num_groups=num_groups, where=where)
   if "parent_id" in host and "prefix_len" in host:  # a tree batch: parents first, same group
-    from credit.advantages.tree.cbpo import validate_tree
+    from credit.trees import validate_tree
     validate_tree(host["parent_id"], host["prefix_len"], host.get("group_id"),
                   num_tokens=np.shape(host["tokens"])[1] if "tokens" in host else None,
                   where=where)

@@ -548,7 +548,7 @@ def _build_logo_rollout(s: Setup, wanted: frozenset) -> Produce:
                        logo_local_reward=float(out.reward[real].mean()) if real.any() else 0.0,
                        episode_reward=float(eps.reward.mean()))
     gid = out.group_id
-    from credit.advantages.tree.cbpo import validate_tree  # pylint: disable=g-import-not-at-top
+    from credit.trees import validate_tree  # pylint: disable=g-import-not-at-top
     validate_tree(lr.parent_id, lr.prefix_len, gid, num_tokens=out.tokens.shape[1],
                   where="logo_rollout")
     return _episode_batch(s, ctx, out, gid, parent_id=lr.parent_id, prefix_len=lr.prefix_len)

@@ -12,14 +12,13 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.tree.cbpo import (first_of_node, segment_starts, sibling_matrix,
-                                         tree_rows, validate_tree)
-from credit.advantages.tree.prorag import (_step_tokens, check_steps, pooled_zscore,
-                                           prorag_outcome)
-from credit.advantages.tree.treerl import tree_leaf_values
+from credit.advantages.tree._common import (check_steps, pooled_zscore, prorag_outcome,
+                                           step_tokens, tree_leaf_values)
 from credit.contract import ContractError, validate_fields
 from credit.ops._cast import as_f32
 from credit.registry import register_estimator
+from credit.trees import (first_of_node, segment_starts, sibling_matrix, tree_layout,
+                          validate_tree)
 
 Array = jax.Array
 
@@ -41,8 +40,8 @@ def log_boost(q: ArrayLike, a: ArrayLike = 10.0) -> Array:
 def _node_grpo(reward, group_id, response_mask, parent_id, prefix_len, num_groups, eps,
                min_span, boost_a) -> Array:
   """The code's form on the tree layout (see `propa_advantages`)."""
-  tree = tree_rows("propa_advantages", reward, group_id, response_mask, parent_id, prefix_len,
-                   num_groups)
+  tree = tree_layout("propa_advantages", reward, group_id, response_mask, parent_id, prefix_len,
+                     num_groups)
   B, T = tree.mask.shape
   valid, child = tree.valid, tree.child
   total, count = tree_leaf_values(tree)
@@ -94,7 +93,7 @@ def _step_value_form(reward, step_value, step_mask, step_id, group_id, response_
   reward_B, gid_B, _, valid_B = ops.group_rows(
       "propa_advantages", reward, group_id, num_groups, group_size,
       response_mask=response_mask)
-  mask_BT, step_BK, sid_BT, _ = _step_tokens(response_mask, step_mask, step_id)
+  mask_BT, step_BK, sid_BT, _ = step_tokens(response_mask, step_mask, step_id)
   q_BK = as_f32(step_value)
   chex.assert_equal_shape([q_BK, step_BK])
   q_BK = jnp.where(step_BK, q_BK, 0.0)

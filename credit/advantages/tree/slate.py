@@ -8,9 +8,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from credit import ops
-from credit.advantages.tree.cbpo import sibling_matrix, tree_rows
 from credit.ops._cast import as_f32
 from credit.registry import register_estimator
+from credit.trees import tree_layout
 
 Array = jax.Array
 
@@ -90,8 +90,8 @@ def slate_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: A
   >>> np.round(np.asarray(a, np.float64)[:, 0], 6).tolist()
   [0.920357, 0.153393, -0.613572, -1.380536, 0.920357]
   """
-  tree = tree_rows("slate_advantages", reward, group_id, response_mask, parent_id, prefix_len,
-                   num_groups)
+  tree = tree_layout("slate_advantages", reward, group_id, response_mask, parent_id, prefix_len,
+                     num_groups)
   B = tree.parent.shape[0]
   node = slate_node_ids(tree.parent, tree.prefix, tree.group_id)
   adv = ops.group_normalize(tree.reward, node, B + num_groups, valid=tree.valid, eps=eps)

@@ -9,8 +9,9 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.tree.cbpo import TreeRows, segment_starts, tree_rows
+from credit.advantages.tree._common import tree_leaf_values
 from credit.registry import register_estimator
+from credit.trees import TreeRows, segment_starts, tree_layout
 
 Array = jax.Array
 
@@ -21,54 +22,6 @@ _PAPER = ("TreeRL: LLM Reinforcement Learning with On-Policy Tree Search (Hou et
 
 REWEIGHTS = ("sqrt", "uniform", "none")
 FORMS = ("code", "paper")
-
-
-def _exit_columns(tree: TreeRows, big: int) -> Array:
-  """[B,B] int32 E[r, a]: the column where row r's root-to-row path leaves row a's tokens.
-
-  `big` when a = r (the path ends in r), prefix_len of the branch through which the path
-  leaves a when a is a proper ancestor of r, −1 when a is not on r's path.
-  """
-  B = tree.parent.shape[0]
-  rows = jnp.arange(B, dtype=jnp.int32)
-  exit0 = jnp.full((B, B), -1, jnp.int32).at[rows, rows].set(big)
-
-  def cond(state):
-    return jnp.any(state[0] >= 0)
-
-  def body(state):
-    cur, ex = state
-    on = cur >= 0
-    safe = jnp.clip(cur, 0, B - 1)
-    nxt = jnp.where(on, tree.parent[safe], -1)
-    up = nxt >= 0
-    ex = ex.at[jnp.where(up, rows, B), jnp.clip(nxt, 0, B - 1)].set(
-        tree.prefix[safe], mode="drop")
-    return nxt, ex
-
-  _, ex = jax.lax.while_loop(cond, body, (rows, exit0))
-  return ex
-
-
-def tree_leaf_values(tree: TreeRows) -> tuple[Array, Array]:
-  """(sum_BT, count_BT): over the valid rows r whose path passes through token (a, t), the sum
-  of their rewards and their number (every row is a leaf: a complete path with a reward).
-
-  Row r passes through (a, t) iff t < E[r, a] (`_exit_columns`); both are built from a
-  histogram of E per row a and a reverse cumulative sum over columns, O(B² + B·T).
-  """
-  B, T = tree.mask.shape
-  ex = _exit_columns(tree, T)                       # [r, a]
-  e = jnp.clip(ex, 0, T)                            # −1 → bin 0, counted for no column
-  bins = (jnp.arange(B, dtype=jnp.int32)[None, :] * (T + 1) + e).reshape(-1)
-  w = jnp.broadcast_to(tree.valid[:, None], (B, B)).astype(jnp.float32)
-  n = B * (T + 1)
-
-  def per_column(x):
-    h = jax.ops.segment_sum(x.reshape(-1), bins, n).reshape(B, T + 1)
-    return jax.lax.cumsum(h, axis=1, reverse=True)[:, 1:]   # Σ_{e > t}
-
-  return per_column(w * tree.reward[:, None]), per_column(w)
 
 
 def _parent_segment(tree: TreeRows, x_BT: Array, count_BT: Array, root_B: Array) -> Array:
@@ -281,8 +234,8 @@ def treerl_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: 
   """
   check_choice("treerl_advantages", "reweight", reweight, REWEIGHTS)
   check_choice("treerl_advantages", "form", form, FORMS)
-  tree = tree_rows("treerl_advantages", reward, group_id, response_mask, parent_id, prefix_len,
-                   num_groups)
+  tree = tree_layout("treerl_advantages", reward, group_id, response_mask, parent_id, prefix_len,
+                     num_groups)
   if form == "code":
     r_seg = _code_form(tree, global_weight, local_weight, reweight, fill_tol)
   else:
