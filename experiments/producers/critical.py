@@ -291,7 +291,7 @@ def _build_successes(s: "Setup"):
   return produce
 
 
-@producer(INTERVENTIONS,
+@producer(INTERVENTIONS, trees=True,  # data="successes" only on trees (check_config)
           provides=(FIELD,),
           requires=("tokens", "response_mask", "reward"),
           phase="critical",
@@ -300,7 +300,7 @@ def _build_successes(s: "Setup"):
               "continuation succeeds; SFT rows prompt -> prefix + intervention (or, with "
               "data=successes, PROPA's SFT rows: up to 2 successful responses per "
               "prompt, the demonstration when none succeeded)",
-          when=lambda c: critical_on(c) and c.objective != "dpo",
+          when=lambda c: critical_on(c) and c.critical.objective != "dpo",
           check=check_config,
           off_doc="set enabled=True (objective sft)")
 @producer(PAIRS,
@@ -311,7 +311,7 @@ def _build_successes(s: "Setup"):
               "token, c.proposals alternative steps from the prefix, each continued "
               "by the policy and verified; a successful alternative (chosen) against the "
               "original step (rejected), scored by the frozen reference for step-level DPO",
-          when=lambda c: critical_on(c) and c.objective == "dpo",
+          when=lambda c: critical_on(c) and c.critical.objective == "dpo",
           keeps_reference=True,
           check=check_config,
           off_doc="set enabled=True (objective dpo)")
