@@ -291,6 +291,175 @@ def _build_successes(s: "Setup"):
   return produce
 
 
+class _Corrections:
+  """CSO's pairs / InT's interventions (`data="corrections"`) of one run: the build-time
+  constants, and the pipeline's stages as methods (`build` returns the bound `produce`)."""
+
+  def __init__(self, s: Setup):
+    c, k, tok, task = s.c, s.c.critical, s.data.tokenizer, s.data.task
+    self.s, self.c, self.k, self.tok, self.task = s, c, k, tok, task
+    self.K, self.cap = int(k.proposals), int(k.max_items)
+    self.split = step_splitter(s)
+    self.stop_ids = tuple(getattr(tok, "stop_ids", None) or (tok.eos_id,))
+    self.delims = tuple(sorted(set(delimiter_ids(tok, c.step_delimiters)) | set(self.stop_ids)))
+    div = parallel.batch_divisor(s.mesh)
+    self.M = -(-self.cap // div) * div  # rows per side, padded so the batch shards over the mesh
+    self.rows_out = 2 * self.M if k.objective == "dpo" else self.M
+    self.ref_score = s.scorer(entropy=False) if k.objective == "dpo" else None
+    self.expert = _expert(s) if k.proposer == "teacher" else None
+    self.priv_width = 0
+    if k.context:
+      self.priv_width = prompt_width(
+          tok, (privileged_prompt(c, task, e, k.context) for e in s.data.train),
+          f"a prompt with critical.context={k.context!r}")
+    self.rng_seed = int(c.seed) + 101
+
+  def empty(self, T: int) -> dict:
+    return _empty(self.rows_out, T, self.k.objective)
+
+  def finish(self, arrays: dict, rl_w: float, w: float) -> dict:
+    return _finish(self.s, arrays, rl_w, w)
+
+  def produce(self, state, batch, ctx: "StepContext") -> dict:
+    """produce(state, batch, ctx) -> {FIELD: the update's critical batch}."""
+    c, k, tok, task = self.c, self.k, self.tok, self.task
+    step = int(state.step)
+    rl_w, w, on = weights(c, step)
+    host = ctx.host
+    tokens, resp = host["tokens"], host["response_mask"]
+    B, T = tokens.shape
+    if not on:
+      ctx.metrics.update(critical_on=0.0)
+      return self.finish(self.empty(T), rl_w, w)
+    reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
+    example_of_row = host["group_id"]
+    valid = host["prompt_mask"] | resp
+    failed = np.flatnonzero(reward < k.success)
+    wrong = first_wrong_columns(tok, task, ctx.examples, tokens, resp, example_of_row, failed)
+    start, end = critical_steps(self.split(tokens, resp), wrong)
+    located = np.flatnonzero(start >= 0)
+    rng = np.random.default_rng([self.rng_seed, step])
+    items = (rng.choice(located, size=self.cap, replace=False) if len(located) > self.cap
+             else located)
+    n = len(items)
+    metrics = {"critical_on": 1.0, "critical_failed": float(len(failed)),
+               "critical_located": float(len(located)), "critical_items": 0.0,
+               "critical_distinct": 0.0, "critical_verified": 0.0}
+    if n == 0:
+      ctx.metrics.update(metrics)
+      return self.finish(self.empty(T), rl_w, w)
+    # Context of each item: the row's valid prompt tokens, then its response before the step.
+    ctx_ids = [tokens[b, valid[b] & (np.arange(T) < start[b])].tolist() for b in items]
+    orig = [tokens[b, start[b]:end[b]].tolist() for b in items]
+    plen = [int(host["prompt_mask"][b].sum()) for b in items]
+    budget = [max(p + c.max_new_tokens - len(x), 0) for p, x in zip(plen, ctx_ids)]
+    model_state = self.s.model_state(state.params)
+    alts = self.propose(model_state, ctx, items, example_of_row, ctx_ids, plen, budget, T)
+    ok = self.verified(model_state, ctx, items, example_of_row, ctx_ids, plen, budget, alts, T)
+    K, rows_of = self.K, np.repeat(np.arange(n), self.K)
+    distinct = np.array([alts[r] != orig[rows_of[r]] and len(alts[r]) > 0
+                         for r in range(n * K)])
+    keep = distinct & ok if k.require_success else distinct
+    picked = []  # (item, alternative)
+    for i in range(n):
+      js = np.flatnonzero(keep[i * K:(i + 1) * K])
+      if len(js):
+        picked.append((i, alts[i * K + js[0]]))
+    metrics.update(critical_items=float(len(picked)), critical_distinct=float(distinct.mean()),
+                   critical_verified=float(ok[distinct].mean()) if distinct.any() else 0.0)
+    ctx.metrics.update(metrics)
+    arrays = self.empty(T)
+    if not picked:
+      return self.finish(arrays, rl_w, w)
+    if k.objective == "sft":
+      self.interventions(arrays, picked, ctx_ids, plen, T)
+    else:
+      self.pairs(arrays, picked, ctx_ids, orig, T, ctx)
+    return self.finish(arrays, rl_w, w)
+
+  def propose(self, model_state, ctx: "StepContext", items, example_of_row, ctx_ids, plen,
+              budget, T: int) -> list[list[int]]:
+    """2. Proposals: K alternative steps per item (n·K rows, item-major), cut at the next
+    delimiter."""
+    s, c, k, tok, task, M = self.s, self.c, self.k, self.tok, self.task, self.M
+    fill = lambda lst, pad: lst + [pad] * (M - len(lst))  # static shapes: M items
+    if k.context:
+      prop_ctx = []
+      for b, x, p in zip(items, ctx_ids, plen):
+        ex = {kk: ctx.examples[kk][example_of_row[b]] for kk in ctx.examples}
+        prop_ctx.append(prompt_ids(tok, privileged_prompt(c, task, ex, k.context))
+                        + x[p:])
+      width = self.priv_width + c.max_new_tokens
+    else:
+      prop_ctx, width = ctx_ids, T
+    ptoks, pmask = _pack(fill(prop_ctx, prop_ctx[0]), width, tok.pad_id)
+    pbudget = np.asarray(fill(budget, 0), np.int32)
+    sampler, proposer_state = (s.sampler, model_state) if self.expert is None else self.expert
+    out = sampler(proposer_state, prompt_tokens=ptoks, prompt_mask=pmask,
+                  key=jax.random.fold_in(ctx.key, 71), max_new_tokens=c.max_new_tokens,
+                  num_samples=self.K, temperature=k.temperature, top_k=c.top_k, top_p=c.top_p,
+                  stop_tokens=self.delims, max_new_tokens_per_row=pbudget, share_prefix=True)
+    return _new_tokens(out)[:len(items) * self.K]
+
+  def verified(self, model_state, ctx: "StepContext", items, example_of_row, ctx_ids, plen,
+               budget, alts, T: int) -> np.ndarray:
+    """3. Each alternative continued by the policy in its plain context, then verified:
+    bool [n·K], the whole response succeeded."""
+    s, c, k, tok, K = self.s, self.c, self.k, self.tok, self.K
+    n = len(items)
+    seqs, cbudget = [], []
+    for i in range(n):
+      for j in range(K):
+        a = alts[i * K + j]
+        seqs.append(ctx_ids[i] + a)
+        done = bool(a) and a[-1] in self.stop_ids
+        cbudget.append(0 if done else max(budget[i] - len(a), 0))
+    R = self.M * K
+    ctoks, cmask = _pack(seqs + [seqs[0]] * (R - len(seqs)), T, tok.pad_id)
+    cb = np.asarray(cbudget + [0] * (R - len(cbudget)), np.int32)
+    cont = s.sampler(model_state, prompt_tokens=ctoks, prompt_mask=cmask,
+                     key=jax.random.fold_in(ctx.key, 72), max_new_tokens=c.max_new_tokens,
+                     num_samples=1, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                     max_new_tokens_per_row=cb)
+    tails = _new_tokens(cont)[:n * K]
+    full = [seqs[r] + tails[r] for r in range(n * K)]
+    rows_of = np.repeat(np.arange(n), K)
+    ftoks, fvalid = _pack(full, T + c.max_new_tokens, tok.pad_id)
+    fresp = fvalid & (np.arange(ftoks.shape[1])[None] >= np.asarray(plen)[rows_of][:, None])
+    _, ok = verify_rows(s, ctx.examples, ftoks, fresp, example_of_row[items][rows_of])
+    return np.asarray(ok) >= k.success
+
+  def interventions(self, arrays: dict, picked, ctx_ids, plen, T: int) -> None:
+    """InT's SFT rows prompt ⊕ prefix ⊕ intervention, written into `arrays`."""
+    P = len(picked)
+    rows = [ctx_ids[i] + a for i, a in picked]
+    toks, attn = _pack(rows, T, self.tok.pad_id)
+    plens = np.asarray([plen[i] for i, _ in picked])
+    resp_cols = attn & (np.arange(T)[None] >= plens[:, None])
+    mask = np.asarray(intervention_sft_mask(
+        np.asarray([len(ctx_ids[i]) for i, _ in picked], np.int32),
+        np.asarray([len(a) for _, a in picked], np.int32), T, train_on=self.k.train_on,
+        response_mask=resp_cols))
+    arrays["tokens"][:P], arrays["attn_mask"][:P], arrays["loss_mask"][:P] = toks, attn, mask
+
+  def pairs(self, arrays: dict, picked, ctx_ids, orig, T: int, ctx: "StepContext") -> None:
+    """CSO's DPO pairs (chosen rows 0..P, rejected rows M..M+P) and their frozen-reference
+    step log-probs, written into `arrays`."""
+    s, M, P = self.s, self.M, len(picked)
+    chosen = [ctx_ids[i] + a for i, a in picked]
+    rejected = [ctx_ids[i] + orig[i] for i, _ in picked]
+    for off, rows in ((0, chosen), (M, rejected)):
+      toks, attn = _pack(rows, T, self.tok.pad_id)
+      lens = np.asarray([len(ctx_ids[i]) for i, _ in picked])
+      arrays["tokens"][off:off + P], arrays["attn_mask"][off:off + P] = toks, attn
+      arrays["step_mask"][off:off + P] = attn & (np.arange(T)[None] >= lens[:, None])
+    sharded = parallel.shard_batch((arrays["tokens"], arrays["attn_mask"]), s.mesh)
+    logprob_ref, _ = self.ref_score(ctx.ref_params, *sharded)
+    arrays["logprob_ref"] = np.where(arrays["step_mask"],
+                                     np.asarray(parallel.to_host(logprob_ref)), 0.0
+                                     ).astype(np.float32)
+
+
 @producer(INTERVENTIONS, trees=True,  # data="successes" only on trees (check_config)
           provides=(FIELD,),
           requires=("tokens", "response_mask", "reward"),
@@ -319,137 +488,4 @@ def build(s: Setup, wanted: frozenset):
   """The producer: produce(state, batch, ctx) -> {FIELD: the update's critical batch}."""
   if s.c.critical.data == "successes":
     return _build_successes(s)
-  c, k, tok, task = s.c, s.c.critical, s.data.tokenizer, s.data.task
-  K, cap = int(k.proposals), int(k.max_items)
-  split = step_splitter(s)
-  stop_ids = tuple(getattr(tok, "stop_ids", None) or (tok.eos_id,))
-  delims = tuple(sorted(set(delimiter_ids(tok, c.step_delimiters)) | set(stop_ids)))
-  div = parallel.batch_divisor(s.mesh)
-  M = -(-cap // div) * div  # rows per side, padded so that the batch shards over the mesh
-  rows_out = 2 * M if k.objective == "dpo" else M
-  ref_score = s.scorer(entropy=False) if k.objective == "dpo" else None
-  expert = _expert(s) if k.proposer == "teacher" else None
-  priv_width = 0
-  if k.context:
-    priv_width = prompt_width(
-        tok, (privileged_prompt(c, task, e, k.context) for e in s.data.train),
-        f"a prompt with critical.context={k.context!r}")
-  rng_seed = int(c.seed) + 101
-  empty = lambda T: _empty(rows_out, T, k.objective)
-  finish = lambda arrays, rl_w, w: _finish(s, arrays, rl_w, w)
-
-  def produce(state, batch, ctx: "StepContext") -> dict:
-    step = int(state.step)
-    rl_w, w, on = weights(c, step)
-    host = ctx.host
-    tokens, resp = host["tokens"], host["response_mask"]
-    B, T = tokens.shape
-    if not on:
-      ctx.metrics.update(critical_on=0.0)
-      return finish(empty(T), rl_w, w)
-    reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
-    example_of_row = host["group_id"]
-    valid = host["prompt_mask"] | resp
-    failed = np.flatnonzero(reward < k.success)
-    wrong = first_wrong_columns(tok, task, ctx.examples, tokens, resp,
-                                          example_of_row, failed)
-    start, end = critical_steps(split(tokens, resp), wrong)
-    located = np.flatnonzero(start >= 0)
-    rng = np.random.default_rng([rng_seed, step])
-    items = (rng.choice(located, size=cap, replace=False) if len(located) > cap
-             else located)
-    n = len(items)
-    metrics = {"critical_on": 1.0, "critical_failed": float(len(failed)),
-               "critical_located": float(len(located)), "critical_items": 0.0,
-               "critical_distinct": 0.0, "critical_verified": 0.0}
-    if n == 0:
-      ctx.metrics.update(metrics)
-      return finish(empty(T), rl_w, w)
-    # Context of each item: the row's valid prompt tokens, then its response before the step.
-    ctx_ids = [tokens[b, valid[b] & (np.arange(T) < start[b])].tolist() for b in items]
-    orig = [tokens[b, start[b]:end[b]].tolist() for b in items]
-    plen = [int(host["prompt_mask"][b].sum()) for b in items]
-    budget = [max(p + c.max_new_tokens - len(x), 0) for p, x in zip(plen, ctx_ids)]
-    fill = lambda lst, pad: lst + [pad] * (M - len(lst))  # static shapes: M items
-    model_state = s.model_state(state.params)
-    # 2. Proposals: K alternative steps per item, cut at the next delimiter.
-    if k.context:
-      prop_ctx = []
-      for b, x, p in zip(items, ctx_ids, plen):
-        ex = {kk: ctx.examples[kk][example_of_row[b]] for kk in ctx.examples}
-        prop_ctx.append(prompt_ids(tok, privileged_prompt(c, task, ex, k.context))
-                        + x[p:])
-      width = priv_width + c.max_new_tokens
-    else:
-      prop_ctx, width = ctx_ids, T
-    ptoks, pmask = _pack(fill(prop_ctx, prop_ctx[0]), width, tok.pad_id)
-    pbudget = np.asarray(fill(budget, 0), np.int32)
-    sampler, proposer_state = (s.sampler, model_state) if expert is None else expert
-    out = sampler(proposer_state, prompt_tokens=ptoks, prompt_mask=pmask,
-                  key=jax.random.fold_in(ctx.key, 71), max_new_tokens=c.max_new_tokens,
-                  num_samples=K, temperature=k.temperature, top_k=c.top_k, top_p=c.top_p,
-                  stop_tokens=delims, max_new_tokens_per_row=pbudget, share_prefix=True)
-    alts = _new_tokens(out)[:n * K]
-    # 3. Each alternative continued by the policy in its plain context, then verified.
-    seqs, cbudget = [], []
-    for i in range(n):
-      for j in range(K):
-        a = alts[i * K + j]
-        seqs.append(ctx_ids[i] + a)
-        done = bool(a) and a[-1] in stop_ids
-        cbudget.append(0 if done else max(budget[i] - len(a), 0))
-    R = M * K
-    ctoks, cmask = _pack(seqs + [seqs[0]] * (R - len(seqs)), T, tok.pad_id)
-    cb = np.asarray(cbudget + [0] * (R - len(cbudget)), np.int32)
-    cont = s.sampler(model_state, prompt_tokens=ctoks, prompt_mask=cmask,
-                     key=jax.random.fold_in(ctx.key, 72), max_new_tokens=c.max_new_tokens,
-                     num_samples=1, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                     max_new_tokens_per_row=cb)
-    tails = _new_tokens(cont)[:n * K]
-    full = [seqs[r] + tails[r] for r in range(n * K)]
-    rows_of = np.repeat(np.arange(n), K)
-    ftoks, fvalid = _pack(full, T + c.max_new_tokens, tok.pad_id)
-    fresp = fvalid & (np.arange(ftoks.shape[1])[None] >= np.asarray(plen)[rows_of][:, None])
-    _, ok = verify_rows(s, ctx.examples, ftoks, fresp, example_of_row[items][rows_of])
-    ok = np.asarray(ok) >= k.success
-    distinct = np.array([alts[r] != orig[rows_of[r]] and len(alts[r]) > 0
-                         for r in range(n * K)])
-    keep = distinct & ok if k.require_success else distinct
-    picked = []  # (item, alternative)
-    for i in range(n):
-      js = np.flatnonzero(keep[i * K:(i + 1) * K])
-      if len(js):
-        picked.append((i, alts[i * K + js[0]]))
-    metrics.update(critical_items=float(len(picked)), critical_distinct=float(distinct.mean()),
-                   critical_verified=float(ok[distinct].mean()) if distinct.any() else 0.0)
-    ctx.metrics.update(metrics)
-    arrays = empty(T)
-    if not picked:
-      return finish(arrays, rl_w, w)
-    P = len(picked)
-    if k.objective == "sft":
-      rows = [ctx_ids[i] + a for i, a in picked]
-      toks, attn = _pack(rows, T, tok.pad_id)
-      plens = np.asarray([plen[i] for i, _ in picked])
-      resp_cols = attn & (np.arange(T)[None] >= plens[:, None])
-      mask = np.asarray(intervention_sft_mask(
-          np.asarray([len(ctx_ids[i]) for i, _ in picked], np.int32),
-          np.asarray([len(a) for _, a in picked], np.int32), T, train_on=k.train_on,
-          response_mask=resp_cols))
-      arrays["tokens"][:P], arrays["attn_mask"][:P], arrays["loss_mask"][:P] = toks, attn, mask
-      return finish(arrays, rl_w, w)
-    chosen = [ctx_ids[i] + a for i, a in picked]
-    rejected = [ctx_ids[i] + orig[i] for i, _ in picked]
-    for off, rows in ((0, chosen), (M, rejected)):
-      toks, attn = _pack(rows, T, tok.pad_id)
-      lens = np.asarray([len(ctx_ids[i]) for i, _ in picked])
-      arrays["tokens"][off:off + P], arrays["attn_mask"][off:off + P] = toks, attn
-      arrays["step_mask"][off:off + P] = attn & (np.arange(T)[None] >= lens[:, None])
-    sharded = parallel.shard_batch((arrays["tokens"], arrays["attn_mask"]), s.mesh)
-    logprob_ref, _ = ref_score(ctx.ref_params, *sharded)
-    arrays["logprob_ref"] = np.where(arrays["step_mask"],
-                                     np.asarray(parallel.to_host(logprob_ref)), 0.0
-                                     ).astype(np.float32)
-    return finish(arrays, rl_w, w)
-
-  return produce
+  return _Corrections(s).produce

@@ -258,41 +258,34 @@ def _advantages_and_weights(reward, correct, response_mask, balance, decay, *, n
 # --------------------------------------------------------------------------
 
 
-@producer(NAME,
-          provides=("step_reward", "step_mask"),
-          requires=("tokens", "response_mask", "reward"),
-          phase="verifier",
-          doc="a generative verifier trained by RL next to the policy (RL Tango, TIPS): it "
-              "reads each response, writes step and final verdicts, is rewarded for agreeing "
-              "with the outcome; its step verdicts (±1/S) are the process rewards (c.verifier)",
-          when=verifier_on,
-          init=init,
-          check=check_config,
-          off_doc="set enabled=True (single-turn tasks)")
-def build(s: Setup, wanted: frozenset):
-  """`(produce, after)` of the `gen_verifier` producer (step_reward, step_mask)."""
-  p = _parts(s)
-  c, v, tok, task = s.c, s.c.verifier, s.data.tokenizer, s.data.task
-  K, n = c.max_steps, v.samples
-  score = s.scorer(entropy=False)
-  judge = getattr(task, "judge_step", None)
-  fmt = getattr(task, "format_ok", None)
+class _Verifier:
+  """The `gen_verifier` producer of one run: the build-time constants, and the steps of
+  `produce` and `after` as methods (`build` returns the two bound methods)."""
 
-  def decode(tokens, resp):
-    return [tok.decode([int(t) for t in row[m] if int(t) not in p.stop])
+  def __init__(self, s: Setup):
+    self.s, self.p = s, _parts(s)
+    self.c, self.v, self.tok, self.task = s.c, s.c.verifier, s.data.tokenizer, s.data.task
+    self.K, self.n = self.c.max_steps, self.v.samples
+    self.score = s.scorer(entropy=False)
+    self.judge = getattr(self.task, "judge_step", None)
+    self.fmt = getattr(self.task, "format_ok", None)
+
+  def decode(self, tokens, resp):
+    return [self.tok.decode([int(t) for t in row[m] if int(t) not in self.p.stop])
             for row, m in zip(tokens, resp)]
 
-  def judge_steps(example, tokens_row, sid_row):
+  def judge_steps(self, example, tokens_row, sid_row):
     """The task's step judge on each step of one response: True right, False wrong."""
-    return [right for _, right in judged_steps(tok, task, example, tokens_row,
-                                                         sid_row, p.stop)]
+    return [right for _, right in judged_steps(self.tok, self.task, example, tokens_row,
+                                               sid_row, self.p.stop)]
 
-  def judge_batch(vs: VerifierState, roll: dict, key) -> dict:
+  def judge_batch(self, vs: VerifierState, roll: dict, key) -> dict:
     """`n` verdicts of the verifier on every response of `roll` (host arrays: tokens,
     response_mask, prompt_mask, examples, correct), parsed and rewarded."""
+    s, p, v, n, fmt = self.s, self.p, self.v, self.n, self.fmt
     tokens, resp = roll["tokens"], roll["response_mask"]
     sid, counts = p.step_counts(tokens, resp)
-    texts = decode(tokens, resp)
+    texts = self.decode(tokens, resp)
     fmt_ok = [bool(fmt(e, t)) if fmt else True for e, t in zip(roll["examples"], texts)]
     prompts, vmask = p.prompt_rows(tokens, resp, roll["prompt_mask"], counts)
     out = s.sampler(s.model_state(vs.learner.params), prompt_tokens=prompts, prompt_mask=vmask,
@@ -300,15 +293,16 @@ def build(s: Setup, wanted: frozenset):
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
                              "prompt_mask": out.prompt_mask})
     verdicts = [parse_verdict(t, int(counts[i // n]), response_format_ok=fmt_ok[i // n])
-                for i, t in enumerate(decode(host["tokens"], host["response_mask"]))]
+                for i, t in enumerate(self.decode(host["tokens"], host["response_mask"]))]
     reward = np.array([verifier_reward(d, bool(roll["correct"][i // n]),
                                        correctness_weight=v.correctness_weight,
                                        format_weight=v.format_weight)
                        for i, d in enumerate(verdicts)], np.float32)
     return dict(host, verdicts=verdicts, reward=reward, sid=sid, counts=counts)
 
-  def update(vs: VerifierState, roll: dict, judged: dict, key) -> tuple:
+  def update(self, vs: VerifierState, roll: dict, judged: dict, key) -> tuple:
     """One RL update of the verifier on its verdicts `judged`; (state, metrics)."""
+    s, p, v, n = self.s, self.p, self.v, self.n
     labels = np.repeat(np.asarray(roll["correct"], bool), n)
     adv, weight, balance = _advantages_and_weights(
         judged["reward"], labels, judged["response_mask"], vs.balance, v.balance_decay,
@@ -318,7 +312,7 @@ def build(s: Setup, wanted: frozenset):
         "tokens": judged["tokens"], "response_mask": judged["response_mask"],
         "attn_mask": judged["prompt_mask"] | judged["response_mask"],
         "advantages": np.asarray(adv), "sample_weight": np.asarray(weight)}, s.mesh)
-    old, _ = score(vs.learner.params, data["tokens"], data["attn_mask"])
+    old, _ = self.score(vs.learner.params, data["tokens"], data["attn_mask"])
     data["logprob_old"] = old
     learner, m = p.trainer.update(vs.learner, data, key)
     w = np.asarray(weight)
@@ -331,8 +325,9 @@ def build(s: Setup, wanted: frozenset):
       metrics["neg_weight"] = float(w[~labels].mean())
     return vs.replace(learner=learner, balance=balance), metrics
 
-  def policy_rollout(params, key) -> dict:
+  def policy_rollout(self, params, key) -> dict:
     """Fresh policy responses in the step's shape (N prompts x G) for the warm-up."""
+    s, c, tok = self.s, self.c, self.tok
     idx = np.asarray(jax.random.randint(key, (s.num_groups,), 0, len(s.data.train)))
     rows = [tasks_lib.as_example(s.data.train[int(i)]) for i in idx]
     toks, pm = tasks_lib.encode_prompts(tok, [r["prompt"] for r in rows], s.data.max_prompt_len)
@@ -343,12 +338,13 @@ def build(s: Setup, wanted: frozenset):
     roll = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask,
                              "prompt_mask": out.prompt_mask})
     examples = [rows[b // s.group_size] for b in range(len(roll["tokens"]))]
-    texts = decode(roll["tokens"], roll["response_mask"])
+    texts = self.decode(roll["tokens"], roll["response_mask"])
     return dict(roll, examples=examples,
-                correct=np.array([task.verify(e, t) > 0.5 for e, t in zip(examples, texts)]))
+                correct=np.array([self.task.verify(e, t) > 0.5 for e, t in zip(examples, texts)]))
 
-  def sft_batch(roll: dict, rng: np.random.Generator) -> dict:
+  def sft_batch(self, roll: dict, rng: np.random.Generator) -> dict:
     """Verifier prompts ⊕ labelled verdicts (`sft_labels`) for the policy's responses."""
+    p, v = self.p, self.v
     tokens, resp = roll["tokens"], roll["response_mask"]
     sid, counts = p.step_counts(tokens, resp)
     targets = []
@@ -357,20 +353,21 @@ def build(s: Setup, wanted: frozenset):
       if v.sft_labels == "outcome":
         steps, final = [bool(y)] * k, bool(y)
       elif v.sft_labels == "judge":
-        steps, final = judge_steps(e, tokens[b], sid[b]), bool(y)
+        steps, final = self.judge_steps(e, tokens[b], sid[b]), bool(y)
       else:
         steps, final = list(rng.random(k) < 0.5), bool(rng.random() < 0.5)
       targets.append(verdict_text(steps, final))
     prompts, vmask = p.prompt_rows(tokens, resp, roll["prompt_mask"], counts)
-    return _append(tok, prompts, vmask, targets, p.max_new)
+    return _append(self.tok, prompts, vmask, targets, p.max_new)
 
-  def warm_up(vs: VerifierState, policy_params, key) -> tuple[VerifierState, dict]:
+  def warm_up(self, vs: VerifierState, policy_params, key) -> tuple[VerifierState, dict]:
     """The format SFT (`sft_steps`) and the verifier-only RL steps (`solo_steps`)."""
+    s, c, v = self.s, self.c, self.v
     metrics = {}
     if v.sft_steps:
-      if v.sft_labels == "judge" and judge is None:
+      if v.sft_labels == "judge" and self.judge is None:
         raise SetupError(f"verifier.sft_labels='judge' needs a task with judge_step; "
-                                   f"{c.task!r} has none")
+                         f"{c.task!r} has none")
       tx = train.make_optimizer(learning_rate=v.sft_learning_rate, total_steps=v.sft_steps,
                                 warmup_steps=min(10, v.sft_steps // 10), weight_decay=0.0,
                                 grad_clip=v.grad_clip)
@@ -380,29 +377,31 @@ def build(s: Setup, wanted: frozenset):
       opt = tx.init(params)
       rng = np.random.default_rng(c.seed + 23)
       for i in range(v.sft_steps):
-        batch = sft_batch(policy_rollout(policy_params, jax.random.fold_in(key, i)), rng)
+        batch = self.sft_batch(self.policy_rollout(policy_params, jax.random.fold_in(key, i)),
+                               rng)
         params, opt, m = step(params, opt, parallel.shard_batch(batch, s.mesh))
       metrics["sft_loss"] = float(m["sft_loss"])
-      vs = vs.replace(learner=p.trainer.init(params))
+      vs = vs.replace(learner=self.p.trainer.init(params))
     for i in range(v.solo_steps):
       k = jax.random.fold_in(key, 100_000 + i)
-      roll = policy_rollout(policy_params, k)
-      vs, m = update(vs, roll, judge_batch(vs, roll, jax.random.fold_in(k, 2)),
-                     jax.random.fold_in(k, 3))
+      roll = self.policy_rollout(policy_params, k)
+      vs, m = self.update(vs, roll, self.judge_batch(vs, roll, jax.random.fold_in(k, 2)),
+                          jax.random.fold_in(k, 3))
       metrics.update({f"solo_{name}": x for name, x in m.items()})
     return vs.replace(ready=jnp.ones((), bool)), metrics
 
-  def produce(state, batch, ctx: "StepContext") -> dict:
+  def produce(self, state, batch, ctx: "StepContext") -> dict:
+    s, K, n, judge = self.s, self.K, self.n, self.judge
     vs: VerifierState = ctx.learners[NAME]
     key = jax.random.fold_in(ctx.key, 17)
     if not bool(vs.ready):
-      vs, m = warm_up(vs, state.params, jax.random.fold_in(key, 1))
+      vs, m = self.warm_up(vs, state.params, jax.random.fold_in(key, 1))
       ctx.metrics.update(learners._prefixed("verifier_", m))
     rows = examples_rows(ctx.examples)
     roll = {k: ctx.host[k] for k in ("tokens", "response_mask", "prompt_mask")}
     roll["examples"] = [rows[g] for g in ctx.host["group_id"]]
     roll["correct"] = np.asarray(parallel.to_host(batch["reward"])) > 0.5
-    judged = judge_batch(vs, roll, jax.random.fold_in(key, 2))
+    judged = self.judge_batch(vs, roll, jax.random.fold_in(key, 2))
     # The policy's process reward: each response's first verdict (the code's one inference
     # rollout); all n train the verifier in `after`.
     B, counts, sid = len(roll["tokens"]), judged["counts"], judged["sid"]
@@ -416,7 +415,7 @@ def build(s: Setup, wanted: frozenset):
         continue
       reward[b, :k], mask[b, :k] = values, True
       if judge is not None:
-        truth = judge_steps(roll["examples"][b], roll["tokens"][b], sid[b])
+        truth = self.judge_steps(roll["examples"][b], roll["tokens"][b], sid[b])
         agree += [t == said for t, said in zip(truth, d.steps)]
         copy += [t == bool(roll["correct"][b]) for t in truth]
         wrong += sum(not t for t in truth)
@@ -437,15 +436,30 @@ def build(s: Setup, wanted: frozenset):
     ctx.extras[NAME] = (int(state.step), roll, judged)
     return parallel.shard_batch({"step_reward": reward, "step_mask": mask}, s.mesh)
 
-  def after(batch, targets, ctx: "StepContext") -> None:
+  def after(self, batch, targets, ctx: "StepContext") -> None:
     step, roll, judged = ctx.extras.pop(NAME)
-    if step % v.update_every:
+    if step % self.v.update_every:
       return
-    vs, m = update(ctx.learners[NAME], roll, judged, jax.random.fold_in(ctx.key, 19))
+    vs, m = self.update(ctx.learners[NAME], roll, judged, jax.random.fold_in(ctx.key, 19))
     ctx.learners[NAME] = vs
     ctx.metrics.update(learners._prefixed("verifier_", m))
 
-  return produce, after
+
+@producer(NAME,
+          provides=("step_reward", "step_mask"),
+          requires=("tokens", "response_mask", "reward"),
+          phase="verifier",
+          doc="a generative verifier trained by RL next to the policy (RL Tango, TIPS): it "
+              "reads each response, writes step and final verdicts, is rewarded for agreeing "
+              "with the outcome; its step verdicts (±1/S) are the process rewards (c.verifier)",
+          when=verifier_on,
+          init=init,
+          check=check_config,
+          off_doc="set enabled=True (single-turn tasks)")
+def build(s: Setup, wanted: frozenset):
+  """`(produce, after)` of the `gen_verifier` producer (step_reward, step_mask)."""
+  run = _Verifier(s)
+  return run.produce, run.after
 
 
 def _append(tok, prompts: np.ndarray, pmask: np.ndarray, targets: list[str], max_new: int
