@@ -6,7 +6,7 @@ from typing import Literal
 import jax
 from jax.typing import ArrayLike
 
-from credit.advantages.distill.opid import opid_advantages
+from credit.advantages.distill._skills import skill_advantages
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -47,7 +47,7 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
   itself rather than an external analyser), which changes the loop, not the arrays. SEED's
   repository (jinyangwu/SEED) could not be read and searches (pages / code / issues, 2026)
   found no equations, while the same authors' OPID code (jinyangwu/OPID,
-  `gigpo/core_gigpo.py`) is public, so this entry calls `opid_advantages` with the same
+  `gigpo/core_gigpo.py`) is public, so this entry computes `opid_advantages` with the same
   arguments and defaults (OPID's ALFWorld script: "mean_std_norm", w_e = w_s = 0.001;
   SEED's own weights are unknown). See `opid_advantages` for the math, the layout and the
   skill-mask convention (no skill on a row: pass `logprob_old` in that field).
@@ -78,11 +78,11 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
   >>> np.round(np.asarray(a[1], np.float64), 6).tolist()
   [-0.865524, -0.866524]
   """
-  return opid_advantages(
-      reward=reward, group_id=group_id, response_mask=response_mask, logprob_old=logprob_old,
-      logprob_alt=logprob_alt, logprob_teacher=logprob_teacher, num_groups=num_groups,
-      group_size=group_size, mode=mode, episode_weight=episode_weight, step_weight=step_weight,
-      singleton=singleton, normalize_teacher=normalize_teacher, clip_teacher=clip_teacher,
-      failed_only=failed_only, success_threshold=success_threshold, eps=eps,
-      gigpo_step=gigpo_step, step_reward=step_reward, state_key=state_key, step_mask=step_mask,
-      turn_id=turn_id, gigpo_weight=gigpo_weight, gigpo_gamma=gigpo_gamma)
+  return skill_advantages(
+      "seed_advantages", reward=reward, group_id=group_id, response_mask=response_mask,
+      logprob_old=logprob_old, logprob_alt=logprob_alt, logprob_teacher=logprob_teacher,
+      num_groups=num_groups, group_size=group_size, mode=mode, episode_weight=episode_weight,
+      step_weight=step_weight, singleton=singleton, normalize_teacher=normalize_teacher,
+      clip_teacher=clip_teacher, failed_only=failed_only, success_threshold=success_threshold,
+      eps=eps, gigpo_step=gigpo_step, step_reward=step_reward, state_key=state_key,
+      step_mask=step_mask, turn_id=turn_id, gigpo_weight=gigpo_weight, gigpo_gamma=gigpo_gamma)
