@@ -1,27 +1,29 @@
 """Atom-Searcher on chained arithmetic: step-judge rewards early, the outcome later.
 
-Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/atom_searcher_chain.py \\
       --workdir runs/atom --config.warm_start_from=runs/chain_warmup/hf_policy \\
       --config.sft_steps=0
 Variants: `:tiny` (2 steps, seconds; used by tests/shaping_recipes_test.py).
+Time: 0.202 s per RL step on an idle 2-core CPU, 100 steps, from the shared chain warm-up (1500
+  SFT steps, ~9 min under load).
+Score: held-out greedy accuracy 0.897 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
-The setting is `verifree_chain.py`'s. Steps are the response cut after each
-`c.step_delimiters` token ("14," | "9=9"); the `step_judge` producer judges each with the
-task's `judge_step` (1 when its running sum, and for the answer step its answer, is right,
-else 0), the verifiable stand-in for Atom-Searcher's reasoning reward model scoring each
-atomic thought; `format_check` gives `format_ok` (the task's `format_ok`).
+The setting is the shared chain setting (`settings.chain_setting`). Steps are the response cut
+after each `c.step_delimiters` token ("14," | "9=9"); the `step_judge` producer judges each with
+the task's `judge_step` (1 when its running sum, and for the answer step its answer, is right,
+else 0), the verifiable stand-in for Atom-Searcher's reasoning reward model scoring each atomic
+thought; `format_check` gives `format_ok` (the task's `format_ok`).
 
 `atom_searcher`: λ = λ0·(1 − step/100), R = λ·mean(step scores) + (1 − λ)·outcome, a
 format-invalid response gets r_fail = −1, then GRPO. Early in the run the process reward
 weighs half; by the end only the outcome counts.
 
-Paper-vs-code choices (`shared/methods/outcome_and_clipping.md` §17; the authors'
-repository antgroup/Research-Venus has no training code, so the method is marked
-inferred): λ0 = 0.5 with a linear decay to 0 at the run's last step (`total_steps` =
-c.steps, passed by the runner; `train_step` traced, no recompiles), and the format gate
-with r_fail = −1 (DeepResearcher's format penalty, which the paper builds on) — recalled
-from the paper's description, not read from code. The outcome is the chain verifier's 0/1
+Paper-vs-code choices (the authors' repository antgroup/Research-Venus holds no
+training code, so the method is marked inferred): λ0 = 0.5 with a linear decay to 0 at the
+run's last step (`total_steps` = c.steps, passed by the runner; `train_step` traced, no
+recompiles), and the format gate with r_fail = −1 (DeepResearcher's format penalty, which the
+paper builds on), both from the paper's description. The outcome is the chain verifier's 0/1
 (the paper's is F1).
 
 Measured (2-core CPU, 2026-12-05; from the shared warm-up, seed 0, and two more made the same
@@ -32,7 +34,7 @@ the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par (see
 splits and format check 0.011 s. README "Rewards with structure".
 """
 from experiments.configs import common
-from experiments.configs.verifree_chain import chain_setting
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

@@ -1,17 +1,19 @@
 """C-GRPO on chained arithmetic: the rubric of running sums blended into a correct outcome.
 
-Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/c_grpo_chain.py --workdir runs/c_grpo \\
       --config.warm_start_from=runs/chain_warmup/hf_policy --config.sft_steps=0
 Variants: `:tiny` (2 steps, seconds; used by tests/shaping_recipes_test.py).
+Time: 0.194 s per RL step on an idle 2-core CPU, 100 steps, from the shared chain warm-up.
+Score: held-out greedy accuracy 0.905 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
-The setting is `verifree_chain.py`'s (1-digit operands, running sums, a demonstrator that
-forgets carries). The `rubric_check` producer judges the task's rubric on each response
-(`credit.tasks.Chain.rubric`: item j is 1 when the reasoning states the running sum s_{j+2}
-as its j-th field), so rubric [B,C] plays CaRR's citation rubric. `c_grpo` blends its mean r
-into the outcome o ∈ {0, 1} and runs GRPO on the result.
+The setting is the shared chain setting (`settings.chain_setting`) (1-digit operands, running
+sums, a demonstrator that forgets carries). The `rubric_check` producer judges the task's rubric
+on each response (`credit.tasks.Chain.rubric`: item j is 1 when the reasoning states the running
+sum s_{j+2} as its j-th field), so rubric [B,C] plays CaRR's citation rubric. `c_grpo` blends
+its mean r into the outcome o ∈ {0, 1} and runs GRPO on the result.
 
-Paper-vs-code choices (THUDM/CaRR, `shared/methods/outcome_and_clipping.md` §19): mode
+Paper-vs-code choices (THUDM/CaRR): mode
 "positive", the released code's (R = o when o = 0, else (1 − α)·o + α·r), with r the
 *un-normalised* rubric fraction (the code; the paper describes the group-max-normalised r̂,
 `--config.estimator_kwargs.normalize_in_positive=True`); α = 0.3 (the code's
@@ -27,7 +29,7 @@ the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par (see
 producer 0.004 s. README "Rewards with structure".
 """
 from experiments.configs import common
-from experiments.configs.verifree_chain import chain_setting
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

@@ -7,6 +7,8 @@ running reward statistics live in the train state and are checkpointed.
 Command:
   python -m experiments.run --config experiments/configs/dcpo_pivotal.py --workdir runs/dcpo_piv
 Variants: `:tiny` (2 steps, seconds; used by tests).
+Time: not measured yet.
+Score: not measured yet.
 """
 from experiments.configs import common
 

@@ -4,6 +4,9 @@ Command:
   python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir runs/grpo
 Variants: `:tiny` (2 steps, seconds; used by tests); `:sft_only` (the control: the RL phase's
 wall time spent on more supervised warm-up instead, no RL step).
+Time: 4 min 51 s to 5 min 11 s start to exit on 2 CPU cores (warm-up ~200 s, RL ~74 s).
+Score: held-out greedy accuracy 0.479 -> 0.924 after 150 steps (mean of seeds 0-2, +0.445);
+  `:sft_only` 0.496.
 
 The setting. Prompts are `a+b=` / `a-b=` with 2-digit operands (answers may be negative or have
 3 digits). The warm-up imitates an imperfect demonstrator that forgets every carry and borrow
@@ -35,32 +38,13 @@ Choices, measured on seed 0 while tuning (issue 9), on the variants tried on the
     wrecks the policy within 25 steps (0.38 -> 0.08; 3e-3 -> 0.03), 1e-4 barely moves it;
     3e-4 is what the recipe uses.
 """
-from experiments.configs import common
-
-SFT_STEPS = 2500
-# The control's extra SFT steps: the RL phase's wall time (150 steps + 6 evaluations) divided by
-# the SFT step time, both measured in the same runs (README).
-CONTROL_EXTRA_SFT_STEPS = 900
+from experiments.configs import common, settings
 
 
 def get_config(arg=None):
   a = common.parse_arg(arg, tiny=False, sft_only=False)
-  c = common.base_config()
-  c.task = "arithmetic"
-  c.task_kwargs.demo_carry_error = 0.7
-  c.estimator = "grpo"
-  c.policy_loss = "ppo_clip"
-  c.sft_steps = SFT_STEPS
-  c.steps = 150
-  c.learning_rate = 3e-4
-  c.ppo_epochs = 1
-  c.num_minibatches = 2
-  c.eval_every = 25
-  c.eval_samples = 0
-  c.checkpoint_every = 50
-  if a.tiny:
-    common.apply_tiny(c)
+  c = settings.arithmetic(a.tiny)       # GRPO, PPO clip, 2500 SFT + 150 RL steps
   if a.sft_only:  # the same budget, all of it supervised: no RL step
-    c.sft_steps += 2 if a.tiny else CONTROL_EXTRA_SFT_STEPS
+    c.sft_steps += 2 if a.tiny else settings.ARITHMETIC_CONTROL_EXTRA_SFT_STEPS
     c.steps = 0
   return c

@@ -12,6 +12,8 @@ Variants: `:tiny` (2 steps, seconds; used by tests; without a data_path it train
 generated GSM8K-style file of 2-digit sums, written once to the temp dir). From scratch
 (character tokenizer) the policy only suits short prompts with short answers; real data wants
 --config.init_from=<HF checkpoint dir> and a larger max_new_tokens.
+Time: not measured yet (it depends on the data file and the model).
+Score: not measured yet.
 """
 import json
 import os

@@ -6,6 +6,9 @@ Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the sa
 `--config.estimator=grpo`; TRACE (the gold answer scored by the frozen reference, its
 `gold_scorer=auto` default): `--config.estimator=trace`; a progress-based method:
 `--config.estimator=procredit` (verified progress = hops revealed).
+Time: warm-up ~4 min, then ~8 min per 50-step run (5-16 s per RL step on 2 CPU cores shared by
+  four runs).
+Score: held-out greedy accuracy 0.562 -> 1.000 at step 50 for IGPO and for GRPO (seed 0).
 
 The setting (`credit.envs.lookup`). Each question is a 1- or 2-hop chain over a hidden knowledge
 base of its own ("city of boss of ann?"); the policy reads one fact per turn with

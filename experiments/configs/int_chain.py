@@ -1,18 +1,21 @@
 """InT on chained arithmetic: SFT on self-proposed interventions at the first error, then RL.
 
-Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/int_chain.py --workdir runs/int \\
       --config.warm_start_from=runs/chain_warmup/hf_policy --config.sft_steps=0
 Variants: `:tiny` (2 steps, seconds; used by tests).
+Time: 0.4-0.7 s per RL step (2 CPU cores shared with other jobs), 100 steps, from each seed's
+  chain warm-up.
+Score: held-out greedy accuracy 0.862 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
-The setting is `verifree_chain.py`'s. For the first `critical.until` = 20 steps
-(`experiments/critical.py`), each step takes the failed responses, finds the step of their
-first wrong token (the task's verifiable running sums stand in for InT's self-verification
-against the reference solution), lets the policy propose 4 replacement steps there,
-continues each in the plain context, keeps the first whose continuation is correct (the
+The setting is the shared chain setting (`settings.chain_setting`). For the first
+`critical.until` = 20 steps (`experiments/critical.py`), each step takes the failed responses,
+finds the step of their first wrong token (the task's verifiable running sums stand in for InT's
+self-verification against the reference solution), lets the policy propose 4 replacement steps
+there, continues each in the plain context, keeps the first whose continuation is correct (the
 code's optional filter), and trains on prompt -> prefix + intervention by SFT (no RL loss in
-these steps: rl_weight 0). The remaining steps are GRPO from the InT-trained policy (the
-paper's InT, then RL).
+these steps: rl_weight 0). The remaining steps are GRPO from the InT-trained policy (the paper's
+InT, then RL).
 
 InT's interventions are written with the reference solution in the prompt:
 `--config.critical.context=answer` puts the gold answer in front of the prompt (after
@@ -28,7 +31,7 @@ interventions each) do not pay back the RL steps they take here. README, "Critic
 failed responses".
 """
 from experiments.configs import common
-from experiments.configs.verifree_chain import chain_setting
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

@@ -8,8 +8,12 @@ the privileged warm-up below), then `--config.warm_start_from=runs/<warm-up>/hf_
 Variants: `:tiny` (2 steps, seconds; used by tests); `:student_reward` (ρ = 1: the student role
 also gets its own GRPO advantage, the spec's "with student rewards"); `:plain_warm_up` (the
 warm-up of `grpo_arithmetic.py`, no privileged demonstration).
+Time: 2 min 30 s per 50-step run (2.1 s per step; GRPO 55 s), 2 CPU cores shared with other
+  work.
+Score: held-out greedy accuracy 0.441 -> 0.883 at step 50 from the privileged warm-up, as GRPO
+  (seed 0).
 
-The setting is `grpo_arithmetic.py`'s. Each step the policy plays two roles
+The setting is the default one (`settings.arithmetic`). Each step the policy plays two roles
 (`experiments/jolt.py`, `credit.advantages.distill.jolt`):
   * student role: 32 prompts x 8 samples after the plain prompt, the same tokens re-scored with
     the gold answer before the prompt (`teacher.context=answer`, prefix "answer {answer}: ");
@@ -39,12 +43,12 @@ JOLT from the same exported warm-up each):
     verification and its two scoring passes 0.38-0.42 s, the student's self-teacher pass
     0.18 s) against GRPO's 0.53-0.60 s; 2 min 30 s per 50-step run against 55 s.
 """
-from experiments.configs import common, grpo_arithmetic
+from experiments.configs import common, settings
 
 
 def get_config(arg=None):
   a = common.parse_arg(arg, tiny=False, student_reward=False, plain_warm_up=False)
-  c = grpo_arithmetic.get_config("tiny" if a.tiny else None)
+  c = settings.arithmetic(a.tiny)
   c.estimator = "jolt"                 # the student role's rows
   c.policy_loss = "ppo_clip"
   c.teacher.context = "answer"         # the privileged context of the teacher role

@@ -1,20 +1,22 @@
 """PPR ReNorm on chained arithmetic: step-judge rewards calibrated by the outcome, z-scored
 over every step of the prompt group.
 
-Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/ppr_renorm_chain.py \\
       --workdir runs/ppr_renorm --config.warm_start_from=runs/chain_warmup/hf_policy \\
       --config.sft_steps=0
 Variants: `:tiny` (2 steps, seconds; used by tests/shaping_recipes_test.py).
+Time: 0.199 s per RL step on an idle 2-core CPU, 100 steps, from the shared chain warm-up.
+Score: held-out greedy accuracy 0.904 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
-The setting is `verifree_chain.py`'s. Steps are the response cut after each
-`c.step_delimiters` token (`step_id`); `step_judge` scores each with the task's `judge_step`
-(1 right, 0 wrong), the process reward p. `ppr_renorm`: r̃ = p + o − 1 per step (a step of a
-failed response never nets a positive reward), z-scored over all valid steps of the prompt
-group, each token taking its own step's value (`step_returns=False`).
+The setting is the shared chain setting (`settings.chain_setting`). Steps are the response cut
+after each `c.step_delimiters` token (`step_id`); `step_judge` scores each with the task's
+`judge_step` (1 right, 0 wrong), the process reward p. `ppr_renorm`: r̃ = p + o − 1 per step (a
+step of a failed response never nets a positive reward), z-scored over all valid steps of the
+prompt group, each token taking its own step's value (`step_returns=False`).
 
-Paper-vs-code choices (arXiv 2509.25598; `shared/methods/outcome_and_clipping.md` §12; no
-code and no equation retrieved, so marked inferred): the p + o − 1 calibration and the pooled
+Paper-vs-code choices (arXiv 2509.25598, which gives no equation for them, so the method is
+marked inferred): the p + o − 1 calibration and the pooled
 per-group step normalisation are from the abstract's description; per-step values rather
 than step returns (the default; `--config.estimator_kwargs.step_returns=True` accumulates
 them backwards).
@@ -27,7 +29,7 @@ step 25 on two seeds (seeds spread ~0.05). 0.199 s per step against GRPO's 0.193
 same idle machine); step judge and step splits 0.011 s. README "Rewards with structure".
 """
 from experiments.configs import common
-from experiments.configs.verifree_chain import chain_setting
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

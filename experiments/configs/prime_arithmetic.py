@@ -4,11 +4,14 @@ reward of an online implicit PRM trained next to the policy (the implicit-PRM fa
 Command:
   python -m experiments.run --config experiments/configs/prime_arithmetic.py --workdir runs/prime
 Variants: `:tiny` (2 steps, seconds; used by tests).
+Time: ~1.5 s per RL step on an idle 2-core CPU (GRPO 0.39 s), 150 steps from the default
+  warm-up.
+Score: held-out greedy accuracy 0.887 after 150 steps (mean of seeds 0-2; GRPO 0.924).
 
-The setting is `grpo_arithmetic.py`'s (2-digit +/-, a warm-up on a demonstrator that forgets
-carries, 150 RL steps of 32 prompts x 8 samples), so the two compare directly. What PRIME
-adds (arXiv 2502.01456; PRIME-RL/PRIME's released code is the default where it differs from
-the paper, see `credit.advantages.implicit.prime`):
+The setting is the default one (`settings.arithmetic`) (2-digit +/-, a warm-up on a demonstrator
+that forgets carries, 150 RL steps of 32 prompts x 8 samples), so the two compare directly. What
+PRIME adds (arXiv 2502.01456; PRIME-RL/PRIME's released code is the default where it differs
+from the paper, see `credit.advantages.implicit.prime`):
 
 * the PRM π_φ starts as a copy of the warmed-up policy and the reference π_ref is the frozen
   warmed-up policy, as in PRIME (both from the SFT model);
@@ -32,12 +35,12 @@ scores are mostly noise after the max-return normalisation. A step costs ~1.5 s 
 machine (PRM update 0.68 s: a second model's forward and backward; two scoring passes 0.22
 s; policy update 0.48 s), against GRPO's 0.39 s.
 """
-from experiments.configs import common, grpo_arithmetic
+from experiments.configs import common, settings
 
 
 def get_config(arg=None):
   a = common.parse_arg(arg, tiny=False)
-  c = grpo_arithmetic.get_config("tiny" if a.tiny else None)
+  c = settings.arithmetic(a.tiny)
   c.estimator = "prime"
   c.policy_loss = "ppo_clip"
   c.kl_coef = 0.0

@@ -1,22 +1,24 @@
 """Clip / Delta process rewards on chained arithmetic: bounded step-judge rewards plus outcome.
 
-Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/prm_transform_chain.py \\
       --workdir runs/prm_transform --config.warm_start_from=runs/chain_warmup/hf_policy \\
       --config.sft_steps=0
 Variants: `:tiny` (2 steps, seconds; used by tests/shaping_recipes_test.py). The other
 transforms by name: `--config.estimator_kwargs.transform=clip|delta|none`.
+Time: 0.201 s per RL step on an idle 2-core CPU, 100 steps, from the shared chain warm-up.
+Score: held-out greedy accuracy 0.905 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
-The setting is `verifree_chain.py`'s. Steps are the response cut after each
-`c.step_delimiters` token (`step_id`); the `step_judge` producer scores each with the task's
-`judge_step` (1 right, 0 wrong), the PRM's place. `prm_transform` with Clip-Delta (η = 0.5):
-the clipped score min(p − η, 0) is −0.5 on a wrong step and 0 on a right one, the delta
+The setting is the shared chain setting (`settings.chain_setting`). Steps are the response cut
+after each `c.step_delimiters` token (`step_id`); the `step_judge` producer scores each with the
+task's `judge_step` (1 right, 0 wrong), the PRM's place. `prm_transform` with Clip-Delta (η =
+0.5): the clipped score min(p − η, 0) is −0.5 on a wrong step and 0 on a right one, the delta
 telescopes it so the return from step s is α·clip(p_s) + R: a token is charged for its own
-step's error only, never for a later one's, and every process reward is ≤ 0, so no response
-can gain by adding steps (the paper's point: the policy cannot farm process reward).
+step's error only, never for a later one's, and every process reward is ≤ 0, so no response can
+gain by adding steps (the paper's point: the policy cannot farm process reward).
 
-Paper-vs-code choices (Gao et al., arXiv 2410.15115; `shared/methods/outcome_and_clipping.md`
-§18, formulas recalled from the paper, code not retrieved, so marked inferred): transform
+Paper-vs-code choices (Gao et al., arXiv 2410.15115, from the paper's text, so marked
+inferred): transform
 clip_delta, η = 0.5 (the middle of a 0/1 judge), α = 1, γ = 1. The paper trains PPO with a
 critic; this recipe has none, so the returns are baselined by the mean whole-response return
 of the prompt group (`group_baseline=True`, ours) rather than used raw as REINFORCE returns.
@@ -29,7 +31,7 @@ step 25 on two seeds (seeds spread ~0.05). 0.201 s per step against GRPO's 0.193
 same idle machine); step judge and step splits 0.011 s. README "Rewards with structure".
 """
 from experiments.configs import common
-from experiments.configs.verifree_chain import chain_setting
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

@@ -6,6 +6,9 @@ Command:
 Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the same setting:
 `--config.estimator=grpo`; other per-turn verdict methods: `vpr`, `lean_first_error` (first
 wrong step), `matchtir` (turn rewards = matched tool calls), `hypergraphpro`.
+Time: warm-up 44 min (1500 SFT steps), then 6-15 s per RL step on 2 CPU cores shared with 2-4
+  other runs.
+Score: held-out greedy accuracy 0.557 -> 0.966 at step 50 (mean of seeds 0-2; GRPO 0.961).
 
 The setting (`credit.envs.calculator`). A prompt is an expression of 2-3 operations on one-digit
 numbers ("5+3+(1+1)=?"); each turn the policy reduces one operation with `calc(5+3)` and reads

@@ -7,6 +7,10 @@ Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the sa
 `--config.estimator=grpo`; IGPO (information gain of the gold answer after each turn):
 `--config.estimator=igpo`. The same questions with SPD-RAG's per-document agents:
 spd_rag_multidoc.py.
+Time: warm-up 14 min (1000 SFT steps), then ~16 s per RL step on 2 CPU cores shared with 3-4
+  other runs.
+Score: held-out greedy accuracy 0.570 -> 0.477 at step 50 (seed 0; GRPO 0.539, IGPO 0.562): no
+  method improves on the warm-up here.
 
 The setting (`credit.envs.multidoc`, single agent): a 1- or 2-hop question over 3 hidden
 documents ("3 docs. city of boss of ann?"); each turn the policy reads one document with

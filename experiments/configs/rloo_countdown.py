@@ -5,6 +5,8 @@ Command:
 Variants: `:tiny` (2 steps, seconds; used by tests).
 Expected: countdown is much harder than arithmetic for a tiny char-level model; use this
 recipe to compare estimators (`--config.estimator=grpo|dr_grpo|opo|...`), not for a score.
+Time: not measured yet.
+Score: not measured yet (a comparison setting, not a target score).
 """
 from experiments.configs import common
 

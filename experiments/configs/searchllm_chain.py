@@ -1,24 +1,26 @@
 """SearchLLM on chained arithmetic: the format gates the weighted outcome and rubric.
 
-Command (after the shared warm-up of `verifree_chain.py`, exported with `--config.steps=0`):
+Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/searchllm_chain.py \\
       --workdir runs/searchllm --config.warm_start_from=runs/chain_warmup/hf_policy \\
       --config.sft_steps=0
 Variants: `:tiny` (2 steps, seconds; used by tests/shaping_recipes_test.py).
+Time: 0.194 s per RL step on an idle 2-core CPU, 100 steps, from the shared chain warm-up.
+Score: held-out greedy accuracy 0.895 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
-The setting is `verifree_chain.py`'s. The `reward_components` producer gives three columns
-per response, gates first: `format` (the task's `format_ok`: running sums, the marker, an
-integer answer), the bottom-line constraint a response must meet, as SearchLLM's format /
-basic-quality gates; then two objectives: `outcome` (the verifier) and `rubric` (the fraction
-of running sums stated right, `Chain.rubric`), the behaviour the reward should prefer among
-formatted responses. Why these: format is the only constraint of this task that a response
-can fail independently of its values; outcome is what is scored; rubric adds the
-reasoning's quality, the one dimension outcome alone does not see (`subproblems` would
-count the answer twice, `brevity` rewards skipping the reasoning).
+The setting is the shared chain setting (`settings.chain_setting`). The `reward_components`
+producer gives three columns per response, gates first: `format` (the task's `format_ok`:
+running sums, the marker, an integer answer), the bottom-line constraint a response must meet,
+as SearchLLM's format / basic-quality gates; then two objectives: `outcome` (the verifier) and
+`rubric` (the fraction of running sums stated right, `Chain.rubric`), the behaviour the reward
+should prefer among formatted responses. Why these: format is the only constraint of this task
+that a response can fail independently of its values; outcome is what is scored; rubric adds the
+reasoning's quality, the one dimension outcome alone does not see (`subproblems` would count the
+answer twice, `brevity` rewards skipping the reasoning).
 
 `searchllm` (hard mode): R = 0.7·outcome + 0.3·rubric where the format holds, else
-r_fail = 0; then GRPO. Paper-vs-code choices: no code was found, only the abstract (the method is marked
-inferred, `shared/methods/outcome_and_clipping.md` §16); the threshold 1, r_fail = 0 and
+r_fail = 0; then GRPO. Paper-vs-code choices: from the paper's abstract (the method is
+marked inferred); the threshold 1, r_fail = 0 and
 the weights are ours — 0.7 / 0.3 match C-GRPO's α = 0.3 so the two recipes differ only in
 how the rubric enters (gated weighted sum for every formatted response here, a bonus on
 right answers only there).
@@ -31,7 +33,7 @@ the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par (see
 0.005 s. README "Rewards with structure".
 """
 from experiments.configs import common
-from experiments.configs.verifree_chain import chain_setting
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

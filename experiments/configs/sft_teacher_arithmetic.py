@@ -7,6 +7,8 @@ Commands (the teacher, then a student distilled from it):
   python -m experiments.run --config experiments/configs/opd_arithmetic.py --workdir runs/opd \\
       --config.teacher.init_from=runs/teacher/hf_policy
 Variants: `:tiny` (2 SFT steps of a 1-layer model; used by tests).
+Time: 1008 s of SFT (3000 steps) on a 2-core machine shared with other runs.
+Score: held-out greedy accuracy 1.000 (seed 0).
 
 The task is `grpo_arithmetic.py`'s (2-digit `a+b=` / `a-b=`), but the demonstrations are
 always correct (`demo_carry_error=0`) and the model is larger than the student (3 layers of
@@ -18,14 +20,14 @@ before they start.
 Measured (2026-12-03, seed 0): held-out greedy accuracy 1.000 after 3000 SFT steps (final loss
 0.0007), 1008 s of SFT on a 2-core machine shared with other runs.
 """
-from experiments.configs import common, grpo_arithmetic
+from experiments.configs import common, settings
 
 SFT_STEPS = 3000
 
 
 def get_config(arg=None):
   a = common.parse_arg(arg, tiny=False)
-  c = grpo_arithmetic.get_config("tiny" if a.tiny else None)
+  c = settings.arithmetic(a.tiny)
   c.task_kwargs.demo_carry_error = 0.0     # correct demonstrations only
   c.model.hidden_size = 192
   c.model.intermediate_size = 768

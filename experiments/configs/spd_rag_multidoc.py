@@ -7,6 +7,8 @@ Variants: `:tiny` (2 steps, seconds; used by tests), `:grpo` (the GRPO baseline 
 setting: the episode's outcome advantage, normalised over the G episodes of a prompt, for
 every policy token of the episode, and each document agent's answer gets its episode's
 advantage: `subagents.credit=episode`).
+Time: ~30 s per RL step on 2 CPU cores at load 11-14, 30 steps after a 300-step warm-up.
+Score: held-out greedy accuracy 0.367 -> 0.500 at step 30 (seed 0; `:grpo` 0.477).
 
 The setting (`credit.envs.subagents`; SPD-RAG, arXiv 2603.08329, spec distill_and_structure.md
 C2). A 1- or 2-hop question over 3 hidden documents ("3 docs. city of boss of ann?"). The

@@ -5,6 +5,8 @@ Command:
   python -m experiments.run --config experiments/configs/trace_cost_lookup.py --workdir runs/trace_cost
 Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the same setting:
 `--config.estimator=grpo`.
+Time: 1.2 s per RL step (GRPO 1.1 s) on 2 CPU cores, 50 steps from the 300-step lookup warm-up.
+Score: held-out greedy accuracy 0.562 -> 0.992 at step 50 (seed 0; GRPO 1.000).
 
 The setting is `igpo_lookup.py`'s (1-2 hop questions over a per-question knowledge base, an
 imperfect demonstrator that answers 2-hop questions after one lookup, 300 warm-up steps, 50 RL

@@ -5,6 +5,9 @@ Command:
 Variants: `:tiny` (2 steps, seconds; used by tests). The other likelihood rewards run by
 name on the same setting: `--config.estimator=rlpr` (debiased by the prompt-only prior),
 `jepo`, `logprob_reward`; `--config.estimator=grpo` is the verifier-reward baseline.
+Time: 14 min 24 s start to exit on 2 CPU cores at load ~11 (warm-up 533 s, then 100 RL steps).
+Score: held-out greedy accuracy 0.441 -> 0.859 at step 100 (seed 0; GRPO 0.879); 0.867 with the
+  answer-token loss.
 
 The setting. Prompts are `a±b±c=` with 1-digit operands (`credit.tasks.Chain`,
 `max_digits=1`); a response is the running sums, the marker "=", then the answer:
@@ -53,27 +56,7 @@ that fails the chain task's `format_ok` (running sums, "=", an integer answer) g
 and were not repeated (their warmed-up policy wrote the marker in every sampled response).
 """
 from experiments.configs import common
-
-SFT_STEPS = 1500
-
-
-def chain_setting(c):
-  """The chained-arithmetic RL setting the chain recipes share (this one, cbpo_chain,
-  slate_chain, tp_grpo_chain): task, warm-up, 100 RL steps, evaluation."""
-  c.task = "chain"
-  c.task_kwargs.max_digits = 1         # 1-digit operands: "8+6-5=" -> "14,9=9"
-  c.task_kwargs.demo_carry_error = 0.7  # the imperfect demonstrator of the warm-up
-  c.max_new_tokens = 9                  # the longest response ("18,27=27") + eos
-  c.policy_loss = "ppo_clip"
-  c.sft_steps = SFT_STEPS
-  c.steps = 100
-  c.learning_rate = 3e-4
-  c.ppo_epochs = 1
-  c.num_minibatches = 2
-  c.eval_every = 25
-  c.eval_samples = 0
-  c.checkpoint_every = 50
-  return c
+from experiments.configs.settings import chain_setting
 
 
 def get_config(arg=None):

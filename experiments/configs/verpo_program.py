@@ -6,6 +6,9 @@ Variants: `:tiny` (2 steps, seconds; used by tests); `:wide` (max_coef 9, max_co
 target functions, 304 train / 76 held out, max_new_tokens 11, a 600-step warm-up).
 `--config.estimator=grpo` is the all-tests-pass outcome baseline on the same setting;
 `--config.estimator_kwargs.scale=none` drops VeRPO's σ division (Dr. GRPO style).
+Time: 60-110 s per 60-step run alone, up to 300 s beside other jobs; a 120-step warm-up ~55 s.
+Score: held-out greedy accuracy 0.000 at every step on the default split (as GRPO); `:wide`
+  +0.039 in 60 steps (mean of seeds 0-2; GRPO +0.040).
 
 The task (`credit.tasks.Program`): the prompt shows f at three inputs, "f(1)=5,f(2)=7,
 f(3)=9;f(x)=", and the response writes f's body in a tiny expression language the task
