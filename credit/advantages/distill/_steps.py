@@ -4,9 +4,8 @@ Private (not imported as a method by `credit/_discover.py`); estimators import i
 
 * `clean_logprobs`: sampled-token log-probs under the mask, clamped from below at
   `LOGPROB_FLOOR` = −20 (a teacher giving the student's token probability 0, −inf or
-  −1e9, would otherwise dominate every difference; the floor is the OPD spec's choice,
-  `shared/methods/distill_and_structure.md` A1), exact 0 outside the mask (NaN there never
-  reaches an output).
+  −1e9, would otherwise dominate every difference; the same floor as OPD's), exact 0
+  outside the mask (NaN there never reaches an output).
 * `steps_from_mask`: step = maximal run of consecutive 1s of the response mask (the
   agent's steps of a multi-turn rollout whose tool/observation tokens are masked):
   start[t] = m[t] ∧ ¬m[t−1], step_id = cumsum(start) − 1 on valid tokens, −1 elsewhere.

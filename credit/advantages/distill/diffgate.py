@@ -16,12 +16,14 @@ Array = jax.Array
 __all__ = ["diffgate_advantages"]
 
 _PAPER = ("DiffGate: difficulty-gated teacher guidance for RL with verifiable rewards, arXiv "
-          "preprint (abstract only; id not retrieved)")
+          "preprint")
 
 
 @register_estimator(
     "diffgate", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "group_std"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size", "group_std"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def diffgate_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                         response_mask: ArrayLike, logprob_old: ArrayLike,
                         logprob_teacher: ArrayLike, num_groups: int,
@@ -32,51 +34,47 @@ def diffgate_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                         teacher_floor: ArrayLike = TEACHER_FLOOR) -> Array:
   """DiffGate: GRPO plus teacher guidance on failed rollouts, gated by group difficulty.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `distill_and_structure.md` A3). The abstract keeps GRPO as the main signal and adds
-  teacher guidance only where the student fails, more of it on harder prompts, bounded so
-  that a huge teacher–student gap cannot dominate. Searches (pages / code, 2026:
-  "DiffGate difficulty-gated teacher guidance failed rollouts GRPO", "difficulty-aware
-  gating on-policy distillation bounded teacher signal") found neither equations nor code;
-  the nearest hits were other gated self-distillation methods (GATES, arXiv 2602.20574;
-  TGPO, arXiv 2605.13230).
+  GRPO stays the main signal; teacher guidance is added only where the student fails, more
+  of it on harder prompts, and bounded so that a huge teacher–student gap cannot
+  dominate::
 
-  .. math::
-    c_b = [R_b ≥ τ_c],      d_g = 1 − mean_{b∈g} c_b,      δ = \\max(ℓᵀ, −20) − ℓˢ
-    A_{b,t} = Â_b + λ·d_{g(b)}·(1 − c_b)·κ·\\tanh(δ_{b,t}/κ)
+    c_b = [R_b ≥ τ_c],   d_g = 1 − mean_{b∈g} c_b,   δ = max(ℓᵀ, −20) − ℓˢ
+    A[b,t] = Â_b + λ · d_{g(b)} · (1 − c_b) · κ · tanh(δ[b,t] / κ)
 
-  Â_b is GRPO of `reward` (unbiased group std + ε by default, singleton / equal groups 0).
-  d_g is the group's failure rate over its valid rows. Choices (spec): the smooth bound
-  κ·tanh(δ/κ) (|teacher term| ≤ λκ), λ = κ = 1, success threshold 1.0 (0/1 rewards);
-  the −20 clamp of ℓᵀ (spec A1). Consequences: an all-fail group gets pure bounded OPD
-  (Â = 0, d = 1) — not zero, the intended fix of GRPO's dead groups (and a failed lone
-  sample likewise); an all-correct group gets pure GRPO (d = 0).
+  with Â_b GRPO of `reward` and d_g the group's failure rate. An all-fail group gets pure
+  bounded distillation (Â = 0, d = 1) instead of GRPO's zero; an all-correct group gets
+  pure GRPO. The output carries no gradient.
+
+  Paper: "DiffGate: difficulty-gated teacher guidance for RL with verifiable rewards"
+  (arXiv preprint). The abstract gives the idea but no equation: the formula and
+  λ = κ = 1, τ_c = 1 are this library's reading of it.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row; unused (may be None) when `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student (behaviour) log-prob of the sampled token, ℓˢ.
     logprob_teacher: [B,T] float teacher log-prob of the same token, ℓᵀ.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast path).
-    coef: λ, weight of the teacher term (1.0).
-    bound: κ > 0, the tanh bound of the token gap (1.0).
-    success_threshold: a row is correct when reward ≥ this (1.0).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    coef: λ, weight of the teacher term.
+    bound: κ > 0, the tanh bound of the token gap.
+    success_threshold: a row is correct when reward ≥ this.
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std.
-    teacher_floor: lower clamp of ℓᵀ (−20).
+    teacher_floor: lower clamp of ℓᵀ.
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`, without gradient.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = diffgate_advantages(reward=np.array([1., 0., 0., 0.]), group_id=np.zeros(4, int),
-  ...     response_mask=np.ones((4, 2), bool), logprob_old=np.zeros((4, 2)),
-  ...     logprob_teacher=np.array([[0., 0.], [0.5, -2.0], [3.0, 0.1], [0., 0.]]),
-  ...     num_groups=1)
-  >>> np.round(np.asarray(a[1:3], np.float64), 6).tolist()
-  [[-0.153411, -1.22302], [0.246292, -0.425248]]
+  Example:
+    >>> import numpy as np
+    >>> a = diffgate_advantages(reward=np.array([1., 0., 0., 0.]), group_id=np.zeros(4, int),
+    ...     response_mask=np.ones((4, 2), bool), logprob_old=np.zeros((4, 2)),
+    ...     logprob_teacher=np.array([[0., 0.], [0.5, -2.0], [3.0, 0.1], [0., 0.]]),
+    ...     num_groups=1)
+    >>> np.round(np.asarray(a[1:3], np.float64), 6).tolist()
+    [[-0.153411, -1.22302], [0.246292, -0.425248]]
   """
   g = grpo_rows("diffgate_advantages", reward, group_id, response_mask, num_groups,
                 group_size, group_std=group_std, eps=eps)

@@ -26,7 +26,12 @@ _DEFAULT_COEF = {"code": 0.05, "paper": 1.0}
 @register_estimator(
     "hypereyes", needs=("reward", "group_id", "response_mask", "logprob_old",
                         "logprob_teacher"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "form"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size", "form"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: DeepExperience/HyperEyes RL/relax-hypereyes "
+                            "(Relax/relax/utils/utils.py post_process_rewards, "
+                            "Relax/relax/backends/megatron/loss.py apply_opd_kl_to_advantages, "
+                            "examples/HyperEyes/HyperEyes_RL.sh)"))
 def hypereyes_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                          response_mask: ArrayLike, logprob_old: ArrayLike,
                          logprob_teacher: ArrayLike, num_groups: int,
@@ -38,62 +43,50 @@ def hypereyes_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                          teacher_floor: ArrayLike = TEACHER_FLOOR) -> Array:
   """HyperEyes OPD: GRPO, then a dense teacher correction on the failed rollouts only.
 
-  Confidence: code-verified (DeepExperience/HyperEyes, `RL/relax-hypereyes`: group
-  normalisation `Relax/relax/utils/utils.py::post_process_rewards`; the OPD term
-  `Relax/relax/backends/megatron/loss.py::apply_opd_kl_to_advantages`, branch
-  "reverse_kl"; the branch assignment `examples/HyperEyes/HyperEyes_reward_V1_2_w_dynamic_
-  w_OPD_v0.py` (`acc <= 0` → "reverse_kl", else "skip"); `--opd-kl-coef 0.05` in
-  `examples/HyperEyes/HyperEyes_RL.sh`). Spec `distill_and_structure.md` A14 and its
-  "Corrections from the authors' code".
+  The micro level of HyperEyes' dual-grained RL: a failed rollout's tokens are pulled
+  toward a teacher. `form="code"` (default, the released code)::
 
-  form="code" (default, the released code):
+    valid_b = (row non-empty) and R_b > −99                  (−99: an anomaly marker)
+    Â_b = (R_b − μ_g) / (σ_g + 1e-6)                           (unbiased σ over valid rows)
+    A[b,t] = Â_b − β · [R_b ≤ 0] · (ℓˢ[b,t] − max(ℓᵀ[b,t], −20)),     β = 0.05
 
-  .. math::
-    valid_b = (row non-empty) ∧ R_b > −99            (−99: the code's anomaly marker)
-    Â_b = (R_b − μ_g)/(σ_g + 10⁻⁶),   σ² = Σ_{valid}(R − μ)² / max(n_g − 1, 1)
-    A_{b,t} = Â_b − β·[R_b ≤ 0]·(ℓˢ_{b,t} − \\max(ℓᵀ_{b,t}, −20)),      β = 0.05
+  Anomaly rows get exactly 0. `form="paper"` gates on failure c_b = [R_b ≥ τ_c] and uses
+  λ = 1: A = Â_b + λ (1 − c_b)(ℓᵀ − ℓˢ). The teacher term is not zero in all-failed groups
+  or on a failed lone sample. The output carries no gradient.
 
-  with μ, σ over the valid rows of the group and Â = 0 in groups with ≤ 1 valid row; an
-  anomaly row (R ≤ −99) is loss-masked in the code: it gets exactly 0 (no GRPO, no OPD).
-  The OPD term is applied after the normalisation. form="paper" (the paper's form, spec
-  A14): the teacher term gates on failure c_b = [R_b ≥ τ_c] instead and uses λ = 1:
-  A = Â_b + λ(1 − c_b)(ℓᵀ − ℓˢ) (the same as DiffGate with d_g ≡ 1 and no tanh).
-
-  Notes. The code gates on the accuracy part of its reward (`acc <= 0`, parse failures
-  included) while the GRPO term uses the full score (accuracy + TRACE tool-efficiency
-  bonus); here both read `reward`, so pass the accuracy, or the TRACE-shaped reward whose
-  failures stay ≤ 0. TRACE (the trajectory-level tool-cost reward with a monotonically
-  tightened reference n_ref, carried by the loop as state) is a reward transform and is
-  not built here. The −20 clamp of ℓᵀ is ours (the code does not clamp; a teacher
-  log-prob of −inf would give an infinite advantage there). The teacher term is not zero
-  in equal-reward groups of failures or on a failed lone sample.
+  Paper: "HyperEyes: Dual-Grained Efficiency-Aware Reinforcement Learning for Parallel
+  Multimodal Search Agents", arXiv 2605.07177. Differences from the code: it gates on the
+  accuracy part of its reward while its GRPO term reads the whole score; here both read
+  `reward`. The −20 clamp of ℓᵀ is this library's (an infinite gap otherwise). The
+  tool-cost reward (TRACE) is the separate estimator `trace_cost`.
 
   Args:
-    reward: [B] float outcome rewards (the code's anomaly marker −100 allowed).
-    group_id: [B] int group of each row; unused (may be None) when `group_size` is set.
+    reward: [B] float outcome rewards (the anomaly marker −100 allowed).
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student (behaviour) log-prob of the sampled token, ℓˢ.
     logprob_teacher: [B,T] float teacher log-prob of the same token, ℓᵀ.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast path).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     form: static, "code" | "paper".
-    kl_coef: β of the teacher term; None: 0.05 (form="code") or 1.0 (form="paper").
-    fail_threshold: form="code": the teacher term applies where reward ≤ this (0.0).
-    success_threshold: form="paper": a row is correct where reward ≥ this (1.0).
-    anomaly_threshold: rows with reward ≤ this are anomalies (−99.0).
+    kl_coef: β of the teacher term; None: 0.05 ("code") or 1.0 ("paper").
+    fail_threshold: "code": the teacher term applies where reward ≤ this.
+    success_threshold: "paper": a row is correct where reward ≥ this.
+    anomaly_threshold: rows with reward ≤ this are anomalies.
     eps: added to the group std.
-    teacher_floor: lower clamp of ℓᵀ (−20).
+    teacher_floor: lower clamp of ℓᵀ.
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`, without gradient.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = hypereyes_advantages(reward=np.array([1., 0., 0., 0.]), group_id=np.zeros(4, int),
-  ...     response_mask=np.ones((4, 2), bool), logprob_old=np.zeros((4, 2)),
-  ...     logprob_teacher=np.array([[0., 0.], [0.5, -2.0], [0., 0.], [0., 0.]]),
-  ...     num_groups=1, form="paper")
-  >>> np.round(np.asarray(a[1], np.float64), 6).tolist()
-  [1e-06, -2.499999]
+  Example:
+    >>> import numpy as np
+    >>> a = hypereyes_advantages(reward=np.array([1., 0., 0., 0.]), group_id=np.zeros(4, int),
+    ...     response_mask=np.ones((4, 2), bool), logprob_old=np.zeros((4, 2)),
+    ...     logprob_teacher=np.array([[0., 0.], [0.5, -2.0], [0., 0.], [0., 0.]]),
+    ...     num_groups=1, form="paper")
+    >>> np.round(np.asarray(a[1], np.float64), 6).tolist()
+    [1e-06, -2.499999]
   """
   check_choice("hypereyes_advantages", "form", form, _FORMS)
   reward_B = jnp.asarray(reward, jnp.float32)

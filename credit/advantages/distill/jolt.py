@@ -19,64 +19,59 @@ Array = jax.Array
 __all__ = ["jolt_advantages", "jolt_teacher_advantages"]
 
 _PAPER = ("JOLT: joint learning and teaching with a privileged teacher role and a student "
-          "role of one model, arXiv preprint (abstract only; id not retrieved)")
+          "role of one model, arXiv preprint")
 
 
 @register_estimator(
     "jolt", needs=("response_mask", "logprob_old", "logprob_teacher"), paper=_PAPER,
     static_argnames=("num_groups", "group_size"),
-    optional_needs={"reward": "reward_coef", "group_id": "reward_coef"})
+    optional_needs={"reward": "reward_coef", "group_id": "reward_coef"},
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def jolt_advantages(*, response_mask: ArrayLike, logprob_old: ArrayLike,
                     logprob_teacher: ArrayLike, reward: ArrayLike | None = None,
                     group_id: ArrayLike | None = None, num_groups: int | None = None,
                     group_size: int | None = None, reward_coef: ArrayLike = 0.0,
                     eps: ArrayLike = 1e-6, teacher_floor: ArrayLike = TEACHER_FLOOR) -> Array:
-  """JOLT student role: OPD toward the same model in its privileged teacher role.
+  """JOLT student role: on-policy distillation toward the same model in its privileged teacher role.
 
-  Confidence: inferred (from the abstract; spec `distill_and_structure.md` A9 is a proposed
-  instantiation). One model plays two roles: the teacher role sees privileged information
-  (a reference answer, a hint), the student role does not. Student-role rollouts are
-  trained by dense on-policy distillation toward the teacher role, optionally with their
-  own outcome reward.
+  One model plays two roles: the teacher role sees privileged information (a reference
+  answer, a hint), the student role does not. Student-role rollouts are trained by dense
+  distillation toward the teacher role, optionally with their own outcome::
 
-  .. math::
-    A^S_{b,t} = (\\max(ℓ_{T|S}, −20) − ℓ_{S|S})_{b,t} + ρ·Â_b
+    A[b,t] = max(ℓ_{T|S}, −20) − ℓ_{S|S} + ρ · Â_b
 
-  Mapping to the contract (rows sampled in the student role): ℓ_{S|S} = `logprob_old`
-  (the student context scoring its own sampled token), ℓ_{T|S} = `logprob_teacher` (the
-  same model with the privileged context in its prompt, scoring the student's token). Â_b
-  is GRPO (unbiased group std, ε) of the student-role `reward`, switched on by ρ > 0 (the
-  spec's "with student rewards"; then `reward` and `group_id` are needed). Choices: ρ = 0
-  (spec); the −20 clamp of the teacher-role log-prob (ours, as OPD). Both roles share
-  parameters, so every cross-role log-prob is a constant here (the output carries no
-  gradient). The teacher-role rows use `jolt_teacher_advantages`; the two losses are added.
+  with ℓ_{S|S} = `logprob_old` (the student context scoring its own token), ℓ_{T|S} =
+  `logprob_teacher` (the same model with the privileged context, on the student's token)
+  and Â_b GRPO of the student-role `reward` (needed only when ρ ≠ 0). The teacher-role
+  rows use `jolt_teacher_advantages`; the two losses are added. The output carries no
+  gradient.
 
-  Searches (pages / code, 2026: "JOLT joint learning and teaching privileged
-  teacher role student role", "joint on-policy learning and teaching") found neither the
-  paper's equations nor code; the nearest hits were related privileged-information methods
-  (π-Distill / OPSD, arXiv 2602.04942; DOPD, arXiv 2606.30626).
+  Paper: "JOLT: joint learning and teaching" (arXiv preprint). The abstract gives the two
+  roles but no equation: this instantiation and ρ = 0 are this library's.
 
   Args:
     response_mask: [B,T] bool, the policy's tokens (student-role rollouts).
     logprob_old: [B,T] float ℓ_{S|S}.
     logprob_teacher: [B,T] float ℓ_{T|S}.
-    reward: optional [B] student-role outcome, used when `reward_coef` != 0.
+    reward: optional [B] student-role outcome, used when `reward_coef` ≠ 0.
     group_id: optional [B] int group of each row.
     num_groups: static number of groups (defaults to B/G on the fast path).
-    group_size: static G for contiguous groups (fast path).
-    reward_coef: ρ, weight of the student-role GRPO term (0.0).
+    group_size: static G for contiguous groups.
+    reward_coef: ρ, weight of the student-role GRPO term.
     eps: added to the group std.
-    teacher_floor: lower clamp of ℓ_{T|S} (−20).
+    teacher_floor: lower clamp of ℓ_{T|S}.
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`, without gradient.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = jolt_advantages(response_mask=np.ones((1, 3), bool),
-  ...                     logprob_old=np.array([[-0.5, -1.0, -2.0]]),
-  ...                     logprob_teacher=np.array([[-0.3, -1.5, -0.1]]))
-  >>> np.round(np.asarray(a, np.float64), 6).tolist()
-  [[0.2, -0.5, 1.9]]
+  Example:
+    >>> import numpy as np
+    >>> a = jolt_advantages(response_mask=np.ones((1, 3), bool),
+    ...                     logprob_old=np.array([[-0.5, -1.0, -2.0]]),
+    ...                     logprob_teacher=np.array([[-0.3, -1.5, -0.1]]))
+    >>> np.round(np.asarray(a, np.float64), 6).tolist()
+    [[0.2, -0.5, 1.9]]
   """
   mask_BT = response_mask_of(response_mask)
   adv_BT = teacher_gap(logprob_teacher, logprob_old, mask_BT, teacher_floor)
@@ -90,58 +85,53 @@ def jolt_advantages(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "jolt_teacher", needs=("reward", "group_id", "response_mask", "logprob_old",
                            "logprob_alt"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def jolt_teacher_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
                             response_mask: ArrayLike, logprob_old: ArrayLike,
                             logprob_alt: ArrayLike, num_groups: int,
                             group_size: int | None = None, kl_coef: ArrayLike = 0.05,
                             eps: ArrayLike = 1e-6,
                             teacher_floor: ArrayLike = TEACHER_FLOOR) -> Array:
-  """JOLT teacher role: GRPO with a per-token KL-in-advantage toward the student role.
+  """JOLT teacher role: GRPO with a per-token KL toward the student role.
 
-  Confidence: inferred (from the abstract; spec `distill_and_structure.md` A9). The
-  teacher role (privileged context) is trained on its own outcome reward, while a k1 KL
+  The teacher role (privileged context) is trained on its own outcome, while a k1 KL
   penalty toward the student role keeps its behaviour reachable without the privileged
-  information (guidance the student can imitate).
+  information, so the student can imitate it::
 
-  .. math::
-    A^T_{b,t} = Â_b − β·(ℓ_{T|T} − \\max(ℓ_{S|T}, −20))_{b,t}
+    A[b,t] = Â_b − β · (ℓ_{T|T} − max(ℓ_{S|T}, −20))[b,t]
 
-  Mapping to the contract (rows sampled in the teacher role, privileged context in the
-  prompt): ℓ_{T|T} = `logprob_old` (the sampling policy is the teacher role),
-  ℓ_{S|T} = `logprob_alt` (the same tokens re-scored with the privileged context removed,
-  i.e. by the student role). Â_b is GRPO over `reward` (unbiased group std, ε = 1e-6,
-  singleton and equal groups 0). Choices: β = 0.05 (spec; the paper's value is unknown);
-  the −20 clamp of ℓ_{S|T} (ours: a student role giving the token probability 0 would
-  make the penalty infinite). The teacher term is not zero in equal-reward or singleton
-  groups (it is per-token).
+  with ℓ_{T|T} = `logprob_old` (rows sampled in the teacher role) and ℓ_{S|T} =
+  `logprob_alt` (the same tokens re-scored with the privileged context removed). The
+  teacher term is per-token, so it is not zero in equal-reward or one-row groups. The
+  runner runs this only inside a JOLT run, on the teacher role's own rows.
 
-  Searches (pages / code, 2026: "JOLT joint learning and teaching privileged
-  teacher role student role", "joint on-policy learning and teaching") found neither the
-  paper's equations nor code; the nearest hits were related privileged-information methods
-  (π-Distill / OPSD, arXiv 2602.04942; DOPD, arXiv 2606.30626).
+  Paper: "JOLT: joint learning and teaching" (arXiv preprint); β = 0.05 and the −20 clamp
+  are this library's.
 
   Args:
     reward: [B] float teacher-role outcome rewards.
-    group_id: [B] int group of each row; unused (may be None) when `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens (teacher-role rollouts).
     logprob_old: [B,T] float ℓ_{T|T}.
     logprob_alt: [B,T] float ℓ_{S|T}.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast path).
-    kl_coef: β (0.05).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    kl_coef: β.
     eps: added to the group std.
-    teacher_floor: lower clamp of ℓ_{S|T} (−20).
+    teacher_floor: lower clamp of ℓ_{S|T}.
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`, without gradient.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = jolt_teacher_advantages(reward=np.array([1.0, 0.0]), group_id=np.array([0, 0]),
-  ...     response_mask=np.ones((2, 1), bool), logprob_old=np.array([[-0.1], [-0.5]]),
-  ...     logprob_alt=np.array([[-0.5], [-0.5]]), num_groups=1)
-  >>> np.round(np.asarray(a, np.float64), 6).tolist()
-  [[0.687106], [-0.707106]]
+  Example:
+    >>> import numpy as np
+    >>> a = jolt_teacher_advantages(reward=np.array([1.0, 0.0]), group_id=np.array([0, 0]),
+    ...     response_mask=np.ones((2, 1), bool), logprob_old=np.array([[-0.1], [-0.5]]),
+    ...     logprob_alt=np.array([[-0.5], [-0.5]]), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 6).tolist()
+    [[0.687106], [-0.707106]]
   """
   g = grpo_rows("jolt_teacher_advantages", reward, group_id, response_mask, num_groups,
                 group_size, eps=eps)

@@ -20,61 +20,55 @@ _PAPER = ("On-Policy Distillation (Thinking Machines Lab blog, 2025), "
 @register_estimator(
     "opd", needs=("response_mask", "logprob_old", "logprob_teacher"), paper=_PAPER,
     static_argnames=("num_groups", "group_size"),
-    optional_needs={"reward": "outcome_coef", "group_id": "outcome_coef"})
+    optional_needs={"reward": "outcome_coef", "group_id": "outcome_coef"},
+                    confidence="paper-equation",
+                    source=_PAPER + " (its per-token reverse-KL advantage with discount zero)")
 def opd_advantages(*, response_mask: ArrayLike, logprob_old: ArrayLike,
                    logprob_teacher: ArrayLike, reward: ArrayLike | None = None,
                    group_id: ArrayLike | None = None, num_groups: int | None = None,
                    group_size: int | None = None, kl_coef: ArrayLike = 1.0,
                    outcome_coef: ArrayLike = 0.0, eps: ArrayLike = 1e-6,
                    teacher_floor: ArrayLike = TEACHER_FLOOR) -> Array:
-  """OPD: the negative sampled-token reverse KL to a teacher as a dense advantage (γ = 0).
+  """OPD: the negative sampled-token reverse KL to a teacher as a dense advantage.
 
-  Confidence: paper-equation (the Thinking Machines write-up: the student samples, the
-  teacher scores every sampled token, the per-token negative reverse KL
-  log π_T(y_t) − log π_θ(y_t) is the advantage with discount zero, optimised by the ordinary
-  importance-weighted policy-gradient loss; spec `distill_and_structure.md` A1). The same
-  sampled-token form is what OPD code paths of RL trainers subtract from the advantage,
-  e.g. `apply_opd_kl_to_advantages` in DeepExperience/HyperEyes
-  (`Relax/relax/backends/megatron/loss.py`: adv −= coef·(logp_student − logp_teacher)).
+  The student samples, the teacher scores every sampled token, and the per-token log-ratio
+  is the advantage, with discount zero (no return accumulation, no group
+  normalisation)::
 
-  .. math::
-    δ_{b,t} = \\max(ℓᵀ_{b,t}, −20) − ℓˢ_{b,t}
-    A_{b,t} = α·δ_{b,t} + c·Â_b      on response tokens, 0 elsewhere
+    δ[b,t] = max(ℓᵀ[b,t], −20) − ℓˢ[b,t]
+    A[b,t] = α · δ[b,t] + c · Â_b
 
-  ℓˢ = `logprob_old` (the student that sampled), ℓᵀ = `logprob_teacher` (the teacher on the
-  same tokens; teacher and student must share the tokenizer). No return accumulation and no
-  group normalisation. The clamp of ℓᵀ at −20 (a teacher giving probability 0) is the
-  spec's choice. The optional outcome mixture (the spec's "mixture with outcome RL") adds
-  c·Â_b, Â_b the GRPO advantage (unbiased group std, ε = 1e-6) of `reward`; it needs
-  `reward` and `group_id` (registry `optional_needs`, switched on by `outcome_coef`).
-  Choice (ours): the outcome term is scaled by c rather than added with weight 1, so that
-  c = 0 is pure OPD and the mixture weight is explicit. Properties: a teacher equal to the
-  student (ℓᵀ = ℓˢ ≥ −20) gives exactly 0 (pure OPD) or c·Â_b (mixture). The full-
-  distribution (top-k) variant is a loss, not an advantage: policy loss `topk_distill`
-  (`credit.losses.policy.distill`), with the teacher's top-k distribution from the runner.
+  with ℓˢ = `logprob_old` (the student that sampled) and ℓᵀ = `logprob_teacher` (same
+  tokenizer). The optional outcome term c·Â_b is GRPO of `reward` (needs `reward` and
+  `group_id`; c = 0 is pure OPD). A teacher equal to the student gives 0. The
+  full-distribution (top-k) variant is the policy loss `topk_distill`.
+
+  Source: "On-Policy Distillation" (Thinking Machines Lab, 2025). The −20 clamp of ℓᵀ (a
+  teacher giving probability 0) and the explicit outcome weight c are this library's.
 
   Args:
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student (behaviour policy) log-prob of the sampled token.
     logprob_teacher: [B,T] float teacher log-prob of the same token.
-    reward: optional [B] float outcome, used when `outcome_coef` != 0.
-    group_id: optional [B] int group of each row (outcome term, segment path).
-    num_groups: static number of groups (outcome term; defaults to B/G on the fast path).
-    group_size: static G for contiguous groups (outcome term, fast path).
-    kl_coef: α, weight of the teacher term (1.0: pure OPD).
-    outcome_coef: c, weight of the GRPO outcome term (0.0: off).
+    reward: optional [B] float outcome, used when `outcome_coef` ≠ 0.
+    group_id: optional [B] int group of each row.
+    num_groups: static number of groups (defaults to B/G on the fast path).
+    group_size: static G for contiguous groups.
+    kl_coef: α, weight of the teacher term.
+    outcome_coef: c, weight of the GRPO outcome term.
     eps: added to the group std of the outcome term.
-    teacher_floor: lower clamp of ℓᵀ (−20).
+    teacher_floor: lower clamp of ℓᵀ.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`, without gradient.
 
-  >>> import numpy as np
-  >>> a = opd_advantages(response_mask=np.ones((1, 3), bool),
-  ...                    logprob_old=np.array([[-0.5, -1.0, -2.0]]),
-  ...                    logprob_teacher=np.array([[-0.3, -1.5, -0.1]]))
-  >>> np.round(np.asarray(a, np.float64), 6).tolist()
-  [[0.2, -0.5, 1.9]]
+  Example:
+    >>> import numpy as np
+    >>> a = opd_advantages(response_mask=np.ones((1, 3), bool),
+    ...                    logprob_old=np.array([[-0.5, -1.0, -2.0]]),
+    ...                    logprob_teacher=np.array([[-0.3, -1.5, -0.1]]))
+    >>> np.round(np.asarray(a, np.float64), 6).tolist()
+    [[0.2, -0.5, 1.9]]
   """
   mask_BT = response_mask_of(response_mask)
   delta_BT = teacher_gap(logprob_teacher, logprob_old, mask_BT, teacher_floor)

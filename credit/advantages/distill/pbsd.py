@@ -26,18 +26,19 @@ MODES = ("additive", "multiplicative")
 def pbsd_turn_evidence(*, response_mask: ArrayLike, logprob_old: ArrayLike,
                        logprob_teacher: ArrayLike, turn_id: ArrayLike,
                        num_turns: int) -> Array:
-  """Per-turn log-evidence e_{b,k} = Σ_{t ∈ turn k, action} (ℓᵀ_t − ℓˢ_t), [B,K] float32.
+  """Per-turn log-evidence e[b,k] = Σ_{t ∈ turn k, action} (ℓᵀ_t − ℓˢ_t), [B,K] float32.
 
   Observation tokens are excluded through `response_mask`; tokens with `turn_id` outside
   [0, K) count for no turn; a turn without an action token has e = 0.
 
-  >>> import numpy as np
-  >>> e = pbsd_turn_evidence(response_mask=np.array([[1, 1, 1, 0, 1]], bool),
-  ...     logprob_old=np.array([[-0.7, -0.9, -0.6, -0.3, -1.0]]),
-  ...     logprob_teacher=np.array([[-0.5, -1.0, -0.2, -0.3, -2.0]]),
-  ...     turn_id=np.array([[0, 0, 1, 1, 2]], np.int32), num_turns=3)
-  >>> np.round(np.asarray(e, np.float64), 6).tolist()
-  [[0.1, 0.4, -1.0]]
+  Example:
+    >>> import numpy as np
+    >>> e = pbsd_turn_evidence(response_mask=np.array([[1, 1, 1, 0, 1]], bool),
+    ...     logprob_old=np.array([[-0.7, -0.9, -0.6, -0.3, -1.0]]),
+    ...     logprob_teacher=np.array([[-0.5, -1.0, -0.2, -0.3, -2.0]]),
+    ...     turn_id=np.array([[0, 0, 1, 1, 2]], np.int32), num_turns=3)
+    >>> np.round(np.asarray(e, np.float64), 6).tolist()
+    [[0.1, 0.4, -1.0]]
   """
   check_int("pbsd_turn_evidence", "num_turns", num_turns)
   mask_BT, ls_BT, lt_BT = clean_logprobs(response_mask, logprob_old, logprob_teacher)
@@ -51,7 +52,9 @@ def pbsd_turn_evidence(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "pbsd", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher",
                    "turn_id", "step_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "mode", "ddof", "group_std"))
+    paper=_PAPER, static_argnames=("num_groups", "mode", "ddof", "group_std"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def pbsd_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_teacher: ArrayLike, turn_id: ArrayLike,
                     step_mask: ArrayLike, num_groups: int, lam: ArrayLike = 0.5,
@@ -60,37 +63,23 @@ def pbsd_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
                     eps: ArrayLike = 1e-6) -> Array:
   """PBSD: GRPO plus the group-normalised log-evidence of each agent turn.
 
-  Confidence: inferred (from the abstract and summaries; the formula is the spec's
-  design, `shared/methods/token_and_implicit.md` §16). Paper: "PBSD: Privileged Bayesian
-  Self-Distillation for Long-Horizon Credit Assignment", arXiv:2606.09348. The abstract
-  scores a trajectory by the posterior-to-prior ratio of the verified answer a*, which
-  Bayes' rule turns into a likelihood ratio of the trajectory under the answer-conditioned
-  policy (privileged self-teacher) and the plain policy,
-  p(a*|x,τ)/p(a*|x) = p(τ|x,a*)/p(τ|x); environment observation tokens cancel, so the
-  log-evidence decomposes autoregressively over the agent's action tokens and turns.
-  Searches (pages, 2026: "PBSD privileged Bayesian self-distillation", "turn-level
-  evidence reweighting") found the abstract (arXiv:2606.09348) and summaries but no
-  equation for how the turn evidence enters the advantage and no code; the combination
-  below is the spec's.
+  A trajectory is scored by how much it raises the probability of the verified answer a*;
+  by Bayes' rule p(a*|x,τ)/p(a*|x) = p(τ|x,a*)/p(τ|x), a likelihood ratio of the trajectory
+  under the answer-conditioned policy (the privileged self-teacher, ℓᵀ) and the plain
+  policy (ℓˢ). Observation tokens cancel, so the log-evidence splits over the agent's
+  turns::
 
-  .. math::
-    e_{b,k} = Σ_{t ∈ turn k, action} (ℓᵀ_t − ℓˢ_t)
-    ẽ_{b,k} = (e_{b,k} − μ_g) / (σ_g + ε)      over every valid turn of every row of group g
-    additive:        A_{b,t} = Â_b + λ ẽ_{b,k(t)}
-    multiplicative:  A_{b,t} = Â_b (1 + λ tanh ẽ_{b,k(t)})
+    e[b,k] = Σ_{t ∈ turn k, action} (ℓᵀ_t − ℓˢ_t)                    (`pbsd_turn_evidence`)
+    ẽ[b,k] = (e[b,k] − μ_g) / (σ_g + ε)        (pooled over every valid turn of group g)
+    additive:        A[b,t] = Â_b + λ ẽ[b,k(t)]
+    multiplicative:  A[b,t] = Â_b (1 + λ tanh ẽ[b,k(t)])
 
-  ℓˢ = `logprob_old` (the student, the behaviour policy), ℓᵀ = `logprob_teacher` (the
-  same weights with the verified answer in context: for a failed trajectory, the gold
-  answer, not the model's). The normalisation is `credit.ops.turn_normalize` with
-  `by="pooled"` (all turns of all rows of the prompt group in one pool; population std,
-  `ddof=0`, ours) over the turns in `step_mask`; a pool with fewer than two turns gives
-  ẽ = 0. The number of turns K is the static width of `step_mask`.
+  A pool with fewer than two turns gives ẽ = 0; tokens outside every turn get Â_b alone.
+  The output carries no gradient.
 
-  Choices (ours): λ = 0.5, additive by default; Â_b is GRPO (unbiased group std,
-  singleton group 0); log-probs clamped at −20; tokens outside every turn (`turn_id` −1
-  or ≥ K) get Â_b alone. In the multiplicative mode |λ| ≤ 1 keeps the sign of Â_b and
-  an all-equal group gets 0; in the additive mode an all-equal group (or a lone sample
-  with several turns) still gets its turn contrasts.
+  Paper: "PBSD: Privileged Bayesian Self-Distillation for Long-Horizon Credit Assignment",
+  arXiv 2606.09348. The paper gives the evidence; how it enters the advantage (the two
+  modes, λ = 0.5, the pooled population std) is this library's.
 
   Args:
     reward: [B] float outcome rewards.
@@ -99,7 +88,7 @@ def pbsd_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
     logprob_old: [B,T] float student log-prob of the sampled token.
     logprob_teacher: [B,T] float answer-conditioned (privileged) log-prob of it.
     turn_id: [B,T] int agent turn of each token, −1 outside turns.
-    step_mask: [B,K] bool, the turns each row took.
+    step_mask: [B,K] bool, the turns each row took (K is its static width).
     num_groups: static number of groups.
     lam: λ.
     mode: static, "additive" | "multiplicative".
@@ -108,18 +97,19 @@ def pbsd_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
     eps: added to both stds.
 
   Returns:
-    [B,T] float32 advantages (no gradient), zero outside `response_mask`.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = pbsd_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
-  ...     response_mask=np.array([[1, 1, 1, 0, 1]] * 2, bool),
-  ...     logprob_old=np.array([[-0.7, -0.9, -0.6, -0.3, -1.0]] * 2),
-  ...     logprob_teacher=np.array([[-0.5, -1.0, -0.2, -0.3, -2.0],
-  ...                               [-0.7, -0.9, -0.6, -0.3, -1.0]]),
-  ...     turn_id=np.array([[0, 0, 1, 1, 2]] * 2, np.int32),
-  ...     step_mask=np.ones((2, 3), bool), num_groups=1, group_std="none")
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[0.7114, 0.7114, 1.0573, 0.0, -0.5569], [-0.4039, -0.4039, -0.4039, 0.0, -0.4039]]
+  Example:
+    >>> import numpy as np
+    >>> a = pbsd_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.array([[1, 1, 1, 0, 1]] * 2, bool),
+    ...     logprob_old=np.array([[-0.7, -0.9, -0.6, -0.3, -1.0]] * 2),
+    ...     logprob_teacher=np.array([[-0.5, -1.0, -0.2, -0.3, -2.0],
+    ...                               [-0.7, -0.9, -0.6, -0.3, -1.0]]),
+    ...     turn_id=np.array([[0, 0, 1, 1, 2]] * 2, np.int32),
+    ...     step_mask=np.ones((2, 3), bool), num_groups=1, group_std="none")
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.7114, 0.7114, 1.0573, 0.0, -0.5569], [-0.4039, -0.4039, -0.4039, 0.0, -0.4039]]
   """
   check_choice("pbsd_advantages", "mode", mode, MODES)
   check_choice("pbsd_advantages", "ddof", ddof, (0, 1))

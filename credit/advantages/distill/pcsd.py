@@ -16,8 +16,7 @@ Array = jax.Array
 
 __all__ = ["pcsd_advantages", "pcsd_persistence", "PcsdPersistence"]
 
-_PAPER = ("PCSD: persistent-consistency self-distillation, arXiv preprint (abstract only; "
-          "id not retrieved)")
+_PAPER = "PCSD: persistent-consistency self-distillation, arXiv preprint"
 
 
 class PcsdPersistence(NamedTuple):
@@ -42,23 +41,28 @@ def pcsd_persistence(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 
   Args:
     response_mask: [B,T] bool.
-    logprob_old, logprob_teacher: [B,T] float student / self-teacher log-probs.
+    logprob_old: [B,T] float student log-probs.
+    logprob_teacher: [B,T] float self-teacher log-probs.
     step_id: [B,T] int step of each token, −1 outside steps.
     window: static W ≥ 1.
-    decay, eta, kappa, tau: λ, η, κ, τ.
+    decay: λ.
+    eta: η.
+    kappa: κ.
+    tau: τ.
 
   Returns:
     `PcsdPersistence`.
 
-  >>> import numpy as np
-  >>> out = pcsd_persistence(response_mask=np.ones((1, 5), bool), logprob_old=np.zeros((1, 5)),
-  ...     logprob_teacher=np.array([[0.4, 0.2, -0.1, -0.3, 0.5]]),
-  ...     step_id=np.zeros((1, 5), np.int32))
-  >>> for x in out[1:]:
-  ...   print(np.round(np.asarray(x[0], np.float64), 6).tolist())
-  [0.4, 0.266667, 0.057143, -0.171429, 0.185714]
-  [0.4, 0.133333, -0.152381, -0.4, 0.185714]
-  [0.880797, 0.660756, 0.318233, 0.119203, 0.716785]
+  Example:
+    >>> import numpy as np
+    >>> out = pcsd_persistence(response_mask=np.ones((1, 5), bool), logprob_old=np.zeros((1, 5)),
+    ...     logprob_teacher=np.array([[0.4, 0.2, -0.1, -0.3, 0.5]]),
+    ...     step_id=np.zeros((1, 5), np.int32))
+    >>> for x in out[1:]:
+    ...   print(np.round(np.asarray(x[0], np.float64), 6).tolist())
+    [0.4, 0.266667, 0.057143, -0.171429, 0.185714]
+    [0.4, 0.133333, -0.152381, -0.4, 0.185714]
+    [0.880797, 0.660756, 0.318233, 0.119203, 0.716785]
   """
   check_int("pcsd_persistence", "window", window)
   # Log-probs are ≤ 0; the doctest's teacher values above 0 are the spec's s directly.
@@ -90,7 +94,9 @@ def pcsd_persistence(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "pcsd", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher",
                    "step_id"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "window", "group_std"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size", "window", "group_std"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def pcsd_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_teacher: ArrayLike, step_id: ArrayLike,
                     num_groups: int, group_size: int | None = None, beta: ArrayLike = 1.0,
@@ -100,56 +106,52 @@ def pcsd_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     eps: ArrayLike = 1e-6) -> Array:
   """PCSD: GRPO plus teacher support weighted by how persistently the teacher supports it.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `shared/methods/distill_and_structure.md` A6, every hyperparameter a choice). The
-  abstract weights each token's self-distillation term by whether the privileged
-  self-teacher's support is persistent over a local window, down-weights locally
-  declining support and gates with a sigmoid, jointly with GRPO. Searches (pages, 2026:
-  "persistent consistency self-distillation", "PCSD teacher support window") found
-  neither the paper's equations nor code.
+  Each token's self-distillation term counts only where a privileged self-teacher's
+  support persists over a local window; declining support is down-weighted and a sigmoid
+  gates the result::
 
-  .. math::
-    s_t = ℓᵀ_t − ℓˢ_t,     W_t = min(W, #consecutive valid tokens of step(t) ending at t)
-    P_t = Σ_{j<W_t} λ^j s_{t−j} / Σ_{j<W_t} λ^j,     Δ_t = P_t − P_{t−1}  (0 at a window start)
-    P̃_t = P_t − η max(0, −Δ_t),     w_t = σ(κ (P̃_t − τ))
-    A_{b,t} = Â_b + β · w_t · s_t
+    s_t = ℓᵀ_t − ℓˢ_t,    W_t = min(W, consecutive valid tokens of step(t) ending at t)
+    P_t = Σ_{j<W_t} λ^j s_{t−j} / Σ_{j<W_t} λ^j,    Δ_t = P_t − P_{t−1}   (0 at a window start)
+    P̃_t = P_t − η max(0, −Δ_t),    w_t = σ(κ (P̃_t − τ))
+    A[b,t] = Â_b + β w_t s_t
 
-  ℓˢ = `logprob_old`, ℓᵀ = `logprob_teacher` (the policy under a privileged context).
-  This is the spec's advantage form of PCSD's distillation term; the paper's auxiliary
-  loss form β·mean w_t·KL_t (differentiable, a loss-side term) is not built here.
+  with ℓˢ = `logprob_old` and ℓᵀ = `logprob_teacher` (the policy under a privileged
+  context). Windows never cross a step boundary or a masked token. Teacher == student gives
+  GRPO. The output carries no gradient.
 
-  Choices (ours): W = 3, λ = 0.5, η = 1, κ = 5, τ = 0, β = 1; windows never cross a step
-  boundary (a change of `step_id`) or a masked token (tool output, padding), so the first
-  token of a run has window 1 and Δ = 0; valid tokens with `step_id` = −1 each form a
-  window of one; the window is a static loop of W shifted arrays (jit-friendly);
-  log-probs clamped at −20; Â_b is GRPO (unbiased group std, singleton group 0).
-  Teacher == student gives the GRPO advantage.
+  Paper: "PCSD: persistent-consistency self-distillation" (arXiv preprint). The abstract
+  gives the idea but no equation: this advantage form and W = 3, λ = 0.5, η = 1, κ = 5,
+  τ = 0, β = 1 are this library's (the paper's term is an auxiliary loss).
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student log-prob of the sampled token.
     logprob_teacher: [B,T] float self-teacher (privileged context) log-prob of it.
     step_id: [B,T] int step of each token, −1 outside steps.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     beta: β, coefficient of the weighted support.
-    window: static W. decay, eta, kappa, tau: λ, η, κ, τ.
+    window: static W.
+    decay: λ.
+    eta: η.
+    kappa: κ.
+    tau: τ.
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std.
 
   Returns:
-    [B,T] float32 advantages (no gradient), zero outside `response_mask`.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = pcsd_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
-  ...     response_mask=np.ones((2, 2), bool), logprob_old=np.full((2, 2), -1.0),
-  ...     logprob_teacher=np.array([[-0.6, -0.8]] * 2), step_id=np.zeros((2, 2), np.int32),
-  ...     num_groups=1, group_std="none")          # Â = ±0.5, s = [0.4, 0.2]
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[0.8523, 0.6322], [-0.1477, -0.3678]]
+  Example:
+    >>> import numpy as np
+    >>> a = pcsd_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 2), bool), logprob_old=np.full((2, 2), -1.0),
+    ...     logprob_teacher=np.array([[-0.6, -0.8]] * 2), step_id=np.zeros((2, 2), np.int32),
+    ...     num_groups=1, group_std="none")          # Â = ±0.5, s = [0.4, 0.2]
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.8523, 0.6322], [-0.1477, -0.3678]]
   """
   rows, adv_B = grpo_rows("pcsd_advantages", reward, group_id, response_mask, num_groups,
                           group_size, group_std, eps)

@@ -25,23 +25,26 @@ MODES = ("stepwise", "gated")
 def sod_step_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
                      logprob_teacher: ArrayLike, num_steps: int = 16,
                      delta: ArrayLike = 0.2, eps: ArrayLike = 1e-6) -> Array:
-  """SOD step weights w_k = min((d_1+ε)/(d_k+ε), 1+δ), broadcast to tokens (see `sod_advantages`).
+  """SOD step weights w_k = min((d_1 + ε)/(d_k + ε), 1 + δ), broadcast to tokens.
 
   Args:
     response_mask: [B,T] bool; its runs of 1s are the steps.
-    logprob_old, logprob_teacher: [B,T] float student / teacher log-probs of the sampled token.
+    logprob_old: [B,T] float student log-probs of the sampled token.
+    logprob_teacher: [B,T] float teacher log-probs of the sampled token.
     num_steps: static S; runs after the S-th are merged into the last step.
-    delta, eps: δ, ε.
+    delta: δ.
+    eps: ε.
 
   Returns:
     [B,T] float32 weights of each token's step (no gradient), 0 outside the mask.
 
-  >>> import numpy as np
-  >>> w = sod_step_weights(response_mask=np.array([[1, 1, 0, 1, 1, 0, 1]], bool),
-  ...     logprob_old=np.array([[-1.0, -0.5, 0, -0.2, -0.6, 0, -1.0]]),
-  ...     logprob_teacher=np.array([[-0.8, -0.3, 0, -0.6, -1.0, 0, -1.1]]))
-  >>> np.round(np.asarray(w, np.float64), 6).tolist()
-  [[1.0, 1.0, 0.0, 0.500001, 0.500001, 0.0, 1.2]]
+  Example:
+    >>> import numpy as np
+    >>> w = sod_step_weights(response_mask=np.array([[1, 1, 0, 1, 1, 0, 1]], bool),
+    ...     logprob_old=np.array([[-1.0, -0.5, 0, -0.2, -0.6, 0, -1.0]]),
+    ...     logprob_teacher=np.array([[-0.8, -0.3, 0, -0.6, -1.0, 0, -1.1]]))
+    >>> np.round(np.asarray(w, np.float64), 6).tolist()
+    [[1.0, 1.0, 0.0, 0.500001, 0.500001, 0.0, 1.2]]
   """
   check_int("sod_step_weights", "num_steps", num_steps)
   mask_BT, ls_BT, lt_BT = clean_logprobs(response_mask, logprob_old, logprob_teacher)
@@ -56,7 +59,11 @@ def sod_step_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "sod", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher"),
     paper=_PAPER, static_argnames=("num_groups", "group_size", "mode", "num_steps",
-                                   "group_std"))
+                                   "group_std"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: YoungZ365/SOD verl/trainer/ppo/ray_trainer.py "
+                            "(compute_stepwise_opd_weights, _apply_token_kl_regularizer), "
+                            "examples/SOD/run_sod.sh"))
 def sod_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                    logprob_old: ArrayLike, logprob_teacher: ArrayLike, num_groups: int,
                    group_size: int | None = None,
@@ -67,68 +74,54 @@ def sod_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_ma
                    eps: ArrayLike = 1e-6) -> Array:
   """SOD: GRPO plus a per-token OPD term whose weight shrinks as a step's divergence grows.
 
-  Confidence: code-verified (YoungZ365/SOD `verl/trainer/ppo/ray_trainer.py`
-  `compute_stepwise_opd_weights`, `_apply_token_kl_regularizer`; `examples/SOD/run_sod.sh`),
-  as read for `shared/methods/distill_and_structure.md` A4 and its "Corrections" section;
-  not re-read here.
+  Steps are the maximal runs of 1s of `response_mask` (in a multi-turn rollout the tool
+  output is masked, so each run is one assistant step). A step that drifts from the teacher
+  more than the first step did gets less of the teacher term, so an early erroneous tool
+  call does not cascade::
 
-  Steps are the maximal runs of 1s of `response_mask`: in a multi-turn rollout the
-  tool/observation tokens are masked, so each run is one assistant step. With ℓˢ =
-  `logprob_old` (student, behaviour policy) and ℓᵀ = `logprob_teacher` (teacher on the
-  student's token):
+    d_k = mean_{t ∈ step k} abs(ℓˢ_t − ℓᵀ_t)
+    w_k = min((d_1 + ε) / (d_k + ε), 1 + δ)
+    stepwise:  A[b,t] = Â_b + α w_{k(t)} (ℓᵀ_t − ℓˢ_t)
+    gated:     β_b = β_min + (β_max − β_min) σ(−γ Ā_b),   A[b,t] = Ā_b + β_b (ℓᵀ_t − ℓˢ_t)
 
-  .. math::
-    d_k = mean_{t ∈ step k} |ℓˢ_t − ℓᵀ_t|
-    w_k = min( Π_{u<k} (d_u+ε)/(d_{u+1}+ε), 1+δ ) = min( (d_1+ε)/(d_k+ε), 1+δ )
-    stepwise:  A_{b,t} = Â_b + α · w_{k(t)} · (ℓᵀ_t − ℓˢ_t)
-    gated:     β_b = β_min + (β_max − β_min) · σ(−γ Ā_b),   A_{b,t} = Ā_b + β_b (ℓᵀ_t − ℓˢ_t)
+  with ℓˢ = `logprob_old`, ℓᵀ = `logprob_teacher` and Â_b GRPO. The output carries no
+  gradient.
 
-  Â_b is the GRPO advantage (unbiased group std, ε on σ), Ā_b its masked token mean (= Â_b
-  on a non-empty row). w has no lower bound: a first step that agrees with the teacher and
-  later steps that drift mute the teacher there (an erroneous tool call cascades), while
-  steps closer to the teacher than the first are capped at 1+δ. The closed form is the
-  telescoped product of the code.
-
-  Defaults: δ = 0.2 as the authors' run script (`stepwise_delta`; the config default is
-  0.5, pass `delta=0.5`), ε = 1e-6, α = 1; the legacy gate (`mode="gated"`): γ = 1,
-  β_min = 0, β_max = 0.1. The loss of the recipe is PPO-clip with asymmetric clip
-  (0.2 / 0.28), token-mean, no KL.
-
-  Differences from the code: the gated variant is masked here (the code leaves Ā_b on
-  padding, and a fully masked row gives 0/0 there: 0 here). Choices (ours): steps beyond
-  the static `num_steps` (16, the run's max turns) are merged into the last step;
-  log-probs are clamped at −20 before differencing (a teacher log-prob of −inf/−1e9);
-  a singleton group has Â = 0 (the library's GRPO convention). A row with no valid token
-  is all zeros. Teacher == student gives the GRPO advantage.
+  Paper: "SOD: Step-wise On-policy Distillation for small-model agents". Defaults as the
+  authors' run script (δ = 0.2, α = 1; "gated" is the code's legacy path). Differences:
+  steps beyond `num_steps` merge into the last; log-probs are clamped at −20; the gated
+  variant is masked (the code leaves values on padding).
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's (assistant) tokens.
     logprob_old: [B,T] float student log-prob ℓˢ of the sampled token.
     logprob_teacher: [B,T] float teacher log-prob ℓᵀ of the same token.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    mode: static, "stepwise" (the code's default path) | "gated" (legacy).
-    num_steps: static S, the most steps per row (16).
-    alpha: α, coefficient of the stepwise OPD term.
-    delta: δ, the cap 1+δ of the step weight.
-    gamma, beta_min, beta_max: the legacy gate.
-    group_std: static, "unbiased" | "population" | "none" (GRPO's σ).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    mode: static, "stepwise" | "gated".
+    num_steps: static S, the most steps per row.
+    alpha: α, coefficient of the stepwise term.
+    delta: δ, the cap 1 + δ of the step weight.
+    gamma: γ of the gate.
+    beta_min: β_min of the gate.
+    beta_max: β_max of the gate.
+    group_std: static, "unbiased" | "population" | "none".
     eps: ε of the step ratio and of the GRPO std.
 
   Returns:
-    [B,T] float32 advantages (no gradient), zero outside `response_mask`.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> lp_s = np.array([[-1.0, -0.5, 0, -0.2, -0.6, 0, -1.0]] * 2)
-  >>> lp_t = np.array([[-0.8, -0.3, 0, -0.6, -1.0, 0, -1.1]] * 2)
-  >>> a = sod_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
-  ...     response_mask=np.array([[1, 1, 0, 1, 1, 0, 1]] * 2, bool), logprob_old=lp_s,
-  ...     logprob_teacher=lp_t, num_groups=1, group_std="none")   # Â = ±0.5
-  >>> np.round(np.asarray(a[0], np.float64), 5).tolist()
-  [0.7, 0.7, 0.0, 0.3, 0.3, 0.0, 0.38]
+  Example:
+    >>> import numpy as np
+    >>> lp_s = np.array([[-1.0, -0.5, 0, -0.2, -0.6, 0, -1.0]] * 2)
+    >>> lp_t = np.array([[-0.8, -0.3, 0, -0.6, -1.0, 0, -1.1]] * 2)
+    >>> a = sod_advantages(reward=np.array([1.0, 0.0]), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.array([[1, 1, 0, 1, 1, 0, 1]] * 2, bool), logprob_old=lp_s,
+    ...     logprob_teacher=lp_t, num_groups=1, group_std="none")   # Â = ±0.5
+    >>> np.round(np.asarray(a[0], np.float64), 5).tolist()
+    [0.7, 0.7, 0.0, 0.3, 0.3, 0.0, 0.38]
   """
   check_choice("sod_advantages", "mode", mode, MODES)
   check_int("sod_advantages", "num_steps", num_steps)

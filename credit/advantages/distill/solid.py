@@ -18,8 +18,7 @@ Array = jax.Array
 __all__ = ["solid_advantages", "solid_pseudo_labels", "SolidLabels"]
 
 _PAPER = ("SOLID: solver-artifact majority as pseudo-reference with dense self-distillation "
-          "for optimization modeling without gold answers, arXiv preprint (abstract only; id "
-          "not retrieved)")
+          "for optimization modeling without gold answers, arXiv preprint")
 
 
 class SolidLabels(NamedTuple):
@@ -42,13 +41,13 @@ def solid_pseudo_labels(*, answer_value: ArrayLike, group_id: ArrayLike | None,
                         min_support: ArrayLike = 2) -> SolidLabels:
   """Tolerance clusters of the answers inside each group and the majority pseudo-label.
 
-  adj_ij = |o_i − o_j| ≤ tol·max(1, |o_j|) over pairs of valid answers of the same group;
-  support_i = Σ_j adj_ij; the representative is the row of largest support (the lowest
-  batch index among rows of one cluster); y_i = adj_{rep,i}, kept only when support_rep ≥
-  `min_support` and no row outside the representative's cluster has as much support (two
-  clusters tied: no majority, so the labels do not depend on the row order). Computed
-  with a masked [B,B] comparison (segment path) or [N,G,G] blocks (fast path). See
-  `solid_advantages`.
+  adj_ij = abs(o_i − o_j) ≤ tol · max(1, abs(o_j)) over pairs of valid answers of the same
+  group; support_i = Σ_j adj_ij; the representative is the row of largest support (the
+  lowest batch index among rows of one cluster); y_i = adj_{rep,i}, kept only when
+  support_rep ≥ `min_support` and no row outside the representative's cluster has as much
+  support (two tied clusters: no majority, so the labels do not depend on the row order).
+  Computed with a masked [B,B] comparison (segment path) or [N,G,G] blocks (fast path).
+  See `solid_advantages`.
   """
   mask_BT = response_mask_of(response_mask)
   o_B = jnp.asarray(answer_value, jnp.float32)
@@ -93,7 +92,9 @@ def solid_pseudo_labels(*, answer_value: ArrayLike, group_id: ArrayLike | None,
 @register_estimator(
     "solid", needs=("answer_value", "group_id", "response_mask", "logprob_old",
                     "logprob_teacher"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def solid_advantages(*, answer_value: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, logprob_old: ArrayLike,
                      logprob_teacher: ArrayLike, num_groups: int,
@@ -102,74 +103,54 @@ def solid_advantages(*, answer_value: ArrayLike, group_id: ArrayLike | None,
                      eps: ArrayLike = 1e-6, teacher_floor: ArrayLike = TEACHER_FLOOR) -> Array:
   """SOLID: GRPO on a majority-vote pseudo-reward plus self-distillation of the minority.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `distill_and_structure.md` A12). Without gold answers, each rollout's program is
-  executed, the objective values of a prompt's rollouts are clustered, the majority
-  cluster is taken as correct (a group-relative reward), and the policy is self-distilled
-  toward itself conditioned on the majority artifact. Searches (pages / code, 2026:
-  "SOLID solver artifact majority pseudo-label self-distillation optimization modeling",
-  "solver majority consensus self-distillation") found neither equations nor code; the
-  nearest hits were solver-verified RL for optimization modeling (SIRL, arXiv 2505.11792)
-  and other label-free self-distillation methods.
+  Without gold answers, each rollout's program is executed, the objective values of a
+  prompt's rollouts are clustered, and the majority cluster is taken as correct; the
+  minority is distilled toward the policy conditioned on the majority artifact::
 
-  .. math::
-    adj_{ij} = |o_i − o_j| ≤ tol·\\max(1, |o_j|)      (valid answers, same group)
-    support_i = Σ_j adj_{ij},   rep_g = argmax_{i ∈ g} support_i   (lowest index on ties)
-    y_i = adj_{rep,i}·[support_rep ≥ s_{min}],          r_i = y_i
-    A_{b,t} = Â_b(r) + λ·M_g·(1 − y_b)·(\\max(ℓᵀ_{b,t}, −20) − ℓˢ_{b,t})
+    y_i = 1[i in the majority cluster]                          (`solid_pseudo_labels`)
+    A[b,t] = Â_b(y) + λ · M_g · (1 − y_b) · (max(ℓᵀ[b,t], −20) − ℓˢ[b,t])
 
-  o = `answer_value` (the executed program's objective; NaN when execution failed: such a
-  row has no answer, support 0, reward 0, but is still a rollout of its group). Â is GRPO
-  of the pseudo-reward over the valid rows (unbiased group std + ε; singleton / equal
-  groups 0). M_g = 1 when the group has a representative with support ≥ s_min, else 0:
-  without a majority there is no artifact to condition on, so no reward and no
-  distillation (spec edge case). ℓᵀ = `logprob_teacher` is the policy re-scoring the row
-  with the majority artifact in context, ℓˢ = `logprob_old`. SOLID does not read the
-  `reward` field (it has no gold answers): the reward is the pseudo-label. Choices (spec):
-  relative tolerance 1e−6, s_min = 2, λ = 1, distil only the non-majority rows, the −20
-  clamp of ℓᵀ. Deviation: the spec breaks a tie between two clusters of equal support by the
-  lowest batch index, which makes the labels depend on the row order; here such a group has
-  no majority (M_g = 0), so permuting the rows of a group permutes the advantages. The
-  asymmetric tolerance tol·max(1,|o_j|) follows the spec.
+  with o = `answer_value` (NaN when execution failed: no answer, reward 0, still a rollout
+  of its group), Â GRPO of the pseudo-reward, M_g = 1 when the group has a majority
+  (support ≥ s_min), ℓᵀ = `logprob_teacher` the policy with the majority artifact in
+  context and ℓˢ = `logprob_old`. SOLID does not read `reward`. The output carries no
+  gradient.
 
-  Measured on the credit bench's `pivotal` (2026-12-06; held-out accuracy 0.39 → 0.11 /
-  0.09 / 0.11 at steps 50 / 100 / 150, GRPO 0.38): the majority is usually wrong there.
-  The answer is the task's last number, the digit without its position, and at ~11%
-  sampled accuracy the majority digit of a group is rarely the right one (of 124 rows
-  labelled 1 at the start, 17 were right; 28 of the 51 right rows were labelled 0). The
-  policy converges on one digit ("1") for every prompt, where both terms vanish; with
-  `coef=0` it gets there faster (0.08). The bench's ℓᵀ is its frozen expert teacher, not
-  the policy conditioned on the majority artifact (the runner has no such context). The
-  premise, a majority that is mostly right, does not hold for a policy this weak.
+  Paper: "SOLID: solver-artifact majority as pseudo-reference with dense
+  self-distillation" (arXiv preprint). The abstract gives the idea but no equation: the
+  formula, tol = 1e-6 (relative), s_min = 2, λ = 1 are this library's reading; a tie
+  between two clusters gives no majority, so permuting a group's rows permutes the
+  advantages.
 
   Args:
     answer_value: [B] float objective value of each rollout's program, NaN when it failed.
-    group_id: [B] int group of each row; unused (may be None) when `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student (behaviour) log-prob of the sampled token, ℓˢ.
     logprob_teacher: [B,T] float the policy conditioned on the majority artifact, ℓᵀ.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast path).
-    coef: λ, weight of the self-distillation term (1.0).
-    tol: relative tolerance of the answer clusters (1e−6).
-    min_support: s_min, the representative's least support for a majority (2).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    coef: λ, weight of the self-distillation term.
+    tol: relative tolerance of the answer clusters.
+    min_support: s_min, the representative's least support for a majority.
     eps: added to the group std.
-    teacher_floor: lower clamp of ℓᵀ (−20).
+    teacher_floor: lower clamp of ℓᵀ.
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`, without gradient.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> o = np.array([10., 10.0000001, 12., np.nan, 10.])
-  >>> lab = solid_pseudo_labels(answer_value=o, group_id=np.zeros(5, int),
-  ...                           response_mask=np.ones((5, 1), bool), num_groups=1)
-  >>> np.asarray(lab.support).tolist(), np.asarray(lab.label).tolist()
-  ([3.0, 3.0, 1.0, 0.0, 3.0], [1.0, 1.0, 0.0, 0.0, 1.0])
-  >>> a = solid_advantages(answer_value=o, group_id=np.zeros(5, int),
-  ...     response_mask=np.ones((5, 1), bool), logprob_old=np.zeros((5, 1)),
-  ...     logprob_teacher=np.zeros((5, 1)), num_groups=1)
-  >>> np.round(np.asarray(a[:, 0], np.float64), 6).tolist()
-  [0.730295, 0.730295, -1.095443, -1.095443, 0.730295]
+  Example:
+    >>> import numpy as np
+    >>> o = np.array([10., 10.0000001, 12., np.nan, 10.])
+    >>> lab = solid_pseudo_labels(answer_value=o, group_id=np.zeros(5, int),
+    ...                           response_mask=np.ones((5, 1), bool), num_groups=1)
+    >>> np.asarray(lab.support).tolist(), np.asarray(lab.label).tolist()
+    ([3.0, 3.0, 1.0, 0.0, 3.0], [1.0, 1.0, 0.0, 0.0, 1.0])
+    >>> a = solid_advantages(answer_value=o, group_id=np.zeros(5, int),
+    ...     response_mask=np.ones((5, 1), bool), logprob_old=np.zeros((5, 1)),
+    ...     logprob_teacher=np.zeros((5, 1)), num_groups=1)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 6).tolist()
+    [0.730295, 0.730295, -1.095443, -1.095443, 0.730295]
   """
   mask_BT = response_mask_of(response_mask)
   delta_BT = teacher_gap(logprob_teacher, logprob_old, mask_BT, teacher_floor)

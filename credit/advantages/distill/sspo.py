@@ -17,31 +17,34 @@ Array = jax.Array
 __all__ = ["sspo_advantages", "sspo_step_weights"]
 
 _PAPER = ("Beyond Outcome Rewards: Step-Level Self-Distilled Policy Optimization (SSPO), "
-          "arXiv preprint (abstract only; id not retrieved)")
+          "arXiv preprint")
 
 
 def sspo_step_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
                       logprob_teacher: ArrayLike, step_id: ArrayLike, num_steps: int = 16,
                       omega_min: ArrayLike = 0.0, omega_max: ArrayLike = 3.0) -> Array:
-  """Mean-1 step weights ω_{b,k} = n_b D_{b,k} / Σ_j D_{b,j}, clipped, per token.
+  """Mean-1 step weights ω[b,k] = n_b D[b,k] / Σ_j D[b,j], clipped, per token.
 
   Args:
     response_mask: [B,T] bool.
-    logprob_old, logprob_teacher: [B,T] float plain / privileged-context log-probs.
+    logprob_old: [B,T] float plain-context log-probs.
+    logprob_teacher: [B,T] float privileged-context log-probs.
     step_id: [B,T] int step of each token, −1 outside steps.
     num_steps: static S; step ids ≥ S are merged into step S − 1.
-    omega_min, omega_max: clip range of ω (pass `jnp.inf` as `omega_max` to disable).
+    omega_min: lower clip of ω.
+    omega_max: upper clip of ω (`jnp.inf` disables it).
 
   Returns:
-    [B,T] float32 weights ≥ 0 (no gradient); 1 on valid tokens outside every step,
-    0 outside the mask.
+    [B,T] float32 weights ≥ 0 (no gradient); 1 on valid tokens outside every step, 0
+    outside the mask.
 
-  >>> import numpy as np
-  >>> w = sspo_step_weights(response_mask=np.ones((1, 3), bool),
-  ...     logprob_old=np.zeros((1, 3)), logprob_teacher=-np.array([[0.1, 0.5, 0.3]]),
-  ...     step_id=np.array([[0, 1, 2]], np.int32))
-  >>> np.round(np.asarray(w, np.float64), 6).tolist()
-  [[0.333333, 1.666667, 1.0]]
+  Example:
+    >>> import numpy as np
+    >>> w = sspo_step_weights(response_mask=np.ones((1, 3), bool),
+    ...     logprob_old=np.zeros((1, 3)), logprob_teacher=-np.array([[0.1, 0.5, 0.3]]),
+    ...     step_id=np.array([[0, 1, 2]], np.int32))
+    >>> np.round(np.asarray(w, np.float64), 6).tolist()
+    [[0.333333, 1.666667, 1.0]]
   """
   check_int("sspo_step_weights", "num_steps", num_steps)
   mask_BT, ls_BT, lt_BT = clean_logprobs(response_mask, logprob_old, logprob_teacher)
@@ -62,7 +65,9 @@ def sspo_step_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
 @register_estimator(
     "sspo", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher",
                    "step_id"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "num_steps", "group_std"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size", "num_steps", "group_std"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def sspo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_teacher: ArrayLike, step_id: ArrayLike,
                     num_groups: int, group_size: int | None = None, num_steps: int = 16,
@@ -72,56 +77,47 @@ def sspo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     eps: ArrayLike = 1e-6) -> Array:
   """SSPO: a privileged self-teacher sets how hard each step of a failed rollout is pushed down.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `shared/methods/distill_and_structure.md` A5). The abstract keeps the outcome's sign and
-  uses the same model under a privileged context (step-level "evidence anchors") to
-  reweight the steps of incorrect trajectories only. Searches (pages, 2026: "Step-Level
-  Self-Distilled Policy Optimization", "SSPO incorrect trajectories evidence anchors")
-  found neither the paper's equations nor code; the hits were other self-distillation
-  methods (SSOPD arXiv 2605.17497, SDPO arXiv 2601.20802).
+  The outcome keeps its sign; the same model under a privileged context (step-level
+  evidence anchors) reweights the steps of incorrect trajectories only::
 
-  .. math::
-    D_{b,k} = mean_{t ∈ step k} |ℓˢ_t − ℓᵀ_t|
-    ω_{b,k} = clip( n_b D_{b,k} / Σ_j D_{b,j},  ω_min, ω_max ),   n_b = #steps with a token
-    A_{b,t} = Â_b · (c_b ? 1 : ω_{b,k(t)}),   c_b = [R_b ≥ success_threshold]
+    D[b,k] = mean_{t ∈ step k} abs(ℓˢ_t − ℓᵀ_t)
+    ω[b,k] = clip(n_b D[b,k] / Σ_j D[b,j], ω_min, ω_max)      (n_b: steps with a token)
+    A[b,t] = Â_b · (1 if c_b else ω[b,k(t)]),   c_b = [R_b ≥ success_threshold]
 
-  ℓˢ = `logprob_old` (plain context), ℓᵀ = `logprob_teacher` (same model, privileged
-  context). ω ≥ 0, so the sign of A is never flipped; without clipping the mean of ω over
-  a row's steps is 1 (the mean step magnitude is kept).
+  ω ≥ 0 never flips a sign; without clipping its mean over a row's steps is 1. An
+  all-failed group has Â = 0 and gets no signal. The output carries no gradient.
 
-  Choices (ours): D is the mean absolute log-prob gap (the spec's "disagreement");
-  ω clipped to [0, 3]; Σ D = 0 gives ω = 1; valid tokens outside every step
-  (`step_id` = −1) keep weight 1; step ids ≥ the static `num_steps` are merged into the
-  last step; log-probs clamped at −20; Â_b is GRPO with the unbiased group std (ddof 1)
-  and a singleton group gets 0. An all-failed (or all-equal) group has Â = 0 and gets
-  no signal, unlike methods with an additive teacher term.
+  Paper: "Beyond Outcome Rewards: Step-Level Self-Distilled Policy Optimization" (arXiv
+  preprint). The abstract gives the idea but no equation: the disagreement D, the clip
+  [0, 3] and S = 16 are this library's reading.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float log-prob of the sampled token, plain context.
-    logprob_teacher: [B,T] float the same under the privileged (evidence-anchor) context.
+    logprob_teacher: [B,T] float the same under the privileged context.
     step_id: [B,T] int reasoning step of each token, −1 outside steps.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    num_steps: static S, the most steps per row (16, ours).
-    success_threshold: c_b = R_b ≥ threshold (1.0, for 0/1 rewards).
-    omega_min, omega_max: clip range of ω ([0, 3], ours).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    num_steps: static S, the most steps per row.
+    success_threshold: c_b = R_b ≥ threshold.
+    omega_min: lower clip of ω.
+    omega_max: upper clip of ω.
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std.
 
   Returns:
-    [B,T] float32 advantages (no gradient), zero outside `response_mask`.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = sspo_advantages(reward=np.array([1.0, 0.0, 0.0]), group_id=np.zeros(3, np.int32),
-  ...     response_mask=np.ones((3, 3), bool), logprob_old=np.zeros((3, 3)),
-  ...     logprob_teacher=-np.array([[0.1, 0.5, 0.3]] * 3),
-  ...     step_id=np.array([[0, 1, 2]] * 3, np.int32), num_groups=1)
-  >>> np.round(np.asarray(a[:2], np.float64), 5).tolist()
-  [[1.1547, 1.1547, 1.1547], [-0.19245, -0.96225, -0.57735]]
+  Example:
+    >>> import numpy as np
+    >>> a = sspo_advantages(reward=np.array([1.0, 0.0, 0.0]), group_id=np.zeros(3, np.int32),
+    ...     response_mask=np.ones((3, 3), bool), logprob_old=np.zeros((3, 3)),
+    ...     logprob_teacher=-np.array([[0.1, 0.5, 0.3]] * 3),
+    ...     step_id=np.array([[0, 1, 2]] * 3, np.int32), num_groups=1)
+    >>> np.round(np.asarray(a[:2], np.float64), 5).tolist()
+    [[1.1547, 1.1547, 1.1547], [-0.19245, -0.96225, -0.57735]]
   """
   check_int("sspo_advantages", "num_steps", num_steps)
   rows, adv_B = grpo_rows("sspo_advantages", reward, group_id, response_mask, num_groups,

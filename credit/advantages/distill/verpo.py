@@ -16,8 +16,7 @@ Array = jax.Array
 
 __all__ = ["verpo_advantages", "evidence_nuisance"]
 
-_PAPER = ("VERPO: evidence-conditioned guidance with a Fisher Evidence Contrast, arXiv "
-          "preprint (abstract only; id not retrieved)")
+_PAPER = "VERPO: evidence-conditioned guidance with a Fisher Evidence Contrast, arXiv preprint"
 
 
 # Per row, the k largest scores among the accepted tokens (ties: the earlier token), [B,T]
@@ -30,33 +29,29 @@ _kept_per_row = jax.jit(lambda score_BT, accepted_BT, k_B: jax.vmap(ops.smallest
 def evidence_nuisance(*, hidden_plain: ArrayLike, hidden_evidence: ArrayLike,
                       unembed: ArrayLike, tokens: ArrayLike, mask: ArrayLike,
                       fec_lambda: ArrayLike = 1e-2, chunk_size: int | None = None) -> Array:
-  """[B,T] the part of each token's evidence-induced log-prob shift that lies along the
-  batch's evidence-presence direction (VERPO's Fisher Evidence Contrast, FEC).
+  """[B,T] the part of each token's evidence-induced log-prob shift along the evidence-presence direction.
 
-  Confidence: inferred. The abstract says only that FEC "attenuates nuisance shifts along an
-  estimated evidence-presence direction through a regularized projection"; no equations or
-  code were found. Our construction, from the hidden states h⁰_t / hᴱ_t that predict token
-  y_t without / with the evidence in the context (`credit.scoring.next_token_hidden`):
+  VERPO's Fisher Evidence Contrast (FEC) removes "nuisance shifts along an estimated
+  evidence-presence direction through a regularized projection". This library's
+  construction, from the hidden states h⁰_t and hᴱ_t that predict token y_t without and
+  with the evidence in the context (`credit.scoring.next_token_hidden`)::
 
-  .. math::
-    u_t = hᴱ_t − h⁰_t,   m = mean_{t ∈ mask} u_t,   v = m / ‖m‖,   κ = ‖m‖² / (‖m‖² + λ)
-    g_t = W_{y_t} − Σ_y p⁰_t(y) W_y = ∂ log p(y_t | h) / ∂h at h⁰_t
+    u_t = hᴱ_t − h⁰_t,   m = mean_t u_t,   v = m / norm(m),   κ = norm(m)² / (norm(m)² + λ)
+    g_t = W_{y_t} − Σ_y p⁰_t(y) W_y        (the gradient of log p(y_t | h) at h⁰_t)
     n_t = κ (g_t · v)(u_t · v)
 
-  m, the shift every token shares, estimates the direction of "evidence present" (style,
-  confidence: the nuisance); g_t maps a hidden-state shift to the first-order change of the
-  token's log-prob (its Fisher score), so n_t is the part of the log-prob correction
-  ℓᴱ_t − ℓ⁰_t carried by that direction; κ regularises the projection (a weakly estimated
-  direction is removed less; λ = `fec_lambda`). `verpo_advantages(fec=True)` subtracts it
-  from the correction.
+  m, the shift every token shares, estimates "evidence present" (style, confidence: the
+  nuisance); n_t is the part of the log-prob correction ℓᴱ_t − ℓ⁰_t carried by that
+  direction, to first order. `verpo_advantages(fec=True)` subtracts it.
 
   Args:
-    hidden_plain, hidden_evidence: [B,T,D] predicting hidden states, aligned to tokens.
+    hidden_plain: [B,T,D] predicting hidden states without the evidence.
+    hidden_evidence: [B,T,D] the same with the evidence.
     unembed: [D,V] the output embedding.
-    tokens: [B,T] int the sampled tokens y_t. mask: [B,T] bool the tokens taken into account
-      (the response; 0 elsewhere in the output).
-    fec_lambda: λ ≥ 0. chunk_size: static positions per chunk of the [B,·,V] softmax (None:
-      all at once).
+    tokens: [B,T] int the sampled tokens y_t.
+    mask: [B,T] bool the tokens taken into account (0 elsewhere in the output).
+    fec_lambda: λ ≥ 0.
+    chunk_size: static positions per chunk of the [B,·,V] softmax (None: all at once).
 
   Returns:
     [B,T] float32 n_t (no gradient), 0 outside `mask`.
@@ -95,7 +90,9 @@ def evidence_nuisance(*, hidden_plain: ArrayLike, hidden_evidence: ArrayLike,
     "verpo", needs=("reward", "group_id", "response_mask", "logprob_old", "logprob_teacher"),
     paper=_PAPER, static_argnames=("num_groups", "group_size", "use_alt_reference",
                                    "group_std", "fec"),
-    optional_needs={"logprob_alt": "use_alt_reference", "evidence_nuisance": "fec"})
+    optional_needs={"logprob_alt": "use_alt_reference", "evidence_nuisance": "fec"},
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                      logprob_old: ArrayLike, logprob_teacher: ArrayLike, num_groups: int,
                      group_size: int | None = None, logprob_alt: ArrayLike | None = None,
@@ -107,71 +104,57 @@ def verpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_
                      eps: ArrayLike = 1e-6) -> Array:
   """VERPO: GRPO plus evidence corrections kept where they agree with the outcome, on few tokens.
 
-  Confidence: inferred (from the abstract; the formula is the spec's design,
-  `shared/methods/distill_and_structure.md` A10, every hyperparameter a choice). The
-  abstract splits the guidance of an evidence-conditioned self-teacher into an
-  evidence-free reference term and a signed evidence-induced correction per token,
-  accepts a correction only where it agrees with the local policy-gradient direction,
-  keeps it on a few tokens only and scales it by alignment against movement cost.
-  Searches (pages, 2026: "VERPO evidence-conditioned guidance", "Fisher Evidence
-  Contrast") found neither the paper's equations nor code.
+  An evidence-conditioned self-teacher's guidance splits into an evidence-free reference
+  term and a signed evidence-induced correction per token; a correction is accepted only
+  where it agrees with the local policy-gradient direction, kept on a few tokens, and
+  scaled by alignment against the cost of moving the token::
 
-  .. math::
     a⁰_t = ℓ⁰_t − ℓˢ_t,    e_t = ℓᴱ_t − ℓ⁰_t
-    acc_t = [sign(e_t) = sign(Â_b)] ∧ Â_b ≠ 0
-    loc_t = [t among the max(1, ⌊ρ n_b⌋) largest |e| of the accepted tokens of row b]
-    s_t = min(1, |Â_b| |e_t| / (λ_F p_t (1 − p_t) + 1e-6)),    p_t = exp(ℓˢ_t)
-    A_{b,t} = Â_b + γ₀ a⁰_t + γ₁ acc_t loc_t s_t e_t
+    acc_t = [sign(e_t) = sign(Â_b)] and Â_b ≠ 0
+    loc_t = [t among the max(1, ⌊ρ n_b⌋) largest abs(e) of the row's accepted tokens]
+    s_t = min(1, abs(Â_b) abs(e_t) / (λ_F p_t (1 − p_t) + 1e-6)),    p_t = exp(ℓˢ_t)
+    A[b,t] = Â_b + γ₀ a⁰_t + γ₁ acc_t loc_t s_t e_t
 
-  ℓˢ = `logprob_old` (the student), ℓᴱ = `logprob_teacher` (the policy conditioned on
-  the verified evidence), n_b the row's number of valid tokens. ℓ⁰ is the evidence-free
-  teacher context: by default (ours) the plain context itself, ℓ⁰ = ℓˢ, so a⁰ = 0 and
-  e = ℓᴱ − ℓˢ; with `use_alt_reference=True`, ℓ⁰ = `logprob_alt` (a separate pass
-  scoring the tokens under the teacher prompt without the evidence). The cost scale uses
-  the Fisher information p(1 − p) of a categorical logit as the cost of moving the token.
+  with ℓˢ = `logprob_old`, ℓᴱ = `logprob_teacher` (the policy given the verified
+  evidence) and ℓ⁰ the evidence-free teacher context (ℓˢ by default, `logprob_alt` with
+  `use_alt_reference`). `fec=True` first subtracts `evidence_nuisance` from e. An
+  all-equal group accepts no correction. The output carries no gradient.
 
-  Fisher Evidence Contrast (`fec=True`): the correction loses its component along the
-  batch's evidence-presence direction, e_t ← e_t − n_t with n = `evidence_nuisance`
-  (`evidence_nuisance(...)` above: computed from hidden states, which the runner's
-  `evidence_pass` producer makes; inferred, see there), before acceptance, localisation and
-  scaling.
-
-  Choices (ours): ρ = 0.2, λ_F = 1, γ₀ = 0, γ₁ = 1; the "local direction" is the sign of
-  the row's GRPO advantage; localisation by `credit.ops.smallest_k_mask` on −|e| per row
-  (no sort; ties go to the earlier token); log-probs clamped at −20; Â_b is GRPO
-  (unbiased group std, singleton group 0). An all-equal or singleton group (Â = 0)
-  accepts no correction, so with γ₀ = 0 it gets exact zeros.
+  Paper: "VERPO: evidence-conditioned guidance with a Fisher Evidence Contrast" (arXiv
+  preprint). The abstract gives the mechanism but no equation: the formulas and ρ = 0.2,
+  λ_F = 1, γ₀ = 0, γ₁ = 1 are this library's reading.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row in [0, num_groups); unused (may be None) when
-      `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student log-prob ℓˢ of the sampled token.
     logprob_teacher: [B,T] float evidence-conditioned log-prob ℓᴱ of it.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast [N,G] path).
-    logprob_alt: [B,T] float evidence-free teacher log-prob ℓ⁰; read only with
-      `use_alt_reference`.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    logprob_alt: [B,T] float evidence-free teacher log-prob ℓ⁰ (`use_alt_reference`).
     use_alt_reference: static, ℓ⁰ = `logprob_alt` instead of ℓˢ.
-    evidence_nuisance: [B,T] float n_t; read only with `fec`.
-    fec: static, subtract `evidence_nuisance` from the correction (FEC).
+    evidence_nuisance: [B,T] float n_t (`fec`).
+    fec: static, subtract `evidence_nuisance` from the correction.
     rho: ρ, fraction of a row's tokens that may carry a correction (at least one).
-    lambda_fisher: λ_F. gamma0, gamma1: γ₀, γ₁.
+    lambda_fisher: λ_F.
+    gamma0: γ₀.
+    gamma1: γ₁.
     group_std: static, "unbiased" | "population" | "none".
     eps: added to the group std.
 
   Returns:
-    [B,T] float32 advantages (no gradient), zero outside `response_mask`.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> ls = np.log(np.array([[0.5, 0.5, 0.9]] * 2))
-  >>> le = ls + np.array([[-0.4, 0.3, -0.05]] * 2)
-  >>> a = verpo_advantages(reward=np.array([0.0, 1.0]), group_id=np.zeros(2, np.int32),
-  ...     response_mask=np.ones((2, 3), bool), logprob_old=ls, logprob_teacher=le,
-  ...     num_groups=1, group_std="none")        # Â = ∓0.5
-  >>> np.round(np.asarray(a[0], np.float64), 5).tolist()
-  [-0.82, -0.5, -0.5]
+  Example:
+    >>> import numpy as np
+    >>> ls = np.log(np.array([[0.5, 0.5, 0.9]] * 2))
+    >>> le = ls + np.array([[-0.4, 0.3, -0.05]] * 2)
+    >>> a = verpo_advantages(reward=np.array([0.0, 1.0]), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 3), bool), logprob_old=ls, logprob_teacher=le,
+    ...     num_groups=1, group_std="none")        # Â = ∓0.5
+    >>> np.round(np.asarray(a[0], np.float64), 5).tolist()
+    [-0.82, -0.5, -0.5]
   """
   if use_alt_reference and logprob_alt is None:
     raise ValueError("verpo_advantages: use_alt_reference=True needs `logprob_alt`")
