@@ -6,18 +6,17 @@ formula. Registry-wide properties live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 import math
 
 import hypothesis
 import jax
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit import registry
-from credit.advantages import grpo_advantages
 from credit.advantages.token import cscr as cs
+from tests.advantages.token._harness import (assert_budget_kept, assert_reduces_to_grpo,
+                                             assert_sign_kept, grpo_of, reference_test, table)
 from tests.advantages.token._ref import (EPS, G, N, T, B, batches, pick, ref_grpo,
                                          valid_tokens)
 
@@ -52,9 +51,8 @@ def ref_cscr(b, *, alpha=0.5, group_size=None, group_std="unbiased", eps=EPS):
   return out
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(cs.cscr_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(cs.cscr_advantages, FIELDS, ref_cscr, CONFIGS)
+test_matches_numpy_reference = reference_test(CASES, max_examples=12)
 
 
 def test_registered_in_token_family():
@@ -82,29 +80,17 @@ def test_spec_example():
   np.testing.assert_allclose(np.asarray(a[1]), -np.asarray(a[0]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=12, deadline=None)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(name, data):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_cscr(b, **cfg), rtol=1e-4, atol=1e-5)
-
-
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(b=batches())
 def test_reductions_sign_and_budget(b):
-  grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
-                                    num_groups=N))
+  grpo = grpo_of(b)
   kw = pick(b, *FIELDS)
   same = dict(kw, logprob_alt_pos=b["logprob_old"], logprob_alt_neg=b["logprob_old"])
-  for a in (cs.cscr_advantages(num_groups=N, alpha=0.0, **kw),
-            cs.cscr_advantages(num_groups=N, **same)):
-    np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-5, atol=1e-6)
+  assert_reduces_to_grpo([cs.cscr_advantages(num_groups=N, alpha=0.0, **kw),
+                          cs.cscr_advantages(num_groups=N, **same)], grpo, rtol=1e-5, atol=1e-6)
   a = np.asarray(cs.cscr_advantages(num_groups=N, **kw), np.float64)
-  np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
-  np.testing.assert_allclose(a.sum(-1), grpo.astype(np.float64).sum(-1), rtol=1e-4, atol=1e-4)
+  assert_sign_kept(a, grpo)
+  assert_budget_kept(a, grpo)
 
 
 def test_more_sensitive_tokens_get_less_credit():

@@ -1,15 +1,15 @@
 """Tests for the DGPO estimator (credit/advantages/token/dgpo.py).
 
 Spec: shared/methods/token_and_implicit.md §8. Fixed shapes N=4 groups x G=4 samples,
-T=6 tokens, so each static configuration compiles once. The numpy loop reference is
-written from the formulas (float64), not from the code. Generic registry-wide properties
+T=6 tokens (tests/advantages/token/_ref.py), so each static configuration compiles once
+(tests/advantages/token/_harness.py). The numpy loop reference is written from the
+formulas (float64), not from the code. Generic registry-wide properties
 (jit == eager, masking == slicing, padding, permutation, degenerate inputs, sharding) live
 in the common estimator tests and are not repeated here.
 """
 from __future__ import annotations
 
 import doctest
-import functools
 import math
 
 import hypothesis
@@ -20,12 +20,10 @@ import pytest
 from hypothesis import strategies as st
 
 from credit import registry
-from credit.advantages import grpo_advantages
 from credit.advantages.token import dgpo as dg
-
-N, G, T = 4, 4, 6
-B = N * G
-EPS = 1e-6
+from tests.advantages.token._harness import (Case, assert_budget_kept, assert_reduces_to_grpo,
+                                             assert_sign_kept, grpo_of, reference_test)
+from tests.advantages.token._ref import B, EPS, G, N, T
 
 # The spec's worked example (§8): one response of L = 4 tokens.
 PI = np.array([0.9, 0.3, 0.6, 0.05])
@@ -40,12 +38,12 @@ SPEC_W = [0.5, 1.7, 1.3, 0.5]
 V = 50
 ROW_MEAN = dict(gate="row_mean")   # the spec's gate (ours), used by its worked example
 
-# Configurations compared with the reference: (name, static/hyper kwargs, use hellinger).
+# Configurations compared with the reference (static and hyperparameter kwargs).
 CONFIGS = {
     "softmax": dict(vocab_size=V),
     "softmax_vocab": dict(vocab_size=1000, temperature=0.25, gate_power=2.0),
     "softmax_row_mean": dict(ROW_MEAN),
-    "softmax_hellinger": dict(hellinger=True, temperature=1.0, vocab_size=V),
+    "softmax_hellinger": dict(exact_hellinger=True, temperature=1.0, vocab_size=V),
     "linear": dict(weighting="linear", **ROW_MEAN),
     "linear_population": dict(weighting="linear", alpha=0.8, group_std="population",
                               **ROW_MEAN),
@@ -146,30 +144,26 @@ def batches(draw, contiguous=False):
   entropy = np.where(rng.random((B, T)) < 0.2, 0.0, entropy).astype(np.float32)
   hellinger = rng.uniform(0, 1, (B, T)).astype(np.float32)
   return dict(reward=reward, group_id=gid, response_mask=mask, logprob_old=lp_old,
-              logprob_ref=lp_ref, entropy=entropy, hellinger=hellinger)
+              logprob_ref=lp_ref, entropy=entropy, hellinger_ref=hellinger)
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(config_name):
-  cfg = dict(CONFIGS[config_name])
-  if cfg.pop("hellinger", None):
-    cfg["exact_hellinger"] = True
-  return jax.jit(functools.partial(dg.dgpo_advantages, num_groups=N, **cfg))
+FIELDS = ("reward", "group_id", "response_mask", "logprob_old", "logprob_ref", "entropy")
 
 
-def run_config(config_name, b):
-  kw = {k: b[k] for k in ("reward", "group_id", "response_mask", "logprob_old",
-                          "logprob_ref", "entropy")}
-  if CONFIGS[config_name].get("hellinger"):
-    kw["hellinger_ref"] = b["hellinger"]
-  return np.asarray(jitted(config_name)(**kw), np.float64)
+def _data(b):
+  return {k: v for k, v in b.items() if k != "hellinger_ref"}
 
 
-def run_ref(config_name, b):
-  cfg = dict(CONFIGS[config_name])
-  hel = b["hellinger"] if cfg.pop("hellinger", False) else None
+def ref_case(b, *, exact_hellinger=False, **cfg):
+  hel = b["hellinger_ref"] if exact_hellinger else None
   return ref_dgpo(b["reward"], b["group_id"], b["response_mask"], b["logprob_old"],
                   b["logprob_ref"], b["entropy"], num_groups=N, hellinger=hel, **cfg)
+
+
+CASES = [Case(name, dg.dgpo_advantages,
+              FIELDS + (("hellinger_ref",) if cfg.get("exact_hellinger") else ()), ref_case,
+              tuple(sorted(cfg.items())), batches=batches)
+         for name, cfg in sorted(CONFIGS.items())]
 
 
 def example_row():
@@ -188,8 +182,7 @@ def test_registered_in_token_family():
   assert spec.family == "token"
   assert spec.confidence == "paper-equation"
   assert spec.fn is dg.dgpo_advantages
-  assert spec.needs == {"reward", "group_id", "response_mask", "logprob_old",
-                        "logprob_ref", "entropy"}
+  assert spec.needs == set(FIELDS)
   assert {"num_groups", "group_size", "weighting", "group_std",
           "vocab_size", "gate"} <= set(spec.static_argnames)
   assert "dgpo" in registry.list_estimators("token")
@@ -251,23 +244,14 @@ def test_spec_example_softmax_weights():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config_name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=15)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(config_name, data):
-  contiguous = CONFIGS[config_name].get("group_size") is not None
-  b = data.draw(batches(contiguous=contiguous))
-  np.testing.assert_allclose(run_config(config_name, b), run_ref(config_name, b),
-                             rtol=1e-4, atol=1e-5)
+test_matches_numpy_reference = reference_test(CASES, max_examples=15)
 
 
 @hypothesis.settings(max_examples=10)
 @hypothesis.given(b=batches(contiguous=True))
 def test_segment_path_equals_fast_path(b):
-  seg = np.asarray(dg.dgpo_advantages(num_groups=N, vocab_size=V,
-                                      **{k: v for k, v in b.items() if k != "hellinger"}))
-  fast = np.asarray(dg.dgpo_advantages(num_groups=N, group_size=G, vocab_size=V,
-                                       **{k: v for k, v in b.items() if k != "hellinger"}))
+  seg = np.asarray(dg.dgpo_advantages(num_groups=N, vocab_size=V, **_data(b)))
+  fast = np.asarray(dg.dgpo_advantages(num_groups=N, group_size=G, vocab_size=V, **_data(b)))
   np.testing.assert_allclose(seg, fast, rtol=1e-6, atol=1e-7)
 
 
@@ -276,33 +260,21 @@ def test_segment_path_equals_fast_path(b):
 # --------------------------------------------------------------------------
 
 
-def _data(b):
-  return {k: v for k, v in b.items() if k != "hellinger"}
-
-
-def _grpo(b, **kw):
-  return np.asarray(grpo_advantages(reward=b["reward"], group_id=b["group_id"],
-                                    response_mask=b["response_mask"], num_groups=N, **kw))
-
-
 @hypothesis.settings(max_examples=10)
 @hypothesis.given(b=batches())
 def test_reduces_to_grpo(b):
-  grpo = _grpo(b)
   # α = 0: uniform weights.
-  a = dg.dgpo_advantages(num_groups=N, weighting="linear", alpha=0.0, vocab_size=V,
-                         **_data(b))
-  np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
+  outs = [dg.dgpo_advantages(num_groups=N, weighting="linear", alpha=0.0, vocab_size=V,
+                             **_data(b))]
   # Policy equal to the reference (step 0): d = 0, both weightings.
   same = dict(_data(b), logprob_ref=b["logprob_old"])
-  for weighting in ("softmax", "linear"):
-    a = dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V, **same)
-    np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
+  outs += [dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V, **same)
+           for weighting in ("softmax", "linear")]
   # Zero entropy everywhere: g = 0, both gates.
   cold = dict(_data(b), entropy=np.zeros((B, T), np.float32))
-  for kw in (dict(ROW_MEAN), dict(weighting="linear", **ROW_MEAN), dict(vocab_size=100)):
-    a = dg.dgpo_advantages(num_groups=N, **kw, **cold)
-    np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
+  outs += [dg.dgpo_advantages(num_groups=N, **kw, **cold)
+           for kw in (dict(ROW_MEAN), dict(weighting="linear", **ROW_MEAN), dict(vocab_size=100))]
+  assert_reduces_to_grpo(outs, grpo_of(b), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("weighting", ["softmax", "linear"])
@@ -311,12 +283,11 @@ def test_reduces_to_grpo(b):
 def test_budget_and_sign_kept(weighting, b):
   a = np.asarray(dg.dgpo_advantages(num_groups=N, weighting=weighting, vocab_size=V,
                                     **_data(b)), np.float64)
-  grpo = _grpo(b).astype(np.float64)
+  grpo = grpo_of(b)
+  assert_budget_kept(a, grpo, rtol=1e-5, atol=1e-5)
+  assert_sign_kept(a, grpo)
   mask = b["response_mask"]
   lengths = mask.sum(-1)
-  adv_row = grpo.sum(-1) / np.maximum(lengths, 1)  # Â_b (grpo is constant on the row)
-  np.testing.assert_allclose(a.sum(-1), lengths * adv_row, rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
   w = np.asarray(dg.dgpo_weights(weighting=weighting, vocab_size=V, **{
       k: b[k] for k in ("response_mask", "logprob_old", "logprob_ref", "entropy")}))
   assert np.all(w[mask] > 0) and np.all(w[~mask] == 0)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from credit import registry
 from credit.advantages.token import opsa as op
+from tests.advantages.token._harness import reference_test, run, table
 from tests.advantages.token._ref import B, T, batches, pick
 
 CONFIGS = {
@@ -56,9 +57,10 @@ def ref_opsa(b, *, token_fraction=0.2, adv_min=-1.0, adv_max=-0.5, fixed_advanta
   return adv, sel
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(op.opsa_advantages, **CONFIGS[name]))
+# Outputs (advantages, loss_mask): the selection is compared exactly.
+CASES = table(op.opsa_advantages, FIELDS, ref_opsa, CONFIGS, group=False, rtol=1e-5, atol=1e-6)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES, max_examples=12)
 
 
 def _call(lp, mask, ent=None, **kw):
@@ -121,18 +123,6 @@ def test_selection_is_one_pool_over_the_batch():
   _, sel = _call([[-100., -90.], [-2., -1.]], np.ones((2, 2)), mode="fixed",
                  token_fraction=0.5)
   np.testing.assert_array_equal(sel, [[True, True], [False, False]])
-
-
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=12, deadline=None)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(name, data):
-  b = data.draw(batches())
-  out = jitted(name)(**pick(b, *FIELDS))
-  adv, sel = ref_opsa(b, **CONFIGS[name])
-  np.testing.assert_array_equal(np.asarray(out.loss_mask), sel)
-  np.testing.assert_allclose(np.asarray(out.advantages, np.float64), adv, rtol=1e-5,
-                             atol=1e-6)
 
 
 @hypothesis.settings(max_examples=8, deadline=None)
@@ -235,10 +225,10 @@ def test_equals_the_sort_based_selection_exactly(name, data):
     mask = np.zeros_like(mask)
     mask[rng.integers(B), rng.integers(T)] = True
   kw = dict(pick(b, *FIELDS), logprob_old=lp, response_mask=mask)
-  got = jitted(name)(**kw)
+  got_adv, got_sel = run(CASE[name], kw)
   want = _jitted_sort_based_opsa(name)(**kw)
-  np.testing.assert_array_equal(np.asarray(got.loss_mask), np.asarray(want.loss_mask))
-  np.testing.assert_array_equal(np.asarray(got.advantages), np.asarray(want.advantages))
+  np.testing.assert_array_equal(got_sel, np.asarray(want.loss_mask))
+  np.testing.assert_array_equal(got_adv, np.asarray(want.advantages))
   frac = CONFIGS[name].get("token_fraction", 0.2)
   np.testing.assert_array_equal(
       np.asarray(_jitted_select(frac, False)(response_mask=mask, logprob_old=lp)),

@@ -7,17 +7,15 @@ Registry-wide properties live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
 import hypothesis
-import jax
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit import registry
-from credit.advantages import grpo_advantages
 from credit.advantages.token import perceval as pc
+from tests.advantages.token._harness import (assert_reduces_to_grpo, assert_sign_kept, grpo_of,
+                                             reference_test, table)
 from tests.advantages.token._ref import N, G, T, B, batches, pick, ref_grpo
 
 FIELDS = ("reward", "group_id", "response_mask", "flag_mask")
@@ -40,9 +38,8 @@ def ref_perceval(b, *, group_size=None, penalty=0.1, group_std="unbiased", singl
   return out
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(pc.perceval_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(pc.perceval_advantages, FIELDS, ref_perceval, CONFIGS)
+test_matches_numpy_reference = reference_test(CASES, max_examples=12)
 
 
 def test_registered_in_token_family():
@@ -68,27 +65,16 @@ def test_spec_example():
   np.testing.assert_allclose(a[2:], np.array([[0.8660] * 4, [-0.8660] * 4]), atol=1e-3)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=12, deadline=None)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(name, data):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_perceval(b, **cfg), rtol=1e-4, atol=1e-5)
-
-
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(b=batches())
 def test_reductions_and_sign(b):
-  grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
-                                    num_groups=N))
+  grpo = grpo_of(b)
   kw = pick(b, *FIELDS)
-  for alt in (dict(penalty=0.0), dict(flag_mask=np.zeros((B, T), bool))):
-    a = pc.perceval_advantages(num_groups=N, **dict(kw, **alt))
-    np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-6, atol=1e-7)
+  assert_reduces_to_grpo([pc.perceval_advantages(num_groups=N, **dict(kw, **alt))
+                          for alt in (dict(penalty=0.0), dict(flag_mask=np.zeros((B, T), bool)))],
+                         grpo, rtol=1e-6, atol=1e-7)
   a = np.asarray(pc.perceval_advantages(num_groups=N, **kw))
-  np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
+  assert_sign_kept(a, grpo)
   # Flagged tokens never gain: A ≤ Â everywhere, strictly below where flagged and Â ≠ 0.
   assert np.all(a <= grpo + 1e-7)
   hit = b["flag_mask"] & b["response_mask"] & (grpo != 0)

@@ -7,17 +7,16 @@ live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
 import hypothesis
-import jax
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 
 from credit import registry
-from credit.advantages import grpo_advantages
 from credit.advantages.token import scapo as sc
+from tests.advantages.token._harness import (assert_reduces_to_grpo, assert_sign_kept, grpo_of,
+                                             reference_test, table)
 from tests.advantages.token._ref import (EPS, G, M, N, T, B, batches, pick, ref_grpo,
                                          valid_tokens)
 
@@ -54,9 +53,19 @@ def ref_scapo(b, step, *, shrink=0.5, anneal_steps=100.0, group_size=None,
   return out
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(sc.scapo_advantages, num_groups=N, **CONFIGS[name]))
+def _draw_state(data):
+  return dict(state=sc.SCAPOState(step=np.int32(data.draw(st.sampled_from([0, 3, 7, 60, 200])))))
+
+
+def _ref_scapo_output(b, **cfg):
+  """(advantages, the state's next step) for the batch's drawn `state`."""
+  step = int(b["state"].step)
+  return ref_scapo(b, step, **cfg), step + 1
+
+
+CASES = table(sc.scapo_advantages, FIELDS + ("state",), _ref_scapo_output, CONFIGS,
+              draw=_draw_state)
+test_matches_numpy_reference = reference_test(CASES, max_examples=12)
 
 
 def _example(step):
@@ -95,33 +104,19 @@ def test_spec_example(step):
   assert int(out.state.step) == step + 1
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=12, deadline=None)
-@hypothesis.given(data=st.data(), step=st.sampled_from([0, 3, 7, 60, 200]))
-def test_matches_numpy_reference(name, data, step):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  out = jitted(name)(**pick(b, *FIELDS), state=sc.SCAPOState(step=np.int32(step)))
-  np.testing.assert_allclose(np.asarray(out.advantages, np.float64), ref_scapo(b, step, **cfg),
-                             rtol=1e-4, atol=1e-5)
-  assert int(out.state.step) == step + 1
-
-
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(b=batches())
 def test_reductions_and_shrink_only(b):
-  grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
-                                    num_groups=N))
+  grpo = grpo_of(b)
   kw = dict(pick(b, *FIELDS), num_groups=N)
   s0 = sc.scapo_init_state()
   stable = dict(kw, logprob_interventions=np.repeat(b["logprob_old"][..., None], M, -1))
-  for a in (sc.scapo_advantages(state=s0, shrink=0.0, **kw),
-            sc.scapo_advantages(state=sc.SCAPOState(step=np.int32(100)), **kw),
-            sc.scapo_advantages(state=s0, anneal_steps=0.0, **kw),
-            sc.scapo_advantages(state=s0, **stable)):
-    np.testing.assert_allclose(np.asarray(a.advantages), grpo, rtol=1e-6, atol=1e-7)
+  assert_reduces_to_grpo([sc.scapo_advantages(state=s0, shrink=0.0, **kw),
+                          sc.scapo_advantages(state=sc.SCAPOState(step=np.int32(100)), **kw),
+                          sc.scapo_advantages(state=s0, anneal_steps=0.0, **kw),
+                          sc.scapo_advantages(state=s0, **stable)], grpo, rtol=1e-6, atol=1e-7)
   a = np.asarray(sc.scapo_advantages(state=s0, **kw).advantages)
-  np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
+  assert_sign_kept(a, grpo)
   assert np.all(np.abs(a) <= np.abs(grpo) + 1e-7)
   assert np.all(np.abs(a) >= 0.5 * np.abs(grpo) - 1e-6)
 

@@ -7,7 +7,6 @@ formulas. Registry-wide properties live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 import math
 
 import hypothesis
@@ -15,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit import registry
-from credit.advantages import grpo_advantages
 from credit.advantages.token import treg as tr
+from tests.advantages.token._harness import (assert_budget_kept, assert_reduces_to_grpo,
+                                             assert_sign_kept, grpo_of, reference_test, table)
 from tests.advantages.token._ref import G, N, T, B, batches, pick, ref_grpo, valid_tokens
 
 FIELDS = ("reward", "group_id", "response_mask", "logprob_alt_pos", "logprob_alt_neg")
@@ -64,9 +63,8 @@ def ref_treg(b, *, alpha=0.5, mode="additive", renormalize=True, group_size=None
   return out
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(tr.treg_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(tr.treg_advantages, FIELDS, ref_treg, CONFIGS)
+test_matches_numpy_reference = reference_test(CASES, max_examples=12)
 
 
 def test_registered_in_token_family():
@@ -103,30 +101,18 @@ def test_spec_example():
                              atol=1e-4)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=12, deadline=None)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(name, data):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_treg(b, **cfg), rtol=1e-4, atol=1e-5)
-
-
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(b=batches())
 def test_reductions_sign_and_budget(b):
-  grpo = np.asarray(grpo_advantages(**pick(b, "reward", "group_id", "response_mask"),
-                                    num_groups=N))
+  grpo = grpo_of(b)
   kw = pick(b, *FIELDS)
   agree = dict(kw, logprob_alt_neg=b["logprob_alt_pos"])
-  for mode in ("redistribute", "additive"):
-    for a in (tr.treg_advantages(num_groups=N, alpha=0.0, mode=mode, **kw),
-              tr.treg_advantages(num_groups=N, mode=mode, **agree)):
-      np.testing.assert_allclose(np.asarray(a), grpo, rtol=1e-5, atol=1e-6)
+  assert_reduces_to_grpo([tr.treg_advantages(num_groups=N, mode=mode, **extra)
+                          for mode in ("redistribute", "additive")
+                          for extra in (dict(kw, alpha=0.0), agree)], grpo, rtol=1e-5, atol=1e-6)
   a = np.asarray(tr.treg_advantages(num_groups=N, mode="redistribute", **kw), np.float64)
-  np.testing.assert_array_equal(np.sign(a), np.sign(grpo))
-  np.testing.assert_allclose(a.sum(-1), grpo.astype(np.float64).sum(-1), rtol=1e-4, atol=1e-4)
+  assert_sign_kept(a, grpo)
+  assert_budget_kept(a, grpo)
 
 
 def test_regularizer_loss():
