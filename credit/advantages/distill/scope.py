@@ -162,9 +162,10 @@ def scope_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   nor for a lone sample.
 
   With τ = 1 the softmax concentrates fast: on short responses one token at the −20 floor
-  moves a row's mean ℓᵀ by (−20 − ℓ)/L nats, so one row can take nearly all of a group's
-  distillation weight; raise `temperature` when mean log-probs spread by several nats
-  within a group.
+  moves a row's mean ℓᵀ by (−20 − ℓ)/L nats, so one failed row can take nearly all of its
+  group's distillation weight, up to the path's size n under "code" normalisation, and its
+  floored gaps then enter the update about n-fold. A larger `temperature`, a higher
+  `teacher_floor` or `normalization="paper"` (weights ≤ 1) keep the per-row scale bounded.
 
   Args:
     reward: [B] float outcome rewards.
