@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import diffgate as dg
+from tests.advantages.distill._harness import reference_test, table
 from tests.advantages.distill._ref_teach import (B, G, N, T, batch, pick, ref_diffgate,
                                                  row_valid)
 
@@ -22,9 +21,8 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(dg.diffgate_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(dg.diffgate_advantages, FIELDS, ref_diffgate, CONFIGS)
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -47,15 +45,6 @@ def test_spec_example():
   np.testing.assert_allclose(a[0], [1.499997, 1.499997], atol=1e-5)
   np.testing.assert_allclose(a[1], [-0.153411, -1.223020], atol=1e-5)
   np.testing.assert_allclose(a[2], [0.246292, -0.425248], atol=1e-5)
-
-
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_matches_numpy_reference(name, seed):
-  cfg = dict(CONFIGS[name])
-  b = batch(seed, contiguous="group_size" in cfg)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_diffgate(b, **cfg), rtol=1e-5, atol=1e-5)
 
 
 def test_limits():

@@ -3,15 +3,14 @@ its "Corrections from the authors' code" (the code's behaviour is the default)."
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import diffgate_advantages, grpo_advantages
 from credit.advantages.distill import hypereyes as he
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_teach import (B, G, N, batch, pick, ref_hypereyes,
                                                  row_valid)
 
@@ -23,15 +22,17 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(he.hypereyes_advantages, num_groups=N, **CONFIGS[name]))
 
 
 def with_anomalies(b):
   r = b["reward"].copy()
   r[[2, 9]] = -100.0           # the code's anomaly marker
   return dict(b, reward=r)
+
+
+CASES = table(he.hypereyes_advantages, FIELDS, ref_hypereyes, CONFIGS, prep=with_anomalies)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -59,24 +60,15 @@ def test_spec_example():
   np.testing.assert_allclose(a[0], [1.499997, 1.499997], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_matches_numpy_reference(name, seed):
-  cfg = dict(CONFIGS[name])
-  b = with_anomalies(batch(seed, contiguous="group_size" in cfg))
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_hypereyes(b, **cfg), rtol=1e-5, atol=1e-5)
-
-
 def test_anomalies_are_zero_and_excluded():
   b = batch(2, contiguous=True)
-  a = np.asarray(jitted("code_fast")(**pick(with_anomalies(b), *FIELDS)))
+  a = np.asarray(run(CASE["code_fast"], with_anomalies(b)))
   assert np.all(a[[2, 9]] == 0.0)
   # Excluding a row as an anomaly equals masking it out.
   drop = np.zeros(B, bool)
   drop[[2, 9]] = True
   masked = dict(b, response_mask=b["response_mask"] & ~drop[:, None])
-  np.testing.assert_allclose(a, np.asarray(jitted("code_fast")(**pick(masked, *FIELDS))),
+  np.testing.assert_allclose(a, np.asarray(run(CASE["code_fast"], masked)),
                              rtol=1e-6, atol=1e-7)
 
 

@@ -3,15 +3,14 @@ role); spec distill_and_structure.md A9."""
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import jolt, opd
+from tests.advantages.distill._harness import Case, reference_test
 from tests.advantages.distill._ref_teach import (B, G, N, T, batch, pick, ref_jolt_teacher,
                                                  ref_opd, row_valid)
 
@@ -19,9 +18,19 @@ STUDENT = ("response_mask", "logprob_old", "logprob_teacher")
 TEACHER = ("reward", "group_id", "response_mask", "logprob_old", "logprob_alt")
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(fn, **kw):
-  return jax.jit(functools.partial(fn, num_groups=N, **kw))
+
+
+def ref_student(b, **kw):
+  """The student role with a reward term is OPD's mixture (reward_coef = outcome_coef)."""
+  return ref_opd(b, outcome_coef=kw["reward_coef"], group_size=kw.get("group_size"))
+
+
+CASES = [Case(f"teacher{suffix}", jolt.jolt_teacher_advantages, TEACHER, ref_jolt_teacher, fast)
+         for suffix, fast in (("", ()), ("_fast", (("group_size", G),)))]
+CASES += [Case(f"student_reward{suffix}", jolt.jolt_advantages, STUDENT + ("reward", "group_id"),
+               ref_student, fast + (("reward_coef", 0.3),))
+          for suffix, fast in (("", ()), ("_fast", (("group_size", G),)))]
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -48,20 +57,6 @@ def test_spec_example():
       response_mask=np.ones((2, 1), bool), logprob_old=np.array([[-0.6], [-1.0]], np.float32),
       logprob_alt=np.array([[-1.0], [-1.0]], np.float32), num_groups=1)
   np.testing.assert_allclose(float(a[0, 0]), 0.707106 - 0.02, atol=1e-5)
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("group_size", [None, G])
-def test_matches_numpy_reference(seed, group_size):
-  b = batch(seed, contiguous=group_size is not None)
-  got = jitted(jolt.jolt_teacher_advantages, group_size=group_size)(**pick(b, *TEACHER))
-  np.testing.assert_allclose(np.asarray(got, np.float64),
-                             ref_jolt_teacher(b, group_size=group_size), rtol=1e-5, atol=1e-5)
-  got = jitted(jolt.jolt_advantages, group_size=group_size, reward_coef=0.3)(
-      **pick(b, *STUDENT, "reward", "group_id"))
-  np.testing.assert_allclose(np.asarray(got, np.float64),
-                             ref_opd(b, outcome_coef=0.3, group_size=group_size),
-                             rtol=1e-5, atol=1e-5)
 
 
 def test_student_role_is_opd():

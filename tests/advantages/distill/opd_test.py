@@ -6,7 +6,6 @@ tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
 import jax
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import opd
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_teach import B, G, N, T, batch, pick, ref_opd
 
 FIELDS = ("response_mask", "logprob_old", "logprob_teacher")
@@ -25,9 +25,11 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(opd.opd_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(opd.opd_advantages,
+              lambda cfg: FIELDS + (("reward", "group_id") if cfg.get("outcome_coef") else ()),
+              ref_opd, CONFIGS)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -49,22 +51,10 @@ def test_spec_example():
   np.testing.assert_allclose(np.asarray(a[0]), [0.2, -0.5, 1.9], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_matches_numpy_reference(name, seed):
-  cfg = dict(CONFIGS[name])
-  b = batch(seed, contiguous="group_size" in cfg)
-  names = FIELDS + (("reward", "group_id") if cfg.get("outcome_coef") else ())
-  got = np.asarray(jitted(name)(**pick(b, *names)), np.float64)
-  want = ref_opd(b, kl_coef=cfg.get("kl_coef", 1.0), outcome_coef=cfg.get("outcome_coef", 0.0),
-                 group_size=cfg.get("group_size"))
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
 def test_teacher_equal_to_student_gives_zero_or_grpo():
   b = batch(2)
   same = dict(b, logprob_teacher=b["logprob_old"])
-  assert np.all(np.asarray(jitted("default")(**pick(same, *FIELDS))) == 0.0)
+  assert np.all(np.asarray(run(CASE["default"], same)) == 0.0)
   mix = opd.opd_advantages(**pick(same, *FIELDS, "reward", "group_id"), num_groups=N,
                            outcome_coef=1.0)
   want = grpo_advantages(**pick(b, "reward", "group_id", "response_mask"), num_groups=N)

@@ -4,16 +4,16 @@ Registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import pbsd
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_steps import (B, K, N, T, call, make_batch, pick,
                                                  ref_pbsd, ref_pbsd_evidence)
 
@@ -26,9 +26,13 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(pbsd.pbsd_advantages, num_groups=N, **CONFIGS[name]))
+# Contiguous ids (seed 0) for every configuration, plus the segment path for the default.
+CASES = table(pbsd.pbsd_advantages, FIELDS, ref_pbsd, CONFIGS, batch=make_batch, num_groups=N,
+              seeds=(0,), contiguous=True, rtol=1e-4, atol=1e-5)
+CASE = {c.id: c for c in CASES}
+CASES.append(dataclasses.replace(CASE["default"], id="default_segment", seeds=(1,),
+                                 contiguous=False))
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -53,14 +57,6 @@ def test_spec_example():
   np.testing.assert_allclose(e.sum(), -0.5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,seed,contiguous", [(n, 0, True) for n in sorted(CONFIGS)]
-                         + [("default", 1, False)])
-def test_matches_numpy_reference(name, seed, contiguous):
-  b = make_batch(seed, contiguous=contiguous)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_pbsd(b, **CONFIGS[name]), rtol=1e-4, atol=1e-5)
-
-
 def test_evidence_matches_reference_and_ignores_observations():
   b = make_batch(2)
   e = call(pbsd.pbsd_turn_evidence, **pick(b, "response_mask", "logprob_old",
@@ -77,11 +73,11 @@ def test_reductions():
   b = make_batch(3, extreme=False)
   grpo = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"), num_groups=N)
   same = dict(pick(b, *FIELDS), logprob_teacher=b["logprob_old"])   # e ≡ 0
-  np.testing.assert_allclose(np.asarray(jitted("default")(**same)), grpo, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(run(CASE["default"], same)), grpo, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(call(pbsd.pbsd_advantages, **pick(b, *FIELDS), num_groups=N,
                                   lam=0.0), grpo, rtol=1e-6, atol=1e-7)
   # Multiplicative with λ ≤ 1 keeps the sign of Â (and an all-equal group gets 0).
-  a = np.asarray(jitted("multiplicative")(**pick(b, *FIELDS)))
+  a = np.asarray(run(CASE["multiplicative"], b))
   assert np.all(np.sign(a) == np.sign(grpo))
 
 

@@ -5,15 +5,14 @@ Registry-wide properties live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import pcsd
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_steps import (B, G, N, T, call, make_batch, pick,
                                                  ref_pcsd, ref_pcsd_parts)
 
@@ -26,9 +25,10 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(pcsd.pcsd_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(pcsd.pcsd_advantages, FIELDS, ref_pcsd, CONFIGS, batch=make_batch, num_groups=N, seeds=(0,),
+              default_seeds=(0, 1), rtol=1e-4, atol=1e-5)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -68,14 +68,6 @@ def test_windows_do_not_cross_steps_or_masked_tokens():
   assert out.weight[0, 5] == 0.0 and p[5] == 0.0
 
 
-@pytest.mark.parametrize("name,seed", [(n, 0) for n in sorted(CONFIGS)] + [("default", 1)])
-def test_matches_numpy_reference(name, seed):
-  cfg = CONFIGS[name]
-  b = make_batch(seed, contiguous=cfg.get("group_size") is not None)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_pcsd(b, **cfg), rtol=1e-4, atol=1e-5)
-
-
 def test_persistence_matches_reference_parts():
   b = make_batch(2)
   out = call(pcsd.pcsd_persistence, **pick(b, "response_mask", "logprob_old",
@@ -90,7 +82,7 @@ def test_teacher_equal_student_gives_grpo_and_weights_in_unit_interval():
   b = make_batch(3, extreme=False)
   kw = dict(pick(b, *FIELDS), logprob_teacher=b["logprob_old"])
   grpo = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"), num_groups=N)
-  np.testing.assert_allclose(np.asarray(jitted("default")(**kw)), grpo, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(run(CASE["default"], kw)), grpo, rtol=1e-6, atol=1e-7)
   out = call(pcsd.pcsd_persistence, **pick(b, "response_mask", "logprob_old",
                                            "logprob_teacher", "step_id"))
   w = out.weight[b["response_mask"]]

@@ -6,15 +6,14 @@ tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import _steps, sod
+from tests.advantages.distill._harness import reference_test, table
 from tests.advantages.distill._ref_steps import (B, G, N, T, call, make_batch, pick,
                                                ref_sod)
 
@@ -30,9 +29,10 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(sod.sod_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(sod.sod_advantages, FIELDS, ref_sod, CONFIGS, batch=make_batch, num_groups=N, seeds=(0,),
+              default_seeds=(0, 1), rtol=1e-4, atol=1e-5)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -63,14 +63,6 @@ def test_spec_example():
                          group_std="none", mode="gated")               # Ā = ±1
   np.testing.assert_allclose(np.asarray(a[:, 0]) - [1.0, -1.0], [0.026894, 0.073106],
                              atol=1e-5)
-
-
-@pytest.mark.parametrize("name,seed", [(n, 0) for n in sorted(CONFIGS)] + [("default", 1)])
-def test_matches_numpy_reference(name, seed):
-  cfg = CONFIGS[name]
-  b = make_batch(seed, contiguous=cfg.get("group_size") is not None)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_sod(b, **cfg), rtol=1e-4, atol=1e-5)
 
 
 def test_teacher_equal_student_gives_grpo():

@@ -10,6 +10,7 @@ import pytest
 
 from credit import registry
 from credit.advantages.distill import solid
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_teach import (B, G, N, T, batch, pick, ref_solid,
                                                  ref_solid_labels)
 
@@ -21,9 +22,9 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(solid.solid_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(solid.solid_advantages, FIELDS, ref_solid, CONFIGS)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,11 +61,9 @@ def test_spec_example():
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_matches_numpy_reference(name, seed):
+def test_pseudo_labels_match_numpy_reference(name, seed):
   cfg = dict(CONFIGS[name])
   b = batch(seed, contiguous="group_size" in cfg)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_solid(b, **cfg), rtol=1e-5, atol=1e-5)
   kw = {k: cfg[k] for k in ("tol", "min_support", "group_size") if k in cfg}
   lab = jitted_labels(name)(**pick(b, *FIELDS[:3]))
   label, support, majority = ref_solid_labels(b, **kw)
@@ -92,10 +91,10 @@ def test_tied_clusters_and_no_majority_give_zero():
 def test_ignores_reward_and_teacher_equal_to_student_is_grpo_of_labels():
   b = batch(2, contiguous=True)
   same = dict(pick(b, *FIELDS), logprob_teacher=b["logprob_old"])
-  a = np.asarray(jitted("fast")(**same))
+  a = np.asarray(run(CASE["fast"], same))
   label, _, _ = ref_solid_labels(b, group_size=G)
   # Correct rows (y = 1) never get the teacher term.
-  a2 = np.asarray(jitted("fast")(**pick(b, *FIELDS)))
+  a2 = np.asarray(run(CASE["fast"], b))
   on = (label > 0)[:, None] & b["response_mask"]
   np.testing.assert_allclose(a2[on], a[on], rtol=1e-6, atol=1e-7)
 

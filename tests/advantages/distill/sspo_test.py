@@ -5,15 +5,14 @@ Registry-wide properties live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import sspo
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_steps import (B, G, N, T, call, make_batch, pick,
                                                  ref_sspo)
 
@@ -25,9 +24,10 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(sspo.sspo_advantages, num_groups=N, **CONFIGS[name]))
+CASES = table(sspo.sspo_advantages, FIELDS, ref_sspo, CONFIGS, batch=make_batch, num_groups=N, seeds=(0,),
+              default_seeds=(0, 1), rtol=1e-4, atol=1e-5)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -52,18 +52,10 @@ def test_spec_example():
   np.testing.assert_allclose(a[1], [-0.192450, -0.962249, -0.577349], atol=1e-5)
 
 
-@pytest.mark.parametrize("name,seed", [(n, 0) for n in sorted(CONFIGS)] + [("default", 1)])
-def test_matches_numpy_reference(name, seed):
-  cfg = CONFIGS[name]
-  b = make_batch(seed, contiguous=cfg.get("group_size") is not None)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_sspo(b, **cfg), rtol=1e-4, atol=1e-5)
-
-
 def test_sign_kept_correct_rows_untouched_mean_one():
   b = make_batch(4, equal_group=False)
   grpo = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"), num_groups=N)
-  a = np.asarray(jitted("default")(**pick(b, *FIELDS)))
+  a = np.asarray(run(CASE["default"], b))
   assert np.all(np.sign(a) * np.sign(grpo) >= 0)                # sign never flips
   correct = b["reward"] >= 1.0
   np.testing.assert_allclose(a[correct], grpo[correct], rtol=1e-6)

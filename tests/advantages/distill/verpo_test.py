@@ -5,15 +5,14 @@ Registry-wide properties live in tests/registry_common_test.py.
 from __future__ import annotations
 
 import doctest
-import functools
 
-import jax
 import numpy as np
 import pytest
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import verpo
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_steps import (B, G, N, T, call, make_batch, pick,
                                                  ref_verpo)
 
@@ -25,15 +24,12 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  cfg = CONFIGS[name]
-  return jax.jit(functools.partial(verpo.verpo_advantages, num_groups=N, **cfg))
-
-
-def _fields(b, cfg):
-  names = FIELDS + (("logprob_alt",) if cfg.get("use_alt_reference") else ())
-  return pick(b, *names)
+CASES = table(verpo.verpo_advantages,
+              lambda cfg: FIELDS + (("logprob_alt",) if cfg.get("use_alt_reference") else ()),
+              ref_verpo, CONFIGS, batch=make_batch, num_groups=N, seeds=(0,),
+              default_seeds=(0, 1), rtol=1e-4, atol=1e-5)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -60,19 +56,11 @@ def test_spec_example():
   np.testing.assert_allclose(a[1], [0.5, 0.5 + 0.6 * 0.3, 0.5], atol=1e-5)
 
 
-@pytest.mark.parametrize("name,seed", [(n, 0) for n in sorted(CONFIGS)] + [("default", 1)])
-def test_matches_numpy_reference(name, seed):
-  cfg = CONFIGS[name]
-  b = make_batch(seed, contiguous=cfg.get("group_size") is not None)
-  got = np.asarray(jitted(name)(**_fields(b, cfg)), np.float64)
-  np.testing.assert_allclose(got, ref_verpo(b, **cfg), rtol=1e-4, atol=1e-5)
-
-
 def test_localisation_sign_and_degenerate_groups():
   b = make_batch(4, extreme=False)
   b["reward"] = np.tile(np.array([1.0, 0.0], np.float32), B // 2)   # mixed groups
   grpo = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"), num_groups=N)
-  a = np.asarray(jitted("wide_cheap")(**pick(b, *FIELDS)))
+  a = np.asarray(run(CASE["wide_cheap"], b))
   base = call(grpo_advantages, **pick(b, "reward", "group_id", "response_mask"),
               num_groups=N, scale="none")                       # Â without σ, [B,T]
   mask = b["response_mask"]
@@ -83,10 +71,10 @@ def test_localisation_sign_and_degenerate_groups():
   assert changed.any() and np.all(np.abs(a[changed]) > np.abs(base[changed]))
   assert np.all(np.sign(a) == np.sign(base))
   # The all-equal group 0 (Â = 0) gets exact zeros; teacher == student gives GRPO.
-  d = np.asarray(jitted("default")(**pick(make_batch(5), *FIELDS)))
+  d = np.asarray(run(CASE["default"], make_batch(5)))
   assert np.all(d[:G] == 0.0)
   same = dict(pick(b, *FIELDS), logprob_teacher=b["logprob_old"])
-  np.testing.assert_allclose(np.asarray(jitted("default")(**same)), grpo, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(run(CASE["default"], same)), grpo, rtol=1e-6, atol=1e-7)
 
 
 def test_ties_go_to_the_earlier_token():
@@ -158,7 +146,7 @@ def test_evidence_nuisance_matches_numpy(chunk):
 def test_fec_subtracts_the_nuisance_from_the_correction():
   b = make_batch(0)
   n = np.where(b["response_mask"], np.random.default_rng(1).normal(size=(B, T)), 0.0)
-  fields = _fields(b, {})
+  fields = pick(b, *FIELDS)
   with_fec = verpo.verpo_advantages(**fields, num_groups=N, fec=True,
                                     evidence_nuisance=n.astype(np.float32))
   shifted = dict(fields, logprob_teacher=np.where(b["response_mask"],
