@@ -2,6 +2,7 @@
 #   make test   - create .venv, install credit[all], run the whole test suite
 #   make run    - create .venv, install, train the default recipe (GRPO on arithmetic)
 #   make control - the same wall time spent on supervised warm-up only (README table)
+#   make docs    - build the documentation site into docs/_build/html (warnings are errors)
 #   SEED=1 make run  - another seed (WORKDIR defaults to runs/default, runs/default_sft_only)
 PY ?= python3
 VENV := .venv
@@ -11,7 +12,7 @@ WORKDIR ?= runs/default
 SEED ?= 0
 TEST_WORKERS ?= 2
 
-.PHONY: test run control bench setup
+.PHONY: test run control bench setup docs
 
 $(STAMP): setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -33,3 +34,6 @@ control: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/estimators.py
+
+docs: $(STAMP)
+	HF_HUB_OFFLINE=1 JAX_PLATFORMS=cpu $(BIN)/python -m sphinx -b html -W --keep-going -q docs docs/_build/html

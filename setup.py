@@ -31,6 +31,13 @@ TEST = [
     "pytest-timeout==2.4.*",  # make test: a hung test fails after --timeout instead of eating CI
     "tensorboardX==2.6.*",  # decodes the runner's TensorBoard event files (its protobufs)
 ]
+# The documentation site (make docs): Sphinx with MyST Markdown and MyST-NB for the notebooks.
+DOCS = [
+    "sphinx==9.0.4",
+    "myst-parser==5.2.0",
+    "myst-nb==1.4.0",
+    "furo==2025.12.19",
+]
 # PyTorch + transformers are only the reference implementation in tests and benchmarks.
 # torch is pinned exactly: a CPU wheel of 2.13.0 lies on disk; anything else pulls CUDA.
 REFERENCE = [
@@ -45,5 +52,6 @@ setup(
     packages=find_packages(include=["credit", "credit.*", "experiments", "experiments.*"]),
     python_requires=">=3.10",
     install_requires=CORE,
-    extras_require={"test": TEST, "reference": REFERENCE, "all": TEST + REFERENCE},
+    extras_require={"test": TEST, "reference": REFERENCE, "docs": DOCS,
+                    "all": TEST + REFERENCE + DOCS},
 )

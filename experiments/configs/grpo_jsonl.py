@@ -1,7 +1,7 @@
 """GRPO on a local JSON-lines file of math problems, rewarded by math_verify.
 
 Command:
-  python -m experiments.run --config experiments/configs/grpo_jsonl.py --workdir runs/jsonl \
+  python -m experiments.run --config experiments/configs/grpo_jsonl.py --workdir runs/jsonl \\
       --config.data_path=train.jsonl [--config.eval_samples=8]
 Formats (detected from the first line, or --config.data_format=gsm8k|math|plain):
   GSM8K {"question", "answer": "...#### 42"}, MATH {"problem", "solution": "...\\boxed{...}"},
