@@ -4,7 +4,6 @@ term of `dp_actor.py`); the paper-form options against the loop reference of `_r
 from __future__ import annotations
 
 import doctest
-import functools
 
 import jax
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 
 from credit import registry
 from credit.advantages.distill import scope
+from tests.advantages.distill._harness import reference_test, run, table
 from tests.advantages.distill._ref_teach import (B, G, N, T, batch, pick, ref_scope,
                                                  ref_scope_weights, row_valid)
 
@@ -25,9 +25,15 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(name):
-  return jax.jit(functools.partial(scope.scope_advantages, num_groups=N, **CONFIGS[name]))
+
+
+def ref_paperish(b, **cfg):
+  return ref_scope(b, **{k: v for k, v in cfg.items() if k not in _PAPERISH})
+
+
+CASES = table(scope.scope_advantages, FIELDS, ref_paperish, CONFIGS, rtol=1e-4, atol=1e-5)
+CASE = {c.id: c for c in CASES}
+test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_registered():
@@ -52,16 +58,6 @@ def test_spec_example():
   assert np.asarray(correct).tolist() == [True, True, False, False]
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_matches_numpy_reference(name, seed):
-  cfg = dict(CONFIGS[name])
-  b = batch(seed, contiguous="group_size" in cfg)
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  ref_cfg = {k: v for k, v in cfg.items() if k not in _PAPERISH}
-  np.testing.assert_allclose(got, ref_scope(b, **ref_cfg), rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.parametrize("seed", [2, 3])
 def test_weights_are_mean_one_per_group_and_path(seed):
   b = batch(seed)
@@ -78,12 +74,12 @@ def test_weights_are_mean_one_per_group_and_path(seed):
 
 def test_paths_and_signs():
   b = batch(4)
-  a = np.asarray(jitted("default")(**pick(b, *FIELDS)))
+  a = np.asarray(run(CASE["default"], b))
   correct = (b["reward"] >= 1.0)[:, None] & b["response_mask"] & row_valid(b)[:, None]
   assert np.all(a[correct] > 0.0)                    # MLE path: λ·w > 0 on every token
   # Failed path: the sign of the teacher gap is kept (w > 0).
   same = dict(b, logprob_teacher=b["logprob_old"])
-  a = np.asarray(jitted("default")(**pick(same, *FIELDS)))
+  a = np.asarray(run(CASE["default"], same))
   assert np.all(a[~correct] == 0.0)
 
 
