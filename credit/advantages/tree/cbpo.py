@@ -24,8 +24,7 @@ Array = jax.Array
 
 __all__ = ["cbpo_advantages", "validate_tree"]
 
-_PAPER = ("Contrastive Branch Policy Optimization (CBPO); arXiv id not given in the seeds "
-          "(abstract only)")
+_PAPER = "Contrastive Branch Policy Optimization (CBPO), arXiv preprint"
 
 
 # The former name of `credit.trees.tree_layout`, kept importable from here.
@@ -34,47 +33,37 @@ tree_rows = tree_layout
 
 @register_estimator(
     "cbpo", needs=("reward", "group_id", "response_mask", "parent_id", "prefix_len"),
-    paper=_PAPER, static_argnames=("num_groups",))
+    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def cbpo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                     parent_id: ArrayLike, prefix_len: ArrayLike, num_groups: int,
                     kappa: ArrayLike = 1.0, eps: float = 1e-6) -> Array:
-  """CBPO: GRPO on the roots, CBV-scaled centred rewards on each exact-prefix node, credited by
-  non-overlapping segments.
+  """CBPO: GRPO on the roots, contrast-scaled centred rewards on each exact-prefix node.
 
-  Confidence: inferred (from the abstract; spec `shared/methods/distill_and_structure.md` B2,
-  whose every choice below is marked "(choice)" there). No code or equations of the paper were
-  available to the spec's authors or here.
+  Siblings that share an exact prefix differ only after their branch point, so their reward
+  differences credit what follows it; a node whose branches disagree more (a larger
+  contrastive branch value, CBV) gets larger advantages::
 
-  Paper: "Contrastive Branch Policy Optimization" (CBPO; arXiv id not given in the seeds).
-
-  .. math::
-    roots:      A_b = (r_b − μ_g) / (σ_g + ε)        (GRPO over the prompt group's ROOT rows,
-                                                      unbiased σ, ε = 1e-6; a lone root → 0)
+    roots:  A_b = (r_b − μ_g) / (σ_g + ε)           (GRPO over the prompt group's roots)
     node N = {a} ∪ {c : parent(c) = a, prefix(c) = p}:
-                a_b = r_b − mean_N r,   CBV_N = std_N r (population),
-                A_b^N = a_b · (1 + κ · CBV_N)
+            A_b^N = (r_b − mean_N r) · (1 + κ · CBV_N),    CBV_N = std_N r (population)
 
-  A branch row's own advantage is A_c^{N(c)} (as a member of its node). Token credit by
-  non-overlapping segments: with p_1 < … < p_n the columns where branches depart from row b,
-  b's own tokens before p_1 get b's own advantage (root GRPO or branch value), its tokens in
-  [p_i, p_{i+1}) get A_b^{N_i}, b's advantage as the parent member of node i. The copied prefix
-  of a branch is not its loss token (`response_mask`), so no token is credited twice. CBV
-  only rescales (sign kept); a node without spread has scale 1. On a flat batch (no branches)
-  this is GRPO exactly.
+  Token credit by segments: a row's tokens before its first branch point get its own
+  advantage (root GRPO, or its value as a member of its node); its tokens between branch
+  points p_i and p_{i+1} get its advantage as the parent member of node i. The copied
+  prefix of a branch is not its loss token, so no token is credited twice. On a flat batch
+  this is GRPO exactly. Cost: [B,B] sibling comparisons.
 
-  Choices (spec): a_b mean-centred without σ (CBV carries the scale); CBV with ddof = 0
-  (∈ [0, 0.5] for 0/1 rewards); κ = 1. Ours: invalid rows (empty response, group id out of
-  range) take part in no statistic (a node whose branches are all invalid is no node, and
-  the parent's tokens keep its own advantage); a node's statistics use its valid members. The
-  sampler side (entropy screening, path/node decays) is `credit.trees.grow_tree`.
-
-  Cost: [B,B] sibling comparisons, O(B²).
+  Paper: "Contrastive Branch Policy Optimization" (CBPO, arXiv preprint). The abstract
+  gives the idea but no equation: the centring without σ, CBV with ddof 0, κ = 1 and the
+  segment credit are this library's reading.
 
   Args:
     reward: [B] float outcome reward of each row's complete path.
     group_id: [B] int prompt group in [0, num_groups) (branches inherit their root's).
     response_mask: [B,T] bool, the tokens each row sampled itself.
-    parent_id: [B] int, the row a branch continues (−1: a root; must be < the row index).
+    parent_id: [B] int, the row a branch continues (−1: a root; less than the row index).
     prefix_len: [B] int, the column where a branch departs (0 for roots).
     num_groups: static number of prompt groups.
     kappa: κ, weight of the contrastive branch value.
@@ -83,15 +72,16 @@ def cbpo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
   Returns:
     [B,T] float32 advantages (no gradient), zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> mask = np.zeros((7, 6), bool); mask[:4, 1:] = True; mask[4:, 3:] = True
-  >>> a = cbpo_advantages(reward=np.array([1., 0, 0, 0, 1, 1, 0]),
-  ...     group_id=np.zeros(7, np.int32), response_mask=mask,
-  ...     parent_id=np.array([-1, -1, -1, -1, 1, 1, 1], np.int32),
-  ...     prefix_len=np.array([0, 0, 0, 0, 3, 3, 3], np.int32), num_groups=1)
-  >>> np.round(np.asarray(a, np.float64)[[1, 4, 6]], 5).tolist()
-  [[0.0, -0.5, -0.5, -0.75, -0.75, -0.75], [0.0, 0.0, 0.0, 0.75, 0.75, 0.75],
-   [0.0, 0.0, 0.0, -0.75, -0.75, -0.75]]
+  Example:
+    >>> import numpy as np
+    >>> mask = np.zeros((7, 6), bool); mask[:4, 1:] = True; mask[4:, 3:] = True
+    >>> a = cbpo_advantages(reward=np.array([1., 0, 0, 0, 1, 1, 0]),
+    ...     group_id=np.zeros(7, np.int32), response_mask=mask,
+    ...     parent_id=np.array([-1, -1, -1, -1, 1, 1, 1], np.int32),
+    ...     prefix_len=np.array([0, 0, 0, 0, 3, 3, 3], np.int32), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64)[[1, 4, 6]], 5).tolist()
+    [[0.0, -0.5, -0.5, -0.75, -0.75, -0.75], [0.0, 0.0, 0.0, 0.75, 0.75, 0.75],
+     [0.0, 0.0, 0.0, -0.75, -0.75, -0.75]]
   """
   tree = tree_layout("cbpo_advantages", reward, group_id, response_mask, parent_id, prefix_len,
                      num_groups)

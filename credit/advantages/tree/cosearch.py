@@ -21,7 +21,7 @@ __all__ = ["cosearch_advantages", "cosearch_groups", "query_multihot", "CoSearch
            "CoSearchOutput", "validate_cosearch_inputs"]
 
 _PAPER = ("CoSearch: Joint Training of Reasoning and Document Ranking via Reinforcement "
-          "Learning for Agentic Search (arXiv id not given in the seeds)")
+          "Learning for Agentic Search, arXiv preprint")
 _GOLDEN = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 
 
@@ -97,7 +97,9 @@ def cosearch_groups(*, tokens: ArrayLike, query_mask: ArrayLike, group_id: Array
     "cosearch", needs=("tokens", "query_mask", "reward", "group_id", "response_mask"),
     paper=_PAPER, optional_needs={"reward_components": "rank_weight"},
     static_argnames=("num_groups", "num_buckets", "rank_column", "singleton"),
-    returns_output=True)
+    returns_output=True,
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def cosearch_advantages(*, tokens: ArrayLike, query_mask: ArrayLike, reward: ArrayLike,
                         group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                         tau: ArrayLike = 0.5, num_buckets: int = 4096,
@@ -106,27 +108,23 @@ def cosearch_advantages(*, tokens: ArrayLike, query_mask: ArrayLike, reward: Arr
                         eps: ArrayLike = 1e-6, singleton: str = "zero") -> CoSearchOutput:
   """CoSearch: GRPO inside semantic groups of rows with similar sub-queries.
 
-  Confidence: inferred (`shared/methods/outcome_and_clipping.md` §23, from the abstract;
-  τ, α and the hashing are the spec's choices; no code was found).
+  A ranker's inputs (sub-queries) differ across trajectories, so it has no natural GRPO
+  groups; rows whose sub-query token sets overlap enough are clustered and each cluster is a
+  group. A row is one ranker call; its sub-query is the set S_b of token ids under
+  `query_mask`::
+
+    J_ab = size(S_a ∩ S_b) / size(S_a ∪ S_b)          (on a hashed multi-hot [B,H])
+    edge(a, b) iff J_ab ≥ τ and the same prompt group;  c_b = connected component of b
+    R_b = α · rank_quality_b + (1 − α) · reward_b
+    A[b,t] = GRPO(R; groups c)_b · M[b,t]
+
+  One-row clusters (common) get 0, and `metrics["singleton_fraction"]` reports how many.
+  Clusters never cross prompt groups. The ranking quality is read from column
+  `rank_column` of `reward_components` when α ≠ 0. Grouping has no gradient.
 
   Paper: "CoSearch: Joint Training of Reasoning and Document Ranking via Reinforcement
-  Learning for Agentic Search" (arXiv id not given in the seeds). The ranker's inputs
-  (sub-queries) differ across trajectories, so it has no natural GRPO groups; CoSearch
-  clusters sub-queries by token-level similarity and treats each cluster as a group. Here a
-  row is one ranker call; its sub-query is the set S_b of token ids under `query_mask`:
-
-  .. math::
-    J_{ab} = |S_a ∩ S_b| / |S_a ∪ S_b|       (on a hashed multi-hot [B,H], H = 4096)
-    edge(a,b) ⇔ J_{ab} ≥ τ and group_a = group_b;  c_b = connected component of b
-    R_b = α·rank_quality_b + (1−α)·reward_b    (α = `rank_weight`, default 0: R = reward)
-    A[b,t] = GRPO(R; groups c)_b · M[b,t]      (σ unbiased, ε = 1e-6; `grpo_advantages`)
-
-  Singleton clusters (common) get 0; `metrics["singleton_fraction"]` reports how many.
-  Clusters never cross prompt groups. Rows without query tokens are singletons. The
-  spec's α = 0.5 needs a ranking-quality signal (recall/NDCG of the gold documents in
-  the ranker's top-k); the contract has none of its own, so it is read from column
-  `rank_column` of `reward_components` when `rank_weight` ≠ 0, and the default is the
-  outcome alone (α = 0). Grouping has no gradient.
+  Learning for Agentic Search" (arXiv preprint). The abstract gives the clustering idea:
+  the Jaccard threshold τ = 0.5, the hashing and α = 0 are this library's.
 
   Args:
     tokens: [B,T] int token ids.
@@ -135,25 +133,28 @@ def cosearch_advantages(*, tokens: ArrayLike, query_mask: ArrayLike, reward: Arr
     reward: [B] float trajectory outcome.
     group_id: [B] int prompt group in [0, num_groups).
     response_mask: [B,T] bool policy tokens.
-    num_groups: static number of prompt groups (rows outside [0, num_groups) are invalid).
+    num_groups: static number of prompt groups.
     tau: Jaccard threshold τ.
     num_buckets: static H of the hashed vocabulary.
-    rank_weight: α. reward_components: [B,R] float, needed when α ≠ 0.
+    rank_weight: α.
+    reward_components: [B,R] float, needed when α ≠ 0.
     rank_column: static column of `reward_components` holding the ranking quality.
-    eps, singleton: as `grpo_advantages` (the semantic groups are its segments).
+    eps: ε on the GRPO std.
+    singleton: "zero" | "raw".
 
   Returns:
     CoSearchOutput(advantages [B,T] float32, zero outside `response_mask`; metrics).
 
-  >>> import numpy as np
-  >>> tok = np.array([[5, 6, 7], [5, 6, 8], [9, 10, 10]], np.int32)
-  >>> out = cosearch_advantages(tokens=tok, query_mask=np.ones((3, 3), bool),
-  ...     reward=np.array([0.8, 0.4, 0.3]), group_id=np.zeros(3, np.int32),
-  ...     response_mask=np.ones((3, 3), bool), num_groups=1)
-  >>> np.round(np.asarray(out.advantages[:, 0], np.float64), 4).tolist()
-  [0.7071, -0.7071, 0.0]
-  >>> round(float(out.metrics["singleton_fraction"]), 4)
-  0.3333
+  Example:
+    >>> import numpy as np
+    >>> tok = np.array([[5, 6, 7], [5, 6, 8], [9, 10, 10]], np.int32)
+    >>> out = cosearch_advantages(tokens=tok, query_mask=np.ones((3, 3), bool),
+    ...     reward=np.array([0.8, 0.4, 0.3]), group_id=np.zeros(3, np.int32),
+    ...     response_mask=np.ones((3, 3), bool), num_groups=1)
+    >>> np.round(np.asarray(out.advantages[:, 0], np.float64), 4).tolist()
+    [0.7071, -0.7071, 0.0]
+    >>> round(float(out.metrics["singleton_fraction"]), 4)
+    0.3333
   """
   check_int("cosearch_advantages", "num_buckets", num_buckets)
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(

@@ -18,8 +18,7 @@ Array = jax.Array
 
 __all__ = ["didpo_advantages", "anchor_members", "validate_didpo_inputs"]
 
-_PAPER = ("DiDPO: Diff-in-Diff Policy Optimization for Coding Agent Training (arXiv id not "
-          "given in the seeds)")
+_PAPER = "DiDPO: Diff-in-Diff Policy Optimization for Coding Agent Training, arXiv preprint"
 _NONE = jnp.iinfo(jnp.int32).max  # sort key of tokens without an anchor
 
 
@@ -46,53 +45,52 @@ def anchor_members(anchor_id: ArrayLike, response_mask: ArrayLike, same_group_BB
 
 @register_estimator(
     "didpo", needs=("anchor_id", "reward", "group_id", "response_mask"), paper=_PAPER,
-    static_argnames=("num_groups", "group_size", "min_anchor_size", "singleton"))
+    static_argnames=("num_groups", "group_size", "min_anchor_size", "singleton"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def didpo_advantages(*, anchor_id: ArrayLike, reward: ArrayLike, group_id: ArrayLike | None,
                      response_mask: ArrayLike, num_groups: int, group_size: int | None = None,
                      eps: ArrayLike = 1e-6, min_anchor_size: int = 2,
                      singleton: Literal["zero", "raw"] = "zero") -> Array:
   """DiDPO: each anchored token gets the z-score of its reward among its anchor's rows.
 
-  Confidence: inferred (`shared/methods/distill_and_structure.md` B5, "array part only":
-  the diff parsing and the groupability score that forms anchors are the loop's job and
-  are not specified in the abstract; no code was found).
+  A coding agent's diffs are split into sub-diffs; highly similar sub-diffs across a
+  prompt group's trajectories form an anchor, every anchor is an advantage group, and its
+  advantage goes back to the tokens that wrote the sub-diff. With M_a the rows of the group
+  holding a valid token of anchor a (each row once)::
 
-  Paper: "DiDPO: Diff-in-Diff Policy Optimization for Coding Agent Training" (arXiv id not
-  given in the seeds). Code diffs of a prompt group's trajectories are split into
-  sub-diffs; highly similar sub-diffs across trajectories form an *anchor* a; every anchor
-  is an advantage group, and its advantage goes back to the tokens that wrote the
-  sub-diff. An anchor id is local to its prompt group (the key is (group, anchor)). With
-  M_a the rows of the group holding a valid token of a (each row once):
+    A_{a,b} = (r_b − mean_{M_a} r) / (std_{M_a} r + ε)        (unbiased std)
+    A[b,t] = A_{anchor(b,t), b}   if size(M_a) ≥ 2
+    A[b,t] = A_grpo[b]            if the token has no anchor (−1) or size(M_a) < 2
 
-  .. math::
-    A_{a,b} = (r_b − mean_{M_a} r) / (std_{M_a}(ddof=1) r + ε)       (ε = 1e-6)
-    A[b,t] = A_{anchor(b,t), b}   if |M_a| ≥ 2
-    A[b,t] = A_grpo[b]            if the token has no anchor (−1) or |M_a| < 2
+  Anchor ids are local to their prompt group; a token in several anchors must be given
+  one (the largest) by the loop. All-equal rewards inside an anchor give exactly 0.
 
-  with A_grpo the library's GRPO over the whole prompt group (`grpo_advantages`, same ε).
-  Choices (spec): the GRPO fallback for unanchored tokens and small anchors; the minimum
-  anchor size 2 (`min_anchor_size`). A token in several anchors must be given one (the
-  largest) by the loop. All-equal rewards inside an anchor give exactly 0.
+  Paper: "DiDPO: Diff-in-Diff Policy Optimization for Coding Agent Training" (arXiv
+  preprint). The diff parsing that forms anchors is the loop's job; the GRPO fallback and
+  the minimum anchor size 2 are this library's.
 
   Args:
     anchor_id: [B,T] int anchor of each token (−1 for none); any non-negative ids.
     reward: [B] float outcome rewards.
     group_id: [B] int prompt group in [0, num_groups); unused when `group_size` is set.
     response_mask: [B,T] bool policy tokens.
-    num_groups: static number of groups. group_size: static G of the contiguous fast path.
+    num_groups: static number of groups.
+    group_size: static G of the contiguous fast path.
     eps: ε on the std (anchor and GRPO).
     min_anchor_size: static; smaller anchors fall back to GRPO.
-    singleton: the GRPO fallback's singleton rule ("zero" | "raw").
+    singleton: the GRPO fallback's one-row rule ("zero" | "raw").
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`. O(B² T) memory.
 
-  >>> import numpy as np
-  >>> a = didpo_advantages(anchor_id=np.array([[0, -1], [-1, -1], [0, 0]], np.int32),
-  ...     reward=np.array([1., 1., 0.]), group_id=np.zeros(3, np.int32),
-  ...     response_mask=np.ones((3, 2), bool), num_groups=1)
-  >>> np.round(np.asarray(a, np.float64), 5).tolist()
-  [[0.70711, 0.57735], [0.57735, 0.57735], [-0.70711, -0.70711]]
+  Example:
+    >>> import numpy as np
+    >>> a = didpo_advantages(anchor_id=np.array([[0, -1], [-1, -1], [0, 0]], np.int32),
+    ...     reward=np.array([1., 1., 0.]), group_id=np.zeros(3, np.int32),
+    ...     response_mask=np.ones((3, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 5).tolist()
+    [[0.70711, 0.57735], [0.57735, 0.57735], [-0.70711, -0.70711]]
   """
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       "didpo_advantages", reward, group_id, num_groups, group_size,

@@ -1,5 +1,6 @@
-"""PROPA: per-node GRPO on log-boosted MCTS values (the authors' code), or the spec's dense
-step-value term on top of GRPO (ProRAG's form)."""
+"""PROPA: per-node GRPO on log-boosted MCTS values (the authors' code), or a dense
+step-value term on top of GRPO (ProRAG's form, an option).
+"""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -25,7 +26,7 @@ Array = jax.Array
 __all__ = ["propa_advantages", "log_boost", "validate_propa_inputs"]
 
 _PAPER = ("PROPA: Toward Process-level Optimization in Visual Reasoning via Reinforcement "
-          "Learning (arXiv id not given in the seeds); code github.com/YanbeiJiang/PROPA")
+          "Learning, arXiv preprint; code github.com/YanbeiJiang/PROPA")
 VALUE_TRANSFORMS = ("identity", "log_boost")
 _STEP_FIELDS = ("step_value", "step_mask", "step_id")
 
@@ -86,7 +87,7 @@ def _node_grpo(reward, group_id, response_mask, parent_id, prefix_len, num_group
 
 def _step_value_form(reward, step_value, step_mask, step_id, group_id, response_mask,
                      num_groups, group_size, beta, eps, var_eps, value_transform) -> Array:
-  """The spec's form (see `propa_advantages`)."""
+  """The step-value option's form (see `propa_advantages`)."""
   if step_value is None or step_mask is None or step_id is None:
     raise ValueError("propa_advantages: step_value_form=True needs step_value, step_mask and "
                      "step_id")
@@ -109,7 +110,12 @@ def _step_value_form(reward, step_value, step_mask, step_id, group_id, response_
 @register_estimator(
     "propa", needs=("reward", "group_id", "response_mask", "parent_id", "prefix_len"),
     paper=_PAPER, optional_needs={f: "step_value_form" for f in _STEP_FIELDS},
-    static_argnames=("num_groups", "group_size", "value_transform", "step_value_form"))
+    static_argnames=("num_groups", "group_size", "value_transform", "step_value_form"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: YanbeiJiang/PROPA "
+                            "{Math-Vision,Trance}/RL_PRM_*/create_GRPO_train_*.py "
+                            "(process_json_file, log_boost), swift/plugin/orm.py (custom_grpo), "
+                            "swift/trainers/rlhf_trainer/grpo_trainer.py (_prepare_batch_inputs)"))
 def propa_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                      parent_id: ArrayLike | None = None, prefix_len: ArrayLike | None = None,
                      step_value: ArrayLike | None = None, step_mask: ArrayLike | None = None,
@@ -121,92 +127,60 @@ def propa_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: A
                      value_transform: Literal["identity", "log_boost"] = "identity") -> Array:
   """PROPA: GRPO within each MCTS node on log-boosted node values (the authors' code).
 
-  Confidence: code-verified (default form: YanbeiJiang/PROPA
-  `{Math-Vision,Trance}/RL_PRM_*/create_GRPO_train_*.py` `process_json_file`/`log_boost`,
-  `swift/plugin/orm.py` `custom_grpo`, `swift/trainers/rlhf_trainer/grpo_trainer.py`
-  `_prepare_batch_inputs`). The `step_value_form=True` option is inferred
-  (`shared/methods/distill_and_structure.md` B9, ProRAG's form with MCTS values).
+  After tree search, every node with children is a GRPO group of its children (the
+  sibling next steps), each labelled with the log-boosted mean reward below it. On this
+  library's tree layout a node is an exact-prefix group (`credit.trees`): the roots of a
+  prompt group, or a branch point (a, p) with its branches and row a's own continuation.
+  With x = log_boost(V), log_boost(v) = clip(log(1 + 10v) / log 11, 0, 1), over the node's
+  valid members N::
+
+    A_c = (x_c − mean_N x) / (std_N x + ε)            (unbiased std, ε = 1e-4)
+    A_c = 0   if size(N) < 2, all x are 0, all are 1, or max_N x − min_N x < 0.1
+
+  Token credit by segments as in `cbpo_advantages`; on a flat batch this is GRPO on
+  log_boost(reward) per prompt group.
+
+  `step_value_form=True` is ProRAG's form with MCTS step values Q (`step_value`,
+  `step_mask`, `step_id`; the tree fields are then ignored):
+  A[b,t] = (A_o[b] + β (Q[b,k(t)] − μ^Q_g) / σ^Q_g) · M[b,t], each valid step counted once.
 
   Paper: "PROPA: Toward Process-level Optimization in Visual Reasoning via Reinforcement
-  Learning" (arXiv id not given in the seeds).
-
-  **What the code does.** After MCTS, `create_GRPO_train_*.py` makes one GRPO prompt per
-  tree node that has children (terminal "final answer" nodes excluded): the prompt is the
-  question plus the node's steps, the group is the node's children (the sibling next steps),
-  and each child's label is `log_boost(value/visits)` (0 for an unvisited child) with
-  log_boost(x) = 0 for x ≤ 0, 1 for x ≥ 1, else log(1 + 10x)/log 11. A node is dropped when
-  its labels are all 0, all 1, or max − min < 0.1 (on the boosted labels). The trainer
-  replays the children as the group's completions (`_engine_infer_mock`), `custom_grpo`
-  returns the labels as rewards, and `_prepare_batch_inputs` normalises per group:
-  A = (r − mean)/(std + 1e-4) with torch's unbiased std.
-
-  **On the tree layout.** An MCTS node is a shared prefix; its children are the exact-prefix
-  group of `credit.trees`: the roots of a prompt group (node = the prompt), or for a branch
-  point (a, p) the rows c with parent_id = a, prefix_len = p plus row a's own continuation
-  from p. A child's value/visits is the mean reward of the complete rows through it: for c,
-  c and its descendants; for a's continuation, a and the rows branching from a after p
-  (`tree_leaf_values`). With x = log_boost(V) over the node's valid members N:
-
-  .. math::
-    A_c = (x_c − mean_N x) / (std_N x + ε)     (std unbiased, ε = 1e-4)
-    A_c = 0  if |N| < 2, all x = 0, all x = 1, or max_N x − min_N x < min_span (0.1)
-
-  Token credit: a row's tokens before its first branch point get its advantage as a child
-  of its own node; its tokens in [p_i, p_{i+1}) get its continuation's advantage in the
-  node (a, p_i) (as `cbpo_advantages`), so every tree token carries the step that samples
-  it. On a flat batch (all roots) this is GRPO on log_boost(reward) per prompt group, with
-  groups whose boosted rewards span < 0.1 set to 0.
-
-  Differences from the code (layout): the code's step is one reasoning step, later steps
-  below a single-child node are skipped (singleton group); here the whole segment between
-  two branch points takes the node's advantage (the layout has no step boundaries inside a
-  segment). Values come from the rows' rewards, not MCTS back-up sums (equal when each
-  rollout is backed up once with its reward). Invalid rows (empty response, group id out
-  of range) are no members. The interleaved SFT phase (`create_SFT_train_*_after_grpo.py`)
-  is a training schedule (loop side).
-
-  **Option `step_value_form=True`** (the spec's inferred form; needs `step_value`,
-  `step_mask`, `step_id`; `parent_id`/`prefix_len` are then ignored): with
-  Q_{b,k} = `step_value` valid where `step_mask`,
-
-  .. math::
-    A_o[b] = (r_b − μ_g)/(σ_g + ε)                        (σ unbiased, ε = 1e-4, ProRAG)
-    μ^Q_g = mean over the valid steps (b∈g, k) of Q,  σ^Q_g = sqrt(var_pop + var_eps)
-    A[b,t] = (A_o[b] + β (Q_{b,k(t)} − μ^Q_g)/σ^Q_g) · M[b,t]
-
-  Each valid step counts once in μ^Q, σ^Q (σ^Q = 1 for a group with ≤ 1 valid step); groups
-  with fewer than 2 valid rows give 0; tokens outside a valid step get A_o.
-  `value_transform="log_boost"` applies the code's label transform to Q.
-
-  Cost (default form): [B,B] node comparisons and ancestry, O(B² + B·T).
+  Learning". Differences from the authors' code: a whole segment between two branch points
+  takes the node's advantage (the layout has no step boundaries inside a segment), and
+  values are the rows' mean rewards (the code's MCTS back-ups, equal when each rollout is
+  backed up once). The step-value option is this library's. Cost: O(B² + B·T).
 
   Args:
     reward: [B] float outcome reward of each row's complete path.
     group_id: [B] int prompt group in [0, num_groups) (branches inherit their root's).
     response_mask: [B,T] bool, the tokens each row sampled itself.
-    parent_id: [B] int, the row a branch continues (−1: a root; < the row index).
+    parent_id: [B] int, the row a branch continues (−1: a root; less than the row index).
     prefix_len: [B] int, the column where a branch departs (0 for roots).
-    step_value, step_mask, step_id: the option's inputs ([B,K] MCTS Q of each step, [B,K]
-      bool, [B,T] int step index, −1 outside).
-    num_groups: static number of prompt groups. group_size: static, option only.
-    min_span: the skip threshold on max − min of a node's boosted values (code: 0.1).
-    boost_a: a of log_boost (code: 10).
-    eps: ε added to the std (both forms; code: 1e-4).
-    step_value_form: static; True for the spec's form.
-    beta, var_eps, value_transform: the option's β, step-variance ε and static Q transform.
+    step_value: [B,K] MCTS value of each step (option only).
+    step_mask: [B,K] bool (option only).
+    step_id: [B,T] int step of each token, −1 outside (option only).
+    num_groups: static number of prompt groups.
+    group_size: static G (option only).
+    min_span: the skip threshold on max − min of a node's boosted values.
+    boost_a: the 10 of log_boost.
+    eps: ε added to the std (both forms).
+    step_value_form: static; True for the option.
+    beta: β of the option.
+    var_eps: the option's step-variance ε.
+    value_transform: static Q transform of the option ("log_boost" or none).
 
   Returns:
-    [B,T] float32 advantages (no gradient in the default form), zero outside
-    `response_mask`.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> mask = np.zeros((4, 6), bool); mask[:2, 1:] = True; mask[2:, 3:] = True
-  >>> a = propa_advantages(reward=np.array([1., 0, 0, 1]), group_id=np.zeros(4, np.int32),
-  ...     response_mask=mask, parent_id=np.array([-1, -1, 0, 0], np.int32),
-  ...     prefix_len=np.array([0, 0, 3, 3], np.int32), num_groups=1)
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[0.0, 0.707, 0.707, 0.5773, 0.5773, 0.5773], [0.0, -0.707, -0.707, -0.707, -0.707, -0.707],
-   [0.0, 0.0, 0.0, -1.1545, -1.1545, -1.1545], [0.0, 0.0, 0.0, 0.5773, 0.5773, 0.5773]]
+  Example:
+    >>> import numpy as np
+    >>> mask = np.zeros((4, 6), bool); mask[:2, 1:] = True; mask[2:, 3:] = True
+    >>> a = propa_advantages(reward=np.array([1., 0, 0, 1]), group_id=np.zeros(4, np.int32),
+    ...     response_mask=mask, parent_id=np.array([-1, -1, 0, 0], np.int32),
+    ...     prefix_len=np.array([0, 0, 3, 3], np.int32), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.0, 0.707, 0.707, 0.5773, 0.5773, 0.5773], [0.0, -0.707, -0.707, -0.707, -0.707, -0.707],
+     [0.0, 0.0, 0.0, -1.1545, -1.1545, -1.1545], [0.0, 0.0, 0.0, 0.5773, 0.5773, 0.5773]]
   """
   check_choice("propa_advantages", "value_transform", value_transform, VALUE_TRANSFORMS)
   if step_value_form:

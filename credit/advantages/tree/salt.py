@@ -40,35 +40,29 @@ def salt_step_advantages(adv_B: ArrayLike, step_key: ArrayLike, valid_BK: ArrayL
 
 @register_estimator(
     "salt", needs=("reward", "group_id", "response_mask", "step_key", "step_mask", "step_id"),
-    paper=_PAPER, static_argnames=("num_groups",))
+    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def salt_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                     step_key: ArrayLike, step_mask: ArrayLike, step_id: ArrayLike,
                     num_groups: int, eps: float = 1e-6) -> Array:
   """SALT: GRPO advantages averaged over the trajectories sharing each step.
 
-  Confidence: inferred (from the abstract and public summaries: "shared neutral vs
-  distinctive decisive steps"; spec `shared/methods/distill_and_structure.md` B1, whose
-  merge-and-average rule is the spec authors' reading). No code or equations were found.
+  The trajectories of a prompt form a graph whose nodes are steps (identical steps merged):
+  a step every trajectory takes is neutral, a step unique to one trajectory is decisive::
+
+    A_b = (r_b − μ_g) / (σ_g + ε)                        (GRPO, unbiased σ)
+    inc[b,s,b'] = same group, and b' has a valid step with key[b,s]
+    Â[b,s] = Σ_{b'} inc · A_{b'} / Σ_{b'} inc,    A[b,t] = Â[b, step_id[b,t]]
+
+  Each trajectory counts once per node even if it repeats the step. The loop hashes the
+  state before a step and its text into `step_key` (hash into 31 bits: keys are compared as
+  int32 under JAX's default). Steps outside `step_mask`, empty rows and tokens outside every
+  step get 0. Cost: O((B·K)²) comparisons.
 
   Paper: "SALT: Step-level Advantage Assignment for Long-horizon Agents via Trajectory
-  Graph", arXiv 2510.20022.
-
-  .. math::
-    A_b = (r_b − μ_g)/(σ_g + ε)         (GRPO, unbiased σ, ε = 1e-6; lone row → 0)
-    inc[b,s,b'] = g(b) = g(b') ∧ ∃ s': key[b',s'] = key[b,s] ∧ valid[b',s']
-    Â[b,s] = Σ_{b'} inc·A_{b'} / Σ_{b'} inc,       A[b,t] = Â[b, step_id[b,t]]
-
-  A node of the graph is a step key (the loop hashes the state before the step and its text
-  into `step_key`); a step taken by every trajectory of the group gets the mean advantage
-  (0: "neutral"), a step unique to one trajectory keeps that trajectory's advantage
-  ("decisive"). Each trajectory counts once per node even if it repeats the step.
-
-  Choices (spec): exact key match; GRPO with ddof = 1 as the base advantage. Ours: steps
-  outside `step_mask` and rows with an empty response take part in nothing and get 0;
-  tokens whose `step_id` is −1 or ≥ K get 0. Keys are compared as the given integers; under
-  JAX's default 32-bit mode an int64 hash is cast to int32, so the producer should hash into
-  31 bits (collisions merge unrelated steps). Cost: O((B·K)²) comparisons; for large B·K sort
-  by (group, key) and use segment sums instead.
+  Graph", arXiv 2510.20022. The merge-and-average rule is this library's reading of the
+  abstract.
 
   Args:
     reward: [B] float outcome rewards.
@@ -83,13 +77,14 @@ def salt_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
   Returns:
     [B,T] float32 advantages (no gradient), zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> sid = np.array([[0, 1, 2]] * 3, np.int32)
-  >>> a = salt_advantages(reward=np.array([1., 0, 0]), group_id=np.zeros(3, np.int32),
-  ...     response_mask=sid >= 0, step_key=np.array([[10, 20, 30], [10, 21, 31], [10, 20, 32]]),
-  ...     step_mask=np.ones((3, 3), bool), step_id=sid, num_groups=1)
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[0.0, 0.2887, 1.1547], [0.0, -0.5773, -0.5773], [0.0, 0.2887, -0.5773]]
+  Example:
+    >>> import numpy as np
+    >>> sid = np.array([[0, 1, 2]] * 3, np.int32)
+    >>> a = salt_advantages(reward=np.array([1., 0, 0]), group_id=np.zeros(3, np.int32),
+    ...     response_mask=sid >= 0, step_key=np.array([[10, 20, 30], [10, 21, 31], [10, 20, 32]]),
+    ...     step_mask=np.ones((3, 3), bool), step_id=sid, num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.0, 0.2887, 1.1547], [0.0, -0.5773, -0.5773], [0.0, 0.2887, -0.5773]]
   """
   rows = ops.group_rows("salt_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)

@@ -61,7 +61,9 @@ def spark_rewards(*, step_reward: ArrayLike, step_mask: ArrayLike, format_ok: Ar
 
 @register_estimator(
     "spark", needs=("step_reward", "step_mask", "format_ok", "group_id", "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "group_size", "aggregation", "singleton"))
+    paper=_PAPER, static_argnames=("num_groups", "group_size", "aggregation", "singleton"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def spark_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, format_ok: ArrayLike,
                      group_id: ArrayLike | None, response_mask: ArrayLike, num_groups: int,
                      group_size: int | None = None,
@@ -70,24 +72,20 @@ def spark_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, format_ok:
                      singleton: Literal["zero", "raw"] = "zero") -> Array:
   """SPARK: GRPO on the format-gated aggregate of a generative PRM's step verdicts.
 
-  Confidence: inferred (`shared/methods/distill_and_structure.md` B16, from the abstract of
-  arXiv 2512.03244; the aggregations and the penalty value are the spec's choices; no code
-  was found).
+  A generative PRM judges each step of a response; its verdicts v[b,k] ∈ {0, 1} (1 = a
+  correct step) are the reward, and format checks block reward hacking::
 
-  Paper: "SPARK: Stepwise Process-Aware Rewards for Reference-Free Reinforcement Learning"
-  (Rahman, Gorantla, Gupta, Roy, Peng, Liu), arXiv 2512.03244. A generative PRM (PRM-CoT)
-  judges each step of a response; its verdicts v_{b,k} ∈ {0,1} (1 = correct step) are the
-  RL reward, and format constraints block reward hacking:
+    R_b = agg over the valid steps of v[b,k]   if format_ok_b and the row has a valid step
+    R_b = format_penalty                       otherwise
+    A[b,t] = GRPO(R)_b · M[b,t]
 
-  .. math::
-    R_b = agg_{k valid} v_{b,k}   if format_ok_b and the row has a valid step
-    R_b = format_penalty          otherwise
-    A[b,t] = GRPO(R)_b · M[b,t]   ((R − μ_g)/(σ_g + ε), σ unbiased; `grpo_advantages`)
+  `aggregation`: "min" (one wrong step fails the solution), "mean" (the fraction of
+  correct steps), "last" (the final step's verdict). Soft scores in [0, 1] also work. The
+  `reward` field is not used (SPARK is reference-free).
 
-  `aggregation`: "min" (strict: one wrong step fails the solution), "mean" (soft: the
-  fraction of correct steps), "last" (the verdict of the final step). `format_penalty`:
-  0 (default) or −1 (the spec's option). Verdicts are read as numbers, so soft PRM scores
-  in [0,1] also work. The `reward` field is not used (SPARK is reference-free).
+  Paper: "SPARK: Stepwise Process-Aware Rewards for Reference-Free Reinforcement
+  Learning", arXiv 2512.03244. The aggregations and the penalty are this library's reading
+  of the abstract.
 
   Args:
     step_reward: [B,K] float step verdicts (read where `step_mask`).
@@ -95,19 +93,23 @@ def spark_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, format_ok:
     format_ok: [B] bool, the response passed the format checks.
     group_id: [B] int prompt group; unused when `group_size` is set.
     response_mask: [B,T] bool policy tokens.
-    num_groups, group_size, eps, singleton: as `grpo_advantages`.
+    num_groups: static number of groups.
+    group_size: static G of the contiguous fast path.
     aggregation: static, "min" | "mean" | "last".
-    format_penalty: the reward of a format failure.
+    format_penalty: the reward of a format failure (0, or −1).
+    eps: ε on the GRPO std.
+    singleton: "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = spark_advantages(step_reward=np.array([[1., 1.], [1., 0.]]),
-  ...     step_mask=np.ones((2, 2), bool), format_ok=np.array([True, True]),
-  ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 1), bool), num_groups=1)
-  >>> np.round(np.asarray(a[:, 0], np.float64), 5).tolist()
-  [0.70711, -0.70711]
+  Example:
+    >>> import numpy as np
+    >>> a = spark_advantages(step_reward=np.array([[1., 1.], [1., 0.]]),
+    ...     step_mask=np.ones((2, 2), bool), format_ok=np.array([True, True]),
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 1), bool), num_groups=1)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 5).tolist()
+    [0.70711, -0.70711]
   """
   check_choice("spark_advantages", "aggregation", aggregation, AGGREGATIONS)
   r_B = spark_rewards(step_reward=step_reward, step_mask=step_mask, format_ok=format_ok,
