@@ -14,10 +14,10 @@ import hypothesis
 import jax
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit import registry
 from credit.advantages.distill import opid, seed
+from tests.advantages.distill._harness import Case, hypothesis_reference_test
 from tests.advantages.distill._ref_ctx import B, G, N, T, batches, pick, ref_opid
 
 FIELDS = ("reward", "group_id", "response_mask", "logprob_old", "logprob_alt")
@@ -74,15 +74,17 @@ def test_spec_example(fn):
   np.testing.assert_allclose(a[1], [-0.865524, -0.866524], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=4, deadline=None)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(name, data):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  arrays, static = _args(b, cfg)
-  got = call(arrays, **static)
-  np.testing.assert_allclose(got, ref_opid(b, **cfg), rtol=1e-4, atol=1e-5)
+def _case(name, cfg):
+  """`step` (the reference's step term) switches the `logprob_teacher` field on."""
+  cfg = dict(cfg)
+  step = cfg.pop("step", False)
+  return Case(name, opid.opid_advantages, FIELDS + (("logprob_teacher",) if step else ()),
+              ref_opid, tuple(sorted(cfg.items())), ref_kwargs=(("step", step),) if step else (),
+              strategy=batches, num_groups=N, rtol=1e-4, atol=1e-5)
+
+
+CASES = [_case(name, cfg) for name, cfg in sorted(CONFIGS.items())]
+test_matches_numpy_reference = hypothesis_reference_test(CASES, max_examples=4)
 
 
 @hypothesis.settings(max_examples=4, deadline=None)

@@ -14,11 +14,11 @@ import hypothesis
 import jax
 import numpy as np
 import pytest
-from hypothesis import strategies as st
 
 from credit import registry
 from credit.advantages import grpo_advantages
 from credit.advantages.distill import sipo
+from tests.advantages.distill._harness import hypothesis_reference_test, table
 from tests.advantages.distill._ref_ctx import B, G, N, T, batches, pick, ref_sipo
 
 FIELDS = ("reward", "group_id", "response_mask", "logprob_alt_pos", "logprob_alt_neg")
@@ -67,14 +67,9 @@ def test_spec_example():
   np.testing.assert_allclose(a, [[0.3, -0.6, 0.0]] * 2, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@hypothesis.settings(max_examples=4, deadline=None)
-@hypothesis.given(data=st.data())
-def test_matches_numpy_reference(name, data):
-  cfg = CONFIGS[name]
-  b = data.draw(batches(contiguous=cfg.get("group_size") is not None))
-  got = np.asarray(jitted(name)(**pick(b, *FIELDS)), np.float64)
-  np.testing.assert_allclose(got, ref_sipo(b, **cfg), rtol=1e-4, atol=1e-5)
+CASES = table(sipo.sipo_advantages, FIELDS, ref_sipo, CONFIGS, strategy=batches, num_groups=N,
+              rtol=1e-4, atol=1e-5)
+test_matches_numpy_reference = hypothesis_reference_test(CASES, max_examples=4)
 
 
 @hypothesis.settings(max_examples=3, deadline=None)
