@@ -38,12 +38,13 @@ from jax.typing import ArrayLike
 
 from credit import ops, scoring
 from credit._checks import lookup
+from credit._scoring_core import (NEG_INIT, Static, chunk_logits, from_chunks, inv_temperature,
+                                  make_cfg, to_chunks, vocab_chunk)
+# The top-k buckets, importable from here as before.
+from credit._scoring_core import TAIL_FLOOR, TailMode, topk_buckets  # noqa: F401
 
 Array = jax.Array
 DivergenceKind = Literal["forward_kl", "reverse_kl", "js", "hellinger", "tv"]
-TailMode = Literal["bucket", "renormalize"]
-
-TAIL_FLOOR = 1e-8  # floor of the tail-bucket probability (methods/distill_and_structure.md).
 
 
 # --------------------------------------------------------------------------
@@ -199,13 +200,13 @@ def _online_lse(h, w_DV, inv_tau, cfg):
   @jax.checkpoint
   def body(carry, i):
     m, s = carry
-    w, _, valid = scoring._vocab_chunk(w_DV, i, cfg.cv, cfg.v, cfg.nv)
-    z = jnp.where(valid, scoring._logits(h, w, inv_tau, cfg.precision), -jnp.inf)
+    w, _, valid = vocab_chunk(w_DV, i, cfg.cv, cfg.v, cfg.nv)
+    z = jnp.where(valid, chunk_logits(h, w, inv_tau, cfg.precision), -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(z, axis=-1))
     s = jnp.exp(m - m_new) * s + jnp.sum(jnp.exp(z - m_new[..., None]), axis=-1)
     return (m_new, s), None
 
-  init = (jnp.full((b, c), scoring._NEG_INIT, jnp.float32), jnp.zeros((b, c), jnp.float32))
+  init = (jnp.full((b, c), NEG_INIT, jnp.float32), jnp.zeros((b, c), jnp.float32))
   (m, s), _ = jax.lax.scan(body, init, jnp.arange(cfg.nv))
   return m + jnp.log(s)
 
@@ -213,8 +214,8 @@ def _online_lse(h, w_DV, inv_tau, cfg):
 def _chunk_divergence(hs, ht, ws, wt, inv_s, inv_t, beta, terms, cfg):
   """Σ_v terms over one [B,c] block of positions -> [B,c]."""
   if cfg.nv == 1:
-    lp_s = jax.nn.log_softmax(scoring._logits(hs, ws, inv_s, cfg.precision), axis=-1)
-    lp_t = jax.nn.log_softmax(scoring._logits(ht, wt, inv_t, cfg.precision), axis=-1)
+    lp_s = jax.nn.log_softmax(chunk_logits(hs, ws, inv_s, cfg.precision), axis=-1)
+    lp_t = jax.nn.log_softmax(chunk_logits(ht, wt, inv_t, cfg.precision), axis=-1)
     if cfg.stop_teacher:
       lp_t = jax.lax.stop_gradient(lp_t)
     return jnp.sum(terms(lp_s, lp_t, beta), axis=-1)
@@ -224,10 +225,10 @@ def _chunk_divergence(hs, ht, ws, wt, inv_s, inv_t, beta, terms, cfg):
 
   @jax.checkpoint
   def body(acc, i):
-    w_s, _, valid = scoring._vocab_chunk(ws, i, cfg.cv, cfg.v, cfg.nv)
-    w_t, _, _ = scoring._vocab_chunk(wt, i, cfg.cv, cfg.v, cfg.nv)
-    lp_s = scoring._logits(hs, w_s, inv_s, cfg.precision) - lse_s[..., None]
-    lp_t = scoring._logits(ht, w_t, inv_t, cfg.precision) - lse_t[..., None]
+    w_s, _, valid = vocab_chunk(ws, i, cfg.cv, cfg.v, cfg.nv)
+    w_t, _, _ = vocab_chunk(wt, i, cfg.cv, cfg.v, cfg.nv)
+    lp_s = chunk_logits(hs, w_s, inv_s, cfg.precision) - lse_s[..., None]
+    lp_t = chunk_logits(ht, w_t, inv_t, cfg.precision) - lse_t[..., None]
     if cfg.stop_teacher:
       lp_t = jax.lax.stop_gradient(lp_t)
     return acc + jnp.sum(jnp.where(valid, terms(lp_s, lp_t, beta), 0.0), axis=-1), None
@@ -290,10 +291,10 @@ def token_divergence(
   if stop_teacher_gradient:
     ht, wt = jax.lax.stop_gradient(ht), jax.lax.stop_gradient(wt)
   b, t = hs.shape[:2]
-  base = scoring._make_cfg(b, t, ws.shape[1], chunk_size, vocab_chunk_size, precision)
-  cfg = scoring._Static(**base.__dict__, stop_teacher=stop_teacher_gradient)
-  inv_s = scoring._inv_temperature(temperature)
-  inv_t = scoring._inv_temperature(temperature if teacher_temperature is None
+  base = make_cfg(b, t, ws.shape[1], chunk_size, vocab_chunk_size, precision)
+  cfg = Static(**base.__dict__, stop_teacher=stop_teacher_gradient)
+  inv_s = inv_temperature(temperature)
+  inv_t = inv_temperature(temperature if teacher_temperature is None
                                    else teacher_temperature)
   beta = jnp.asarray(beta, jnp.float32)
 
@@ -302,9 +303,8 @@ def token_divergence(
     h_s, h_t = xs
     return _chunk_divergence(h_s, h_t, ws, wt, inv_s, inv_t, beta, terms, cfg)
 
-  d_n = jax.lax.map(chunk, (scoring._to_chunks(hs, cfg.c, cfg.n),
-                            scoring._to_chunks(ht, cfg.c, cfg.n)))
-  return _zero_masked(finish(scoring._from_chunks(d_n, t)), mask_BT)
+  d_n = jax.lax.map(chunk, (to_chunks(hs, cfg.c, cfg.n), to_chunks(ht, cfg.c, cfg.n)))
+  return _zero_masked(finish(from_chunks(d_n, t)), mask_BT)
 
 
 def model_divergence(
@@ -352,37 +352,6 @@ def model_divergence(
 # --------------------------------------------------------------------------
 # Top-k variants.
 # --------------------------------------------------------------------------
-
-
-def _log1mexp(x: Array) -> Array:
-  """log(1 − eˣ) for x ≤ 0, stable at both ends (Mächler 2012)."""
-  x = jnp.minimum(x, -1e-30)
-  near0 = x > -0.6931472
-  # Each branch sees only inputs where it is finite (NaN in an unused branch poisons grads).
-  a = jnp.log(-jnp.expm1(jnp.where(near0, x, -1.0)))
-  b = jnp.log1p(-jnp.exp(jnp.where(near0, -1.0, x)))
-  return jnp.where(near0, a, b)
-
-
-def topk_buckets(logprob_BTK: ArrayLike, *, tail: TailMode = "bucket") -> Array:
-  """Turns full-softmax log-probs of K ids into a normalised distribution over buckets.
-
-  tail="bucket": K + 1 buckets, the last one ``log max(1 − Σ_k p_k, TAIL_FLOOR)`` (all the mass
-  outside the K ids; the floor keeps logs finite when the K ids hold all the mass).
-  tail="renormalize": K buckets ``ℓ_k − logsumexp_k ℓ_k`` (the distribution conditioned on the
-  top-k set).
-
-  Returns:
-    [..., K+1] or [..., K] float32 log-probs.
-  """
-  lp = jnp.asarray(logprob_BTK, jnp.float32)
-  lse = jax.nn.logsumexp(lp, axis=-1, keepdims=True)
-  if tail == "renormalize":
-    return lp - lse
-  if tail != "bucket":
-    raise ValueError(f"tail must be 'bucket' or 'renormalize', got {tail!r}")
-  log_tail = jnp.maximum(_log1mexp(lse), jnp.log(TAIL_FLOOR))
-  return jnp.concatenate([lp, log_tail], axis=-1)
 
 
 def topk_divergence(

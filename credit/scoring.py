@@ -44,17 +44,16 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
+from credit._scoring_core import (NEG_INIT, Static, chunk_logits, from_chunks, inv_temperature,
+                                  make_cfg, resolve_chunk, to_chunks, topk_buckets, vocab_chunk)
+# Public names of the chunking, importable from here as before.
+from credit._scoring_core import (DEFAULT_CHUNK_SIZE, ROWS_PER_CHUNK,  # noqa: F401
+                                  auto_chunk_size)
+
 Array = jax.Array
 
-# Default sequence chunk: `chunk_size=None` picks ROWS_PER_CHUNK // B positions per chunk, so the
-# float32 working set is ~ROWS_PER_CHUNK·V·4 bytes whatever the batch (155 MB at V=151,936) and
-# the logit matmul keeps an M dimension of a few hundred rows. 256 rows was the fastest of
-# 128/256/512 in benchmarks/scoring.py (CPU); it is also a multiple of the TPU MXU tile.
-ROWS_PER_CHUNK = 256
-DEFAULT_CHUNK_SIZE = None
 # Vocabulary block of the backward pass when no vocab_chunk_size is given (see _core_bwd).
 BACKWARD_VOCAB_BLOCK = 32768
-_NEG_INIT = -0.5 * float(np.finfo(np.float32).max)  # finite "−∞" for online maxima.
 
 
 class TokenScores(NamedTuple):
@@ -70,75 +69,6 @@ class TopK(NamedTuple):
 
 
 # --------------------------------------------------------------------------
-# Chunking helpers.
-# --------------------------------------------------------------------------
-
-
-@jax.tree_util.register_static
-class _Static:
-  """Hashable static payload that passes through custom_vjp residuals (no array leaves)."""
-
-  def __init__(self, **kw):
-    self.__dict__.update(kw)
-
-  def __hash__(self):
-    return hash(tuple(sorted(self.__dict__.items())))
-
-  def __eq__(self, other):
-    return isinstance(other, _Static) and self.__dict__ == other.__dict__
-
-
-def auto_chunk_size(batch: int, length: int, rows: int = ROWS_PER_CHUNK) -> int:
-  """Positions per chunk so that one chunk holds about `rows` (batch × positions) rows."""
-  return max(1, min(max(length, 1), rows // max(batch, 1)))
-
-
-def _resolve_chunk(t: int, chunk_size: int) -> tuple[int, int]:
-  """(chunk, number of chunks) for a length-t axis; t is padded up to chunk·n."""
-  if chunk_size < 1:
-    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-  c = min(int(chunk_size), max(t, 1))
-  return c, -(-t // c)
-
-
-def _to_chunks(x: Array, c: int, n: int) -> Array:
-  """[B,T,...] -> [n,B,c,...], zero-padding T up to n·c."""
-  b, t = x.shape[:2]
-  pad = n * c - t
-  if pad:
-    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-  x = x.reshape((b, n, c) + x.shape[2:])
-  return jnp.moveaxis(x, 1, 0)
-
-
-def _from_chunks(x: Array, t: int) -> Array:
-  """[n,B,c,...] -> [B,T,...] (drops the padding)."""
-  n, b, c = x.shape[:3]
-  x = jnp.moveaxis(x, 0, 1).reshape((b, n * c) + x.shape[3:])
-  return x[:, :t]
-
-
-def _vocab_chunk(w_DV: Array, i, cv: int, v: int, nv: int):
-  """Columns of vocab chunk i: (w [D,cv], first id, valid [cv] or None).
-
-  The last chunk is shifted left to end at V (no padding of W is ever made); columns it shares
-  with the previous chunk are marked invalid so each id is counted exactly once.
-  """
-  if nv == 1:
-    return w_DV, 0, None
-  start = jnp.minimum(i * cv, v - cv)
-  w = jax.lax.dynamic_slice_in_dim(w_DV, start, cv, axis=1)
-  valid = (start + jnp.arange(cv)) >= i * cv
-  return w, start, valid[None, None, :]
-
-
-def _logits(h_BcD: Array, w_DV: Array, inv_tau, precision) -> Array:
-  z = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32,
-                 precision=precision)
-  return z if inv_tau is None else z * inv_tau
-
-
-# --------------------------------------------------------------------------
 # Core: per-chunk forward / backward.
 # --------------------------------------------------------------------------
 
@@ -147,7 +77,7 @@ def _chunk_fwd(h, w_DV, tok_BcK, inv_tau, cfg):
   """One sequence chunk -> (lse [B,c], target logits [B,c,K], entropy [B,c])."""
   v, cv, nv = cfg.v, cfg.cv, cfg.nv
   if nv == 1:
-    z = _logits(h, w_DV, inv_tau, cfg.precision)
+    z = chunk_logits(h, w_DV, inv_tau, cfg.precision)
     m = jnp.max(z, axis=-1, keepdims=True)
     lse = m + jnp.log(jnp.sum(jnp.exp(z - m), axis=-1, keepdims=True))
     # H = −Σ p ℓ with ℓ = z − lse. Written as its own reduction over z (not reusing z − m or
@@ -163,8 +93,8 @@ def _chunk_fwd(h, w_DV, tok_BcK, inv_tau, cfg):
 
   def body(carry, i):
     m, s, wsum, tgt = carry
-    w, start, valid = _vocab_chunk(w_DV, i, cv, v, nv)
-    z = _logits(h, w, inv_tau, cfg.precision)
+    w, start, valid = vocab_chunk(w_DV, i, cv, v, nv)
+    z = chunk_logits(h, w, inv_tau, cfg.precision)
     z = jnp.where(valid, z, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(z, axis=-1))
     alpha = jnp.exp(m - m_new)
@@ -180,7 +110,7 @@ def _chunk_fwd(h, w_DV, tok_BcK, inv_tau, cfg):
     tgt = tgt + jnp.where(hit, got, 0.0)
     return (m_new, s, wsum, tgt), None
 
-  init = (jnp.full((b, c), _NEG_INIT, jnp.float32), jnp.zeros((b, c), jnp.float32),
+  init = (jnp.full((b, c), NEG_INIT, jnp.float32), jnp.zeros((b, c), jnp.float32),
           jnp.zeros((b, c), jnp.float32), jnp.zeros((b, c, k), jnp.float32))
   (m, s, wsum, tgt), _ = jax.lax.scan(body, init, jnp.arange(nv))
   lse = m + jnp.log(s)
@@ -214,8 +144,8 @@ def _chunk_bwd(h, w_DV, tok, lse, ent, g_lp, g_ent, inv_tau, cfg):
   cdt = jnp.promote_types(h.dtype, w_DV.dtype)
 
   def block(i, dh, dw, dtz):
-    w, start, valid = _vocab_chunk(w_DV, i, cv, v, nv)
-    z = _logits(h, w, inv_tau, cfg.precision)
+    w, start, valid = vocab_chunk(w_DV, i, cv, v, nv)
+    z = chunk_logits(h, w, inv_tau, cfg.precision)
     gz = _chunk_logit_grad(z, start, valid, tok, lse, ent, g_lp, g_ent, cv)
     if cfg.need_tau:
       dtz = dtz + jnp.sum(gz * z)
@@ -240,8 +170,8 @@ def _chunk_bwd(h, w_DV, tok, lse, ent, g_lp, g_ent, inv_tau, cfg):
 
 def _core_fwd_impl(cfg, h_BTD, w_DV, tok_BTK, inv_tau):
   t = h_BTD.shape[1]
-  h_n = _to_chunks(h_BTD, cfg.c, cfg.n)
-  tok_n = _to_chunks(tok_BTK, cfg.c, cfg.n)
+  h_n = to_chunks(h_BTD, cfg.c, cfg.n)
+  tok_n = to_chunks(tok_BTK, cfg.c, cfg.n)
 
   def step(_, xs):
     h, tok = xs
@@ -249,7 +179,7 @@ def _core_fwd_impl(cfg, h_BTD, w_DV, tok_BTK, inv_tau):
     return None, (lse, tgt - lse[..., None], ent)
 
   _, (lse, lp, ent) = jax.lax.scan(step, None, (h_n, tok_n))
-  return _from_chunks(lse, t), _from_chunks(lp, t), _from_chunks(ent, t)
+  return from_chunks(lse, t), from_chunks(lp, t), from_chunks(ent, t)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -259,8 +189,8 @@ def _core(cfg, h_BTD, w_DV, tok_BTK, inv_tau):
 
 
 def _core_fwd(cfg, h_BTD, w_DV, tok_BTK, inv_tau):
-  need = _Static(h=h_BTD.perturbed, w=w_DV.perturbed,
-                 tau=inv_tau is not None and inv_tau.perturbed)
+  need = Static(h=h_BTD.perturbed, w=w_DV.perturbed,
+                tau=inv_tau is not None and inv_tau.perturbed)
   h_BTD, w_DV, tok_BTK = h_BTD.value, w_DV.value, tok_BTK.value
   inv_tau = None if inv_tau is None else inv_tau.value
   lse, lp, ent = _core_fwd_impl(cfg, h_BTD, w_DV, tok_BTK, inv_tau)
@@ -281,15 +211,15 @@ def _core_bwd(cfg, res, cts):
   if cfg.nv == 1 and need.w and cfg.v > BACKWARD_VOCAB_BLOCK:
     # W̄ += hᵀ ḡ_z over the whole vocabulary would allocate a [D,V] f32 product per chunk
     # (XLA cannot accumulate a dot in place on CPU); vocabulary blocks keep it [D,block].
-    bcfg["cv"], bcfg["nv"] = _resolve_chunk(cfg.v, BACKWARD_VOCAB_BLOCK)
-  bcfg = _Static(**bcfg)
+    bcfg["cv"], bcfg["nv"] = resolve_chunk(cfg.v, BACKWARD_VOCAB_BLOCK)
+  bcfg = Static(**bcfg)
   c, n = cfg.c, cfg.n
-  xs = dict(h=_to_chunks(h_BTD, c, n), tok=_to_chunks(tok_BTK, c, n),
-            lse=_to_chunks(lse, c, n), ent=_to_chunks(ent, c, n))
+  xs = dict(h=to_chunks(h_BTD, c, n), tok=to_chunks(tok_BTK, c, n),
+            lse=to_chunks(lse, c, n), ent=to_chunks(ent, c, n))
   if g_lp is not None:
-    xs["g_lp"] = _to_chunks(g_lp.astype(jnp.float32), c, n)  # padded rows get zero cotangent
+    xs["g_lp"] = to_chunks(g_lp.astype(jnp.float32), c, n)  # padded rows get zero cotangent
   if g_ent is not None:
-    xs["g_ent"] = _to_chunks(g_ent.astype(jnp.float32), c, n)
+    xs["g_ent"] = to_chunks(g_ent.astype(jnp.float32), c, n)
 
   def step(carry, x):
     dw, dtz = carry
@@ -308,7 +238,7 @@ def _core_bwd(cfg, res, cts):
 
   dw0 = jnp.zeros(w_DV.shape, jnp.float32) if need.w else None
   (dw, dtz), dh_n = jax.lax.scan(step, (dw0, jnp.zeros((), jnp.float32)), xs)
-  dh = _from_chunks(dh_n, t) if need.h else jnp.zeros_like(h_BTD)
+  dh = from_chunks(dh_n, t) if need.h else jnp.zeros_like(h_BTD)
   dw = dw.astype(w_DV.dtype) if need.w else jnp.zeros_like(w_DV)
   # z = inv_tau·(h W): ∂L/∂inv_tau = Σ ḡ_z (h W) = Σ ḡ_z z / inv_tau.
   if inv_tau is None:
@@ -319,26 +249,6 @@ def _core_bwd(cfg, res, cts):
 
 
 _core.defvjp(_core_fwd, _core_bwd, symbolic_zeros=True)
-
-
-def _make_cfg(b: int, t: int, v: int, chunk_size: int | None, vocab_chunk_size: int | None,
-              precision) -> _Static:
-  if chunk_size is None:
-    chunk_size = auto_chunk_size(b, t)
-  c, n = _resolve_chunk(t, chunk_size)
-  if vocab_chunk_size is None or vocab_chunk_size >= v:
-    cv, nv = v, 1
-  else:
-    cv, nv = _resolve_chunk(v, vocab_chunk_size)
-  return _Static(c=c, n=n, v=v, cv=cv, nv=nv, precision=precision)
-
-
-def _inv_temperature(temperature) -> Array | None:
-  """1/τ as a float32 scalar, or None for a static τ = 1 (no rescaling pass at all)."""
-  if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) \
-      and temperature == 1:
-    return None
-  return 1.0 / jnp.asarray(temperature, jnp.float32)
 
 
 # --------------------------------------------------------------------------
@@ -413,8 +323,8 @@ def token_logprobs_and_entropy(
   chex.assert_equal_shape_prefix([hidden_BTD, tokens], 2)
   squeeze = tokens.ndim == 2
   tok_BTK = (tokens[..., None] if squeeze else tokens).astype(jnp.int32)
-  cfg = _make_cfg(b, t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
-  lp, ent = _core(cfg, hidden_BTD, unembed_DV, tok_BTK, _inv_temperature(temperature))
+  cfg = make_cfg(b, t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
+  lp, ent = _core(cfg, hidden_BTD, unembed_DV, tok_BTK, inv_temperature(temperature))
   if squeeze:
     lp = lp[..., 0]
   return TokenScores(lp, ent if return_entropy else None)
@@ -428,7 +338,7 @@ def token_logprobs(hidden_BTD: ArrayLike, unembed_DV: ArrayLike, tokens_BT: Arra
 
 
 def _frozen_inputs(hidden_BTD, unembed_DV, temperature, chunk_size, vocab_chunk_size,
-                   precision) -> tuple[Array, Array, Array | None, _Static]:
+                   precision) -> tuple[Array, Array, Array | None, Static]:
   """Checked, stop-gradient inputs of a no-gradient chunked pass: (h, W, 1/τ or None, cfg)."""
   hidden_BTD = jax.lax.stop_gradient(jnp.asarray(hidden_BTD))
   unembed_DV = jax.lax.stop_gradient(jnp.asarray(unembed_DV))
@@ -436,8 +346,8 @@ def _frozen_inputs(hidden_BTD, unembed_DV, temperature, chunk_size, vocab_chunk_
   chex.assert_rank(unembed_DV, 2)
   b, t, d = hidden_BTD.shape
   chex.assert_shape(unembed_DV, (d, None))
-  cfg = _make_cfg(b, t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
-  inv_tau = _inv_temperature(temperature)
+  cfg = make_cfg(b, t, unembed_DV.shape[1], chunk_size, vocab_chunk_size, precision)
+  inv_tau = inv_temperature(temperature)
   return hidden_BTD, unembed_DV, (None if inv_tau is None else jax.lax.stop_gradient(inv_tau)), cfg
 
 
@@ -476,15 +386,15 @@ def token_topk(
 
   def chunk(_, h):
     if cfg.nv == 1:
-      z = _logits(h, unembed_DV, inv_tau, precision)
+      z = chunk_logits(h, unembed_DV, inv_tau, precision)
       vals, ids = jax.lax.top_k(z, k)
       lse = jax.nn.logsumexp(z, axis=-1)
       return None, (ids.astype(jnp.int32), vals - lse[..., None])
 
     def body(carry, i):
       m, s, top_v, top_i = carry
-      w, start, valid = _vocab_chunk(unembed_DV, i, cfg.cv, v, cfg.nv)
-      z = jnp.where(valid, _logits(h, w, inv_tau, precision), -jnp.inf)
+      w, start, valid = vocab_chunk(unembed_DV, i, cfg.cv, v, cfg.nv)
+      z = jnp.where(valid, chunk_logits(h, w, inv_tau, precision), -jnp.inf)
       m_new = jnp.maximum(m, jnp.max(z, axis=-1))
       s = jnp.exp(m - m_new) * s + jnp.sum(jnp.exp(z - m_new[..., None]), axis=-1)
       cv_, ci = jax.lax.top_k(z, k)
@@ -497,13 +407,13 @@ def token_topk(
       return (m_new, s, top_v, top_i), None
 
     bb, c = h.shape[:2]
-    init = (jnp.full((bb, c), _NEG_INIT, jnp.float32), jnp.zeros((bb, c), jnp.float32),
+    init = (jnp.full((bb, c), NEG_INIT, jnp.float32), jnp.zeros((bb, c), jnp.float32),
             jnp.full((bb, c, k), -jnp.inf, jnp.float32), jnp.zeros((bb, c, k), jnp.int32))
     (m, s, top_v, top_i), _ = jax.lax.scan(body, init, jnp.arange(cfg.nv))
     return None, (top_i, top_v - (m + jnp.log(s))[..., None])
 
-  _, (ids_n, lp_n) = jax.lax.scan(chunk, None, _to_chunks(hidden_BTD, cfg.c, cfg.n))
-  return TopK(_from_chunks(ids_n, t), _from_chunks(lp_n, t))
+  _, (ids_n, lp_n) = jax.lax.scan(chunk, None, to_chunks(hidden_BTD, cfg.c, cfg.n))
+  return TopK(from_chunks(ids_n, t), from_chunks(lp_n, t))
 
 
 def token_sum_pi_squared(
@@ -532,14 +442,14 @@ def token_sum_pi_squared(
 
   def chunk(_, h):
     if cfg.nv == 1:
-      z = _logits(h, unembed_DV, inv_tau, precision)
+      z = chunk_logits(h, unembed_DV, inv_tau, precision)
       lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
       return None, jnp.sum(jnp.exp(2.0 * (z - lse)), axis=-1)
 
     def body(carry, i):
       m, s1, s2 = carry
-      w, _, valid = _vocab_chunk(unembed_DV, i, cfg.cv, v, cfg.nv)
-      z = jnp.where(valid, _logits(h, w, inv_tau, precision), -jnp.inf)
+      w, _, valid = vocab_chunk(unembed_DV, i, cfg.cv, v, cfg.nv)
+      z = jnp.where(valid, chunk_logits(h, w, inv_tau, precision), -jnp.inf)
       m_new = jnp.maximum(m, jnp.max(z, axis=-1))
       alpha = jnp.exp(m - m_new)
       e = jnp.exp(z - m_new[..., None])
@@ -547,13 +457,13 @@ def token_sum_pi_squared(
               alpha * alpha * s2 + jnp.sum(e * e, axis=-1)), None
 
     bb, c = h.shape[:2]
-    init = (jnp.full((bb, c), _NEG_INIT, jnp.float32), jnp.zeros((bb, c), jnp.float32),
+    init = (jnp.full((bb, c), NEG_INIT, jnp.float32), jnp.zeros((bb, c), jnp.float32),
             jnp.zeros((bb, c), jnp.float32))
     (_, s1, s2), _ = jax.lax.scan(body, init, jnp.arange(cfg.nv))
     return None, s2 / (s1 * s1)
 
-  _, out_n = jax.lax.scan(chunk, None, _to_chunks(hidden_BTD, cfg.c, cfg.n))
-  return _from_chunks(out_n, t)
+  _, out_n = jax.lax.scan(chunk, None, to_chunks(hidden_BTD, cfg.c, cfg.n))
+  return from_chunks(out_n, t)
 
 
 # --------------------------------------------------------------------------
@@ -777,7 +687,6 @@ class TeacherScores(NamedTuple):
 
 def _with_tail(logprob_BTK: Array, valid_BT: Array) -> Array:
   """K full-softmax log-probs -> K+1 buckets (tail last), 0 at invalid positions."""
-  from credit.divergences import topk_buckets  # pylint: disable=g-import-not-at-top
   return jnp.where(valid_BT[..., None], topk_buckets(logprob_BTK, tail="bucket"), 0.0)
 
 
