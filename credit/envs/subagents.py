@@ -60,6 +60,7 @@ from credit.envs.multidoc import MultiDoc, MultiDocEnv
 from credit.envs.rollout import MultiTurnSampler, demonstration_episode
 from credit.envs.tools import ANSWER, Action
 from credit.tasks.base import register_task, text_field
+from credit.tasks.char_tokenizer import decode_responses, encode_prompts
 
 COORDINATOR, DOC_AGENT, SYNTHESIS = 0, 1, 2
 NONE = "none"      # a document agent's answer when its document lacks the fact
@@ -243,17 +244,16 @@ class DocAgents:
     self.calls = 0
 
   def __call__(self, doc: str, question: str) -> tuple[str, dict]:
-    from credit import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
     prompt = agent_prompt(doc, question)
-    toks, mask = tasks_lib.encode_prompts(self.tokenizer, [prompt], self.prompt_width)
+    toks, mask = encode_prompts(self.tokenizer, [prompt], self.prompt_width)
     out = self.sampler(self.model_state, prompt_tokens=toks, prompt_mask=mask,
                        key=jax.random.fold_in(self.key, self.calls),
                        max_new_tokens=self.max_tokens, **self.kw)
     self.calls += 1
     host = {k: np.asarray(getattr(out, k))[0] for k in
             ("tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw")}
-    text = tasks_lib.decode_responses(self.tokenizer, host["tokens"][None],
-                                      host["response_mask"][None])[0].strip()
+    text = decode_responses(self.tokenizer, host["tokens"][None],
+                            host["response_mask"][None])[0].strip()
     return text, dict(host, prompt=prompt, answer=text)
 
 
