@@ -9,6 +9,7 @@ from jax.typing import ArrayLike
 from credit._checks import check_choice
 from credit.advantages.turn._common import GAINS, igpo_turn_rewards, information_gains  # noqa: F401
 from credit.ops.turns import turn_broadcast, turn_layout, turn_normalize, turn_returns
+from credit.ops.turns import previous_valid  # noqa: F401  (importable from here, as before)
 from credit.registry import register_estimator
 
 Array = jax.Array
