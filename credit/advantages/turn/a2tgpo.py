@@ -15,8 +15,8 @@ Array = jax.Array
 
 __all__ = ["a2tgpo_advantages", "a2tgpo_normalized_gains", "a2tgpo_clip_range"]
 
-_PAPER = ("A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level Clipping; "
-          "arXiv id not given in the seeds")
+_PAPER = ("A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level Clipping, "
+          "arXiv preprint")
 
 
 def a2tgpo_normalized_gains(*, gold_logprob_turns: ArrayLike, gold_logprob_prompt: ArrayLike,
@@ -56,7 +56,9 @@ def a2tgpo_clip_range(i_hat_BK: ArrayLike, ig_cells_BK: ArrayLike, turn_id: Arra
 @register_estimator(
     "a2tgpo", needs=("reward", "gold_logprob_turns", "gold_logprob_prompt", "step_mask",
                      "turn_id", "group_id", "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "gain", "sqrt_n"))
+    paper=_PAPER, static_argnames=("num_groups", "gain", "sqrt_n"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def a2tgpo_advantages(*, reward: ArrayLike, gold_logprob_turns: ArrayLike,
                       gold_logprob_prompt: ArrayLike, step_mask: ArrayLike, turn_id: ArrayLike,
                       group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
@@ -64,40 +66,46 @@ def a2tgpo_advantages(*, reward: ArrayLike, gold_logprob_turns: ArrayLike,
                       gamma: ArrayLike = 1.0, eps: float = 1e-6, sqrt_n: bool = True) -> Array:
   """A2TGPO turn advantage (pair it with the `a2tgpo` policy loss for adaptive clipping).
 
-  Confidence: inferred (from the abstract; no public code). The formulas are the spec's
-  design (`shared/methods/token_and_implicit.md` §5), not the authors'.
+  Information gains (as IGPO) are normalised per (prompt, turn index), the outcome per
+  prompt, and the accumulated return is rescaled by the number of turns it sums::
+
+    ĩ[b,k] = (IG[b,k] − μ_{g,k}) / (σ_{g,k} + eps)       (rows of group g with turn k)
+    õ_b    = (R_b − μ_g) / (σ_g + eps)                    (on the row's last valid turn)
+    A[b,k] = Σ_{k'=k}^{K_b} γ^{k'−k} x[b,k'] / sqrt(K_b − k + 1),   x = ĩ ⊕ õ
+
+  with population stds and fewer than two members giving 0. The per-turn clip range
+  ε0 · clip(1 + λ tanh ĩ, 1 − δ, 1 + δ) belongs to the loss (`credit.losses.a2tgpo_loss`).
 
   Paper: "A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level
-  Clipping" (arXiv id not given in the seeds).
-
-  .. math::
-    ĩ_{b,k} = (IG_{b,k} − μ_{g,k}) / (σ_{g,k} + eps)     (samples of group g with turn k;
-                                                         population σ; < 2 members → 0)
-    õ_b = (R_b − μ_g)/(σ_g + eps)                        (GRPO, population σ) on turn K_b
-    A_{b,k} = Σ_{k'=k}^{K_b} γ^{k'−k} x_{b,k'} / sqrt(K_b − k + 1),   x = ĩ ⊕ õ
-
-  IG as in IGPO (`igpo_advantages`, default `log_prob_diff`: the gain of the mean gold
-  log-prob over the previous turn); the last valid turn's slot holds the outcome. The
-  √n counts the valid turns accumulated. The clip range ε_{b,k} = ε0·clip(1 + λ·tanh ĩ,
-  1 − δ, 1 + δ) belongs to the loss (`credit.losses.a2tgpo_loss`, `a2tgpo_clip_range`).
+  Clipping" (arXiv preprint). The abstract gives the idea but no equation: the formulas are
+  this library's reading of it.
 
   Args:
-    reward: [B] outcome; gold_logprob_turns [B,K], gold_logprob_prompt [B]: as IGPO.
-    step_mask, turn_id, group_id, response_mask, num_groups: as IGPO.
-    gain: static, "log_prob_diff" | "prob_diff". gamma: turn discount (1, as IGPO).
-    eps: added to the std. sqrt_n: static; False gives plain accumulation.
+    reward: [B] outcome.
+    gold_logprob_turns: [B,K] mean log-prob of the gold answer after each turn.
+    gold_logprob_prompt: [B] the same after the prompt alone.
+    step_mask: [B,K] bool, turns that took place.
+    turn_id: [B,T] int turn of each token (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool policy tokens.
+    num_groups: static number of groups.
+    gain: static, "log_prob_diff" | "prob_diff".
+    gamma: turn discount.
+    eps: added to the std.
+    sqrt_n: static; False gives plain accumulation.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask` and outside turns.
 
-  >>> import numpy as np
-  >>> tid = np.array([[0, 1, 2], [0, 1, -1]], np.int32)
-  >>> a = a2tgpo_advantages(reward=np.array([1., 0.]), gold_logprob_turns=np.array(
-  ...     [[.2, .15, 0.], [.4, 0., 0.]]), gold_logprob_prompt=np.zeros(2),
-  ...     step_mask=tid >= 0, turn_id=tid, group_id=np.zeros(2, np.int32),
-  ...     response_mask=tid >= 0, num_groups=1)
-  >>> (np.round(np.asarray(a, np.float64), 4) + 0.0).tolist()
-  [[0.0, 0.7071, 1.0], [0.0, -1.0, 0.0]]
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 1, 2], [0, 1, -1]], np.int32)
+    >>> a = a2tgpo_advantages(reward=np.array([1., 0.]), gold_logprob_turns=np.array(
+    ...     [[.2, .15, 0.], [.4, 0., 0.]]), gold_logprob_prompt=np.zeros(2),
+    ...     step_mask=tid >= 0, turn_id=tid, group_id=np.zeros(2, np.int32),
+    ...     response_mask=tid >= 0, num_groups=1)
+    >>> (np.round(np.asarray(a, np.float64), 4) + 0.0).tolist()
+    [[0.0, 0.7071, 1.0], [0.0, -1.0, 0.0]]
   """
   mask_BT, _, valid, last, tid = turn_layout(response_mask, step_mask, turn_id)
   i_hat, _, _ = a2tgpo_normalized_gains(

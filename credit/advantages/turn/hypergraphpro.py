@@ -19,48 +19,55 @@ _PAPER = ("HyperGraphPro: Progress-Aware Reinforcement Learning for Structure-Gu
 
 @register_estimator("hypergraphpro", needs=("reward", "turn_progress", "step_mask", "turn_id",
                                             "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups",))
+                    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def hypergraphpro_advantages(*, reward: ArrayLike, turn_progress: ArrayLike,
                              step_mask: ArrayLike, turn_id: ArrayLike, group_id: ArrayLike,
                              response_mask: ArrayLike, num_groups: int,
                              alpha: ArrayLike = 1.0, max_factor: ArrayLike = 2.0,
                              eps: float = 1e-6) -> Array:
-  """Progress-modulated GRPO advantage.
+  """Progress-modulated GRPO advantage per retrieval turn.
 
-  Confidence: inferred (seed abstract: "modulating advantages according to intermediate
-  reasoning progress"; spec distill_and_structure.md B15, "choice"; example reproduced).
+  On success, turns that made more verifiable progress than the row's average are
+  amplified; on failure they are penalised less::
 
-  .. math::
-    A_b = (R_b − μ_g)/(σ_g + eps)
-    Δρ_{b,k} = p_{b,k} − p_{b,k⁻}            (k⁻ the previous valid turn; p = 0 before the first)
-    f_{b,k} = clip(1 + α·(Δρ_{b,k} − mean_{k'} Δρ_{b,k'})·sign(A_b), 0, max_factor)
-    A_{b,t} = A_b·f_{b,k(t)}
+    A_b = (R_b − μ_g) / (σ_g + eps)
+    Δρ[b,k] = p[b,k] − p[b,k⁻]              (k⁻ the previous valid turn; p = 0 before the first)
+    f[b,k] = clip(1 + α (Δρ[b,k] − mean_k' Δρ[b,k']) sign(A_b), 0, max_factor)
+    A[b,t] = A_b · f[b,k(t)]
 
-  On success, turns that made more graph progress than the row's average are amplified; on
-  failure they are penalised less. `turn_progress` is the verifiable progress after each turn
-  (e.g. fraction of gold hyperedges / entities covered). Policy tokens outside any turn get
-  A_b (factor 1); tokens of a turn outside `step_mask` get 0. A_b = 0 (all-equal group,
-  singleton) gives 0. The factor's sign(A_b) has zero gradient; gradients flow through A_b
-  and through Δρ wherever the clip is inactive.
+  `turn_progress` is the progress after each turn (e.g. the fraction of gold hyperedges
+  covered). Policy tokens outside any turn get A_b; tokens of a turn outside `step_mask`
+  get 0; A_b = 0 gives 0.
+
+  Paper: "HyperGraphPro: Progress-Aware Reinforcement Learning for Structure-Guided
+  Hypergraph RAG", arXiv 2601.17755. The abstract says advantages are modulated by
+  intermediate progress; the factor above, α = 1 and the clip [0, 2] are this library's.
 
   Args:
-    reward: [B] outcome; turn_progress: [B,K] progress in [0,1] after each turn;
-    step_mask: [B,K] bool; turn_id: [B,T] int (−1 outside turns); group_id: [B];
-    num_groups: static; response_mask: [B,T] bool.
-    alpha: modulation strength α (1).
-    max_factor: upper clip of the factor (2; lower clip 0).
+    reward: [B] outcome.
+    turn_progress: [B,K] progress in [0,1] after each turn.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    alpha: modulation strength α.
+    max_factor: upper clip of the factor (lower clip 0).
     eps: added to the GRPO std.
 
   Returns:
     [B,T] float32, 0 outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = hypergraphpro_advantages(reward=np.array([1., 0.]),
-  ...     turn_progress=np.array([[.5, .5, .6], [0., 0., 0.]]), step_mask=np.ones((2, 3), bool),
-  ...     turn_id=np.array([[0, 1, 2]] * 2), group_id=np.array([0, 0]),
-  ...     response_mask=np.ones((2, 3), bool), num_groups=1)
-  >>> [round(float(v), 4) for v in a[0]]
-  [0.9192, 0.5657, 0.6364]
+  Example:
+    >>> import numpy as np
+    >>> a = hypergraphpro_advantages(reward=np.array([1., 0.]),
+    ...     turn_progress=np.array([[.5, .5, .6], [0., 0., 0.]]), step_mask=np.ones((2, 3), bool),
+    ...     turn_id=np.array([[0, 1, 2]] * 2), group_id=np.array([0, 0]),
+    ...     response_mask=np.ones((2, 3), bool), num_groups=1)
+    >>> [round(float(v), 4) for v in a[0]]
+    [0.9192, 0.5657, 0.6364]
   """
   rows = ops.group_rows("hypergraphpro_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)

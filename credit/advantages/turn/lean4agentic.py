@@ -14,14 +14,15 @@ Array = jax.Array
 
 __all__ = ["lean4agentic_advantages"]
 
-_PAPER = ("Lean4AgenticRL: Advancing Agentic RL with Verifiable Multi-level Process Rewards "
-          "(seed abstract, no arXiv id in the seed), "
-          "https://huggingface.co/papers?q=Lean4AgenticRL")
+_PAPER = ("Lean4AgenticRL: Advancing Agentic RL with Verifiable Multi-level Process Rewards, "
+          "arXiv preprint")
 
 
 @register_estimator("lean4agentic", needs=("reward", "step_reward", "step_mask", "turn_role",
                                            "turn_id", "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups", "num_stages"))
+                    paper=_PAPER, static_argnames=("num_groups", "num_stages"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def lean4agentic_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                             turn_role: ArrayLike, turn_id: ArrayLike, group_id: ArrayLike,
                             response_mask: ArrayLike, num_groups: int, num_stages: int = 8,
@@ -29,20 +30,20 @@ def lean4agentic_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_m
                             eps: float = 1e-6) -> Array:
   """Workflow-stage-normalised GRPO advantage.
 
-  Confidence: inferred (seed abstract; spec outcome_and_clipping.md §10 is a proposal and its
-  worked example is reproduced).
+  The outcome is z-scored per prompt group, and each turn's verifiable stage reward is
+  z-scored among the turns of the same workflow stage in the group::
 
-  .. math::
-    a^{out}_b = (R_b − μ_g)/(σ_g + eps)
-    a^{stage}_{b,k} = (s_{b,k} − μ_{g,σ})/(σ_{g,σ} + eps),   σ = stage of turn k
-    A_{b,t} = w_o·a^{out}_b + w_s·a^{stage}_{b,k(t)}
+    a_out[b]    = (R_b − μ_g) / (σ_g + eps)
+    a_stage[b,k] = (s[b,k] − μ_{g,σ}) / (σ_{g,σ} + eps),   σ = the stage of turn k
+    A[b,t] = w_o a_out[b] + w_s a_stage[b,k(t)]
 
-  Array form: the workflow stage of each turn is `turn_role` (ids in [0, num_stages)), the
-  verifiable stage reward is `step_reward`. Statistics pool the valid turns of one stage
-  within the prompt group (a stage that spans several turns of a row should carry its reward
-  on one of them, or each turn counts as one item); unbiased std; fewer than two items → 0.
-  Policy tokens outside any turn get the outcome part only. The tool-call level (w_c, a third
-  set of per-call rewards) has no contract field and is not implemented.
+  The stage of each turn is `turn_role` (ids in [0, num_stages)), the stage reward
+  `step_reward`. Unbiased std; fewer than two items give 0; policy tokens outside any turn
+  get the outcome part only.
+
+  Paper: "Lean4AgenticRL: Advancing Agentic RL with Verifiable Multi-level Process
+  Rewards" (arXiv preprint). The abstract names the levels but gives no equation: the form
+  above is this library's; the tool-call level has no contract field and is not built.
 
   Args:
     reward: [B] outcome R.
@@ -50,14 +51,26 @@ def lean4agentic_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_m
     step_mask: [B,K] bool, turns that took place.
     turn_role: [B,K] int workflow stage of each turn.
     turn_id: [B,T] int, −1 outside turns.
-    group_id: [B]; num_groups: static.
+    group_id: [B] int prompt group.
     response_mask: [B,T] bool policy tokens.
-    num_stages: static number of stage ids (8; ids outside are ignored).
-    outcome_weight, stage_weight: w_o, w_s (1, 1).
+    num_groups: static number of groups.
+    num_stages: static number of stage ids (ids outside are ignored).
+    outcome_weight: w_o.
+    stage_weight: w_s.
     eps: added to the std.
 
   Returns:
     [B,T] float32, 0 outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = lean4agentic_advantages(reward=np.array([1., 0.]), step_reward=np.array(
+    ...     [[1., .5], [0., .5]]), turn_role=np.array([[0, 1], [0, 1]]),
+    ...     step_mask=np.ones((2, 2), bool), turn_id=tid, group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.4142, 1.4142, 0.7071, 0.7071], [-1.4142, -1.4142, -0.7071, -0.7071]]
   """
   check_int("lean4agentic_advantages", "num_stages", num_stages)
   rows = ops.group_rows("lean4agentic_advantages", reward, group_id, num_groups,

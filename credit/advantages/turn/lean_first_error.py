@@ -16,8 +16,7 @@ Array = jax.Array
 
 __all__ = ["lean_first_error_advantages", "first_error_rewards"]
 
-_PAPER = ("Process-Verified Reinforcement Learning for Theorem Proving via Lean; arXiv id not "
-          "given in the seeds")
+_PAPER = "Process-Verified Reinforcement Learning for Theorem Proving via Lean, arXiv preprint"
 
 
 def first_error_rewards(step_ok: ArrayLike, valid_BK: ArrayLike) -> Array:
@@ -31,7 +30,9 @@ def first_error_rewards(step_ok: ArrayLike, valid_BK: ArrayLike) -> Array:
 @register_estimator(
     "lean_first_error", needs=("reward", "step_reward", "step_mask", "turn_id", "group_id",
                                "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "mode", "singleton"))
+    paper=_PAPER, static_argnames=("num_groups", "mode", "singleton"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def lean_first_error_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
                                 step_mask: ArrayLike, turn_id: ArrayLike, group_id: ArrayLike,
                                 response_mask: ArrayLike, num_groups: int,
@@ -40,31 +41,45 @@ def lean_first_error_advantages(*, reward: ArrayLike, step_reward: ArrayLike,
                                 singleton: Literal["zero", "raw"] = "zero") -> Array:
   """GRPO plus first-error process credit from a step verifier (Lean's elaboration).
 
-  Confidence: inferred (from the abstract; formulas of the spec
-  `shared/methods/distill_and_structure.md` B12, α = 0.5 ours).
+  Lean checks each tactic; every step before the first failing one is sound, the first
+  failing one and everything after are not::
 
-  Paper: "Process-Verified Reinforcement Learning for Theorem Proving via Lean" (arXiv id
-  not given in the seeds).
+    f_b = first valid step s with not ok[b,s] (K_b if none),   q[b,s] = +1 (s < f_b), −1 (s ≥ f_b)
+    first_token: A[b,t] = Â_b + α Σ_s q[b,s] [t = first policy token of step s]
+    propagate:   A[b,t] = Â_b + α q[b,s(t)]                    (every token of the step)
 
-  .. math::
-    f_b = first valid step s with ¬ok_{b,s} (K_b if none),  q_{b,s} = +1 (s < f_b), −1 (s ≥ f_b)
-    first_token: A_{b,t} = Â_b + α Σ_s q_{b,s} [t = first policy token of step s]
-    propagate:   A_{b,t} = Â_b + α q_{b,s(t)}       (every token of the step)
+  with Â the GRPO advantage of the outcome and ok = `step_reward > 0`. A step is a turn of
+  the contract (`turn_id`). A proof that compiles without closing the goal has every step
+  ok and a negative outcome advantage.
 
-  with Â the GRPO advantage of the outcome (unbiased σ, eps 1e-6). A step (tactic) is a
-  turn of the contract (`turn_id`); ok = `step_reward > 0` (the verifier's verdict). A proof
-  that compiles without closing the goal has every step ok (q = +1) and a negative outcome
-  advantage. "propagate" keeps the GRPO term too (the spec's "propagation only" is read as
-  "no first-token placement").
+  Paper: "Process-Verified Reinforcement Learning for Theorem Proving via Lean" (arXiv
+  preprint). The abstract gives the first-error idea; the placement and α = 0.5 are this
+  library's.
 
   Args:
-    reward: [B] outcome. step_reward: [B,K] step verdicts (> 0 = sound).
-    step_mask, turn_id, group_id, response_mask, num_groups: as `igpo_advantages`.
-    mode: static "first_token" | "propagate". coef: α. eps: added to σ.
+    reward: [B] outcome.
+    step_reward: [B,K] step verdicts (> 0 = sound).
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    mode: static "first_token" | "propagate".
+    coef: α.
+    eps: added to σ.
     singleton: static, a lone row's GRPO term: "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = lean_first_error_advantages(reward=np.array([1., 0.]), step_reward=np.array(
+    ...     [[1., 1.], [1., 0.]]), step_mask=np.ones((2, 2), bool), turn_id=tid,
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.2071, 0.7071, 1.2071, 0.7071], [-0.2071, -0.7071, -1.2071, -0.7071]]
   """
   check_choice("lean_first_error_advantages", "mode", mode, ("first_token", "propagate"))
   check_choice("lean_first_error_advantages", "singleton", singleton, ("zero", "raw"))

@@ -20,59 +20,56 @@ _PAPER = ("MAPO: Mixed Advantage Policy Optimization for Long-Horizon Multi-Turn
 @register_estimator("mapo", needs=("step_reward", "step_mask", "turn_id", "group_id",
                                    "response_mask"),
                     paper=_PAPER, static_argnames=("num_groups",),
-                    optional_needs=(("reward", "outcome_coef"),))
+                    optional_needs=(("reward", "outcome_coef"),),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def mapo_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, turn_id: ArrayLike,
                     group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                     reward: ArrayLike | None = None, outcome_coef: ArrayLike = 0.0,
                     gamma: ArrayLike = 1.0, lam: ArrayLike = 0.5, eps: float = 1e-6) -> Array:
-  """MAPO mixed advantage over turn returns.
+  """MAPO mixed advantage over turn returns: per-turn-index and batch z-scores, mixed.
 
-  Confidence: inferred (seed abstract only; spec outcome_and_clipping.md §11 is a proposal,
-  and its worked example is reproduced exactly).
+  A judge scores every dialogue turn; the Monte-Carlo returns of those scores are z-scored
+  among the group's rows at the same turn index and over the whole batch, then mixed::
 
-  .. math::
-    r_{b,k} = s_{b,k} + c·R_b·[k = last valid turn of b]
-    G_{b,k} = Σ_{k' ≥ k} γ^{n(k,k')} r_{b,k'}            (over valid turns)
-    A^{turn}_{b,k}  = z-score of G over the rows of b's group that took turn k
-    A^{batch}_{b,k} = z-score of G over every valid (b, k) cell of the batch
-    a_{b,k} = λ·A^{turn} + (1 − λ)·A^{batch},   token t of turn k gets a_{b,k}
+    r[b,k] = s[b,k] + c R_b [k = last valid turn of b]
+    G[b,k] = Σ_{k' ≥ k} γ^{n(k,k')} r[b,k']                (over valid turns)
+    A_turn[b,k]  = z-score of G over the rows of b's group that took turn k
+    A_batch[b,k] = z-score of G over every valid (b, k) cell of the batch
+    a[b,k] = λ A_turn + (1 − λ) A_batch
 
-  z-scores use the unbiased std plus `eps` (as the spec's example); cells with fewer than two
-  members get 0 in the turn part (batch part only). `s` is the judge's per-turn score
-  (`step_reward`); the optional outcome term (`outcome_coef` c > 0, needs `reward`) adds the
-  trajectory outcome to the last valid turn. Invalid rows (empty `response_mask`) and turns
-  outside `step_mask` take part in no statistic.
+  Unbiased std plus `eps`; cells with fewer than two members get 0 in the turn part.
+  Invalid rows and turns outside `step_mask` take part in no statistic.
 
-  Measured on the credit bench's `pivotal` (2026-12-06, an exact judge, one turn per
-  character): the batch part z-scores returns that are mostly the count of steps left, a
-  ramp over positions unrelated to the outcome (early characters pushed up, late ones and
-  the stop token down, ±0.74 even in an all-right group), so a wrong digit early in the
-  response can get a positive advantage. Correlation with the true advantages 0.13 (GRPO
-  0.35); `lam=1.0` (turn part only) raises it to 0.34 and, one seed, held-out accuracy after
-  750 steps from 0.42 to 0.75 (GRPO 0.53). On few, comparable agent turns the ramp is small.
+  Paper: "MAPO: Mixed Advantage Policy Optimization for Long-Horizon Multi-Turn
+  Dialogue", arXiv 2603.06194. The abstract describes the mixed normalisation; the exact
+  form and λ = 0.5 are this library's reading. When turns are many and uniform, the batch
+  part z-scores returns that count the steps left (see the method's page).
 
   Args:
     step_reward: [B,K] judge score of each turn.
     step_mask: [B,K] bool, turns that took place.
     turn_id: [B,T] int, turn of each token (−1 outside turns).
-    group_id: [B] int prompt group; num_groups: static number of groups.
+    group_id: [B] int prompt group.
     response_mask: [B,T] bool policy tokens.
-    reward: optional [B] outcome, used when `outcome_coef` != 0.
-    outcome_coef: weight c of the outcome added to the last turn (0: off, spec default).
-    gamma: turn discount γ (1).
-    lam: mixing weight λ of the per-turn-index part (0.5).
+    num_groups: static number of groups.
+    reward: optional [B] outcome, used when `outcome_coef` ≠ 0.
+    outcome_coef: weight c of the outcome added to the last turn (0: off).
+    gamma: turn discount γ.
+    lam: mixing weight λ of the per-turn-index part.
     eps: added to the std.
 
   Returns:
     [B,T] float32 advantages, 0 outside `response_mask` and outside turns.
 
-  >>> import numpy as np
-  >>> tid = np.array([[0, 1, 2], [0, 1, 2]])
-  >>> a = mapo_advantages(step_reward=np.array([[.2, .5, 1.], [.4, .1, 0.]]),
-  ...     step_mask=np.ones((2, 3), bool), turn_id=tid, group_id=np.array([0, 0]),
-  ...     response_mask=np.ones((2, 3), bool), num_groups=1)
-  >>> [round(float(v), 4) for v in a[0]]
-  [0.9824, 0.8427, 0.4933]
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 1, 2], [0, 1, 2]])
+    >>> a = mapo_advantages(step_reward=np.array([[.2, .5, 1.], [.4, .1, 0.]]),
+    ...     step_mask=np.ones((2, 3), bool), turn_id=tid, group_id=np.array([0, 0]),
+    ...     response_mask=np.ones((2, 3), bool), num_groups=1)
+    >>> [round(float(v), 4) for v in a[0]]
+    [0.9824, 0.8427, 0.4933]
   """
   mask_BT = jnp.asarray(response_mask, bool)
   chex.assert_rank(mask_BT, 2)

@@ -21,7 +21,7 @@ Array = jax.Array
 __all__ = ["matchtir_advantages", "tool_call_similarity", "match_turn_rewards"]
 
 _PAPER = ("MatchTIR: Fine-Grained Supervision for Tool-Integrated Reasoning via Bipartite "
-          "Matching; arXiv id not given in the seeds")
+          "Matching, arXiv preprint")
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,49 +140,56 @@ def match_turn_rewards(pred_calls: Sequence[Sequence[Mapping[str, Any]]],
 
 @register_estimator(
     "matchtir", needs=("step_reward", "step_mask", "turn_id", "group_id", "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "singleton"))
+    paper=_PAPER, static_argnames=("num_groups", "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: quchangle1/MatchTIR "
+                            "Code/verl/trainer/ppo/core_algos.py "
+                            "(compute_grpo_outcome_advantage), "
+                            "Code/verl/utils/reward_score/tool.py"))
 def matchtir_advantages(*, step_reward: ArrayLike, step_mask: ArrayLike, turn_id: ArrayLike,
                         group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                         discount: ArrayLike = 0.9, eps: float = 1e-6,
                         singleton: Literal["raw", "zero"] = "raw") -> Array:
   """MatchTIR dual-level advantage: (trajectory GRPO + per-turn-index GRPO of returns) / 2.
 
-  Confidence: code-verified (quchangle1/MatchTIR `Code/verl/trainer/ppo/core_algos.py`
-  `compute_grpo_outcome_advantage`). Spec: `shared/methods/distill_and_structure.md` B13
-  and "Corrections".
+  Each turn's reward u is the quality of its tool calls, matched bipartitely against the
+  gold calls (`match_turn_rewards`, with the answer's F1 on the answer turn)::
+
+    A_g[b]   = (S_b − μ_g) / (σ_g + 1e-6),        S_b = Σ_k u[b,k]
+    D[b,k]   = u[b,k] + λ D[b,k+1]
+    A_s[b,k] = (D[b,k] − μ_{g,k}) / (σ_{g,k} + 1e-6)   (rollouts of group g having turn k)
+    A[b,t]   = (A_g[b] + A_s[b,k(t)]) / 2
+
+  with unbiased stds. A lone member (a one-row group, or a (g, k) cell with one rollout)
+  keeps its raw value as in the authors' code (`singleton="raw"`); "zero" gives 0.
 
   Paper: "MatchTIR: Fine-Grained Supervision for Tool-Integrated Reasoning via Bipartite
-  Matching" (arXiv id not given in the seeds).
-
-  .. math::
-    A_g = (S_b − μ_g)/(σ_g + 1e-6),  S_b = Σ_k u_{b,k}                (unbiased σ)
-    D_{b,k} = u_{b,k} + λ D_{b,k+1},  A_s = (D_{b,k} − μ_{g,k})/(σ_{g,k} + 1e-6)  (unbiased σ,
-                                      rollouts of group g having turn k)
-    A_{b,t} = (A_g_b + A_s_{b,k(t)}) / 2
-
-  u = `step_reward`: the matched turn rewards (`match_turn_rewards`, plus the answer F1 on
-  the answer turn), which the code places on the last token of each turn. A lone member
-  (a group with one row, or a (g, k) cell with one rollout) keeps its raw value, as the
-  code ((D − 0)/1, `singleton="raw"`); "zero" gives 0. The code raises on a row with no
-  turn; here such a row gets 0. The code finds turns as runs of the response mask and keys
-  the turn statistics by the run's ordinal; here turns are `turn_id` slots with
-  `step_mask` (the same when the valid turns are a prefix of the slots).
+  Matching" (arXiv preprint). Differences from the code: a row with no turn gets 0 (the
+  code raises); turns are `turn_id` slots with `step_mask` (the code keys them by the
+  ordinal of runs of the response mask: the same when the valid turns are a prefix).
 
   Args:
-    step_reward: [B,K] turn rewards u. step_mask, turn_id, group_id, response_mask,
-      num_groups: as `igpo_advantages`.
-    discount: λ of the turn return (0.9). eps: added to σ. singleton: static.
+    step_reward: [B,K] turn rewards u.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    discount: λ of the turn return.
+    eps: added to σ.
+    singleton: static, "raw" | "zero".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> tid = np.array([[0, 1], [0, 1]], np.int32)
-  >>> a = matchtir_advantages(step_reward=np.array([[.75, 1.], [0., .5]]),
-  ...     step_mask=np.ones((2, 2), bool), turn_id=tid, group_id=np.zeros(2, np.int32),
-  ...     response_mask=tid >= 0, num_groups=1)
-  >>> np.round(np.asarray(a, np.float64), 4).tolist()
-  [[0.7071, 0.7071], [-0.7071, -0.7071]]
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 1], [0, 1]], np.int32)
+    >>> a = matchtir_advantages(step_reward=np.array([[.75, 1.], [0., .5]]),
+    ...     step_mask=np.ones((2, 2), bool), turn_id=tid, group_id=np.zeros(2, np.int32),
+    ...     response_mask=tid >= 0, num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.7071, 0.7071], [-0.7071, -0.7071]]
   """
   check_choice("matchtir_advantages", "singleton", singleton, ("raw", "zero"))
   mask_BT, row, valid, _, tid = turn_layout(response_mask, step_mask, turn_id)

@@ -19,49 +19,57 @@ _PAPER = ("Online Process Reward Learning for Agentic Reinforcement Learning (OP
 
 @register_estimator("oprl", needs=("logprob_prm", "logprob_old", "reward", "step_mask",
                                    "turn_id", "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups",))
+                    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def oprl_advantages(*, logprob_prm: ArrayLike, logprob_old: ArrayLike, reward: ArrayLike,
                     step_mask: ArrayLike, turn_id: ArrayLike, group_id: ArrayLike,
                     response_mask: ArrayLike, num_groups: int, beta: ArrayLike = 0.05,
                     step_coef: ArrayLike = 1.0, eps: float = 1e-6) -> Array:
   """OPRL step + episode advantage (a step is a turn).
 
-  Confidence: inferred (abstract; spec token_and_implicit.md §19, example reproduced; no
-  released code: the Tongyi-ConvAI CharacterRL-iStar README has none). Third-party summaries
-  of arXiv 2509.19199 agree on r = β log π_φ(a_t)/π_old(a_t) and the trajectory-DPO PRM
-  objective; the step/episode combination weights are ours.
+  An implicit PRM, trained online with trajectory-level DPO on (success, failure) pairs,
+  gives each turn the sum of its log-ratio to the rollout policy::
 
-  .. math::
-    r_{b,k} = β Σ_{t ∈ turn k} (log π_φ(y_t) − log π_old(y_t))
-    A^S_{b,k} = (r_{b,k} − μ_g^r)/(σ_g^r + eps)     (all valid turns of the group, population σ)
-    A^E_b = (R_b − μ_g)/(σ_g + eps)                  (population σ, as the spec's example)
-    A_{b,k} = A^E_b + α·A^S_{b,k}
+    r[b,k]   = β Σ_{t ∈ turn k} (log π_φ(y_t) − log π_old(y_t))
+    A_S[b,k] = (r[b,k] − μ_g^r) / (σ_g^r + eps)      (all valid turns of the group)
+    A_E[b]   = (R_b − μ_g) / (σ_g + eps)
+    A[b,k]   = A_E[b] + α A_S[b,k]
 
-  `logprob_prm` is the implicit PRM's log-prob of the sampled tokens, `logprob_old` the
-  policy snapshot that generated the rollouts (the PRM's reference). Observation tokens
-  (outside `response_mask`) never enter the sums. Policy tokens outside any turn get A^E only.
-  Groups with fewer than two turns / rows give 0 for that part.
+  with population stds. Observation tokens never enter the sums; policy tokens outside any
+  turn get A_E only; groups with fewer than two turns or rows give 0 for that part. In the
+  runner `logprob_prm` comes from producer `implicit_prm_old`, a PRM trained with
+  `oprl_prm_loss`'s objective against `logprob_old`.
 
-  In the runner, `logprob_prm` comes from producer `implicit_prm_old`: a copy of the policy
-  trained each step with `oprl_prm_loss`'s objective on every (success, failure) pair of a
-  prompt group, against `logprob_old` (`experiments/learners.py` `prm_pair_dpo_loss`,
-  `c.prm.objective=auto`). Until 2026-12-06 it got PRIME's learner instead (cross-entropy on
-  the outcome labels, against the frozen reference): on the credit bench's `pivotal`, with
-  ~90% of the labels 0, that PRM came to score the policy's new samples positive
-  (`prm_accuracy` → 0), and since A^S is z-scored within every group, all-failure groups
-  included, the policy chased it: held-out accuracy 0.39 → 0.00 in 150 steps. With the
-  trajectory-DPO PRM against π_old: 0.30 / 0.36 / 0.36 at steps 50 / 100 / 150 (GRPO 0.38).
+  Paper: "Online Process Reward Learning for Agentic Reinforcement Learning" (OPRL /
+  iStar), arXiv 2509.19199. The implicit reward and the PRM objective follow the paper;
+  the step / episode combination and α = 1 are this library's.
 
   Args:
-    logprob_prm, logprob_old: [B,T] log-probs; reward: [B]; step_mask: [B,K] bool;
-    turn_id: [B,T] int (−1 outside turns); group_id: [B]; num_groups: static;
+    logprob_prm: [B,T] implicit PRM log-probs of the sampled tokens.
+    logprob_old: [B,T] log-probs of the policy that generated the rollouts.
+    reward: [B] outcome.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
     response_mask: [B,T] bool.
-    beta: β of the implicit reward (0.05; the z-score makes A^S almost invariant to it).
-    step_coef: α (1).
+    num_groups: static number of groups.
+    beta: β of the implicit reward (the z-score makes A_S nearly invariant to it).
+    step_coef: α.
     eps: added to the std.
 
   Returns:
     [B,T] float32, 0 outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = oprl_advantages(logprob_prm=np.array([[-.5, -.5, -1., -1.], [-1., -1., -.5, -.5]]),
+    ...     logprob_old=np.full((2, 4), -1.), reward=np.array([1., 0.]),
+    ...     step_mask=np.ones((2, 2), bool), turn_id=tid, group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> (np.round(np.asarray(a, np.float64), 4) + 0.0).tolist()
+    [[2.0, 2.0, 0.0, 0.0], [-2.0, -2.0, 0.0, 0.0]]
   """
   rows = ops.group_rows("oprl_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)
@@ -86,10 +94,9 @@ def oprl_prm_loss(*, logprob_prm: ArrayLike, logprob_old: ArrayLike, response_ma
                   beta: ArrayLike = 0.05) -> Array:
   """Trajectory-level DPO loss of the implicit PRM (OPRL).
 
-  Confidence: inferred (spec token_and_implicit.md §19).
+  ::
 
-  .. math::
-    L = −mean_p log σ(β[Σ_t ℓ_{w_p,t} − Σ_t ℓ_{l_p,t}]),  ℓ = log π_φ − log π_old on policy tokens
+    L = −mean_p log σ(β [Σ_t ℓ[w_p,t] − Σ_t ℓ[l_p,t]]),   ℓ = log π_φ − log π_old on policy tokens
 
   Args:
     logprob_prm: [B,T] PRM log-probs (the trained model; gradients flow here).
@@ -97,16 +104,17 @@ def oprl_prm_loss(*, logprob_prm: ArrayLike, logprob_old: ArrayLike, response_ma
     response_mask: [B,T] bool policy tokens (observations excluded).
     pairs: [P,2] int rows (preferred, rejected), e.g. a success and a failure of one prompt.
     pair_mask: optional [P] bool, pairs that count (padding pairs off).
-    beta: β (0.05).
+    beta: β.
 
   Returns:
     scalar float32 loss (0 when no pair counts).
 
-  >>> import numpy as np
-  >>> round(float(oprl_prm_loss(logprob_prm=np.array([[2., -1.], [.5, 1.5]]),
-  ...     logprob_old=np.zeros((2, 2)), response_mask=np.ones((2, 2), bool),
-  ...     pairs=np.array([[0, 1]]))), 5)
-  0.71846
+  Example:
+    >>> import numpy as np
+    >>> round(float(oprl_prm_loss(logprob_prm=np.array([[2., -1.], [.5, 1.5]]),
+    ...     logprob_old=np.zeros((2, 2)), response_mask=np.ones((2, 2), bool),
+    ...     pairs=np.array([[0, 1]]))), 5)
+    0.71846
   """
   mask = jnp.asarray(response_mask, bool)
   lp = jnp.asarray(logprob_prm, jnp.float32)

@@ -17,8 +17,8 @@ Array = jax.Array
 
 __all__ = ["pica_advantages", "pica_step_rewards"]
 
-_PAPER = ("PiCA: Pivot-Based Credit Assignment for Search Agentic Reinforcement Learning; "
-          "arXiv id not given in the seeds")
+_PAPER = ("PiCA: Pivot-Based Credit Assignment for Search Agentic Reinforcement Learning, "
+          "arXiv preprint")
 
 
 def pica_step_rewards(step_reward: ArrayLike, valid_BK: ArrayLike, *,
@@ -27,11 +27,10 @@ def pica_step_rewards(step_reward: ArrayLike, valid_BK: ArrayLike, *,
                       gamma: ArrayLike = 1.0, terminal_BK: ArrayLike | None = None) -> Array:
   """Unscaled PiCA turn rewards [B,K] from the steps' success probabilities ρ = 1 − h.
 
-  code: r_k = ρ_k − b − pen_k (the code's 1 − h_k − b), pen_k = α γ_p^{n−2} for the n-th
-  valid step (0-based) n ≥ 3, else 0. pbrs: r_k = γ Φ_k − Φ_{k−1} over the valid steps, with
-  Φ_k = Π_{j ≤ k} ρ_j the probability that no step up to k is wrong (the CRM's survival),
-  Φ before the first step = 1, and Φ after the last valid step replaced by `terminal_BK`'s
-  value on that step (0 if None): the episode's end is the terminal state.
+  code: r_k = ρ_k − b − pen_k, with pen_k = α γ_p^(n−2) for the n-th valid step (0-based)
+  n ≥ 3, else 0. pbrs: r_k = γ Φ_k − Φ_{k−1} over the valid steps, with Φ_k = Π_{j ≤ k} ρ_j
+  the probability that no step up to k is wrong, Φ before the first step = 1, and Φ after
+  the last valid step replaced by `terminal_BK`'s value on that step (0 if None).
   """
   check_choice("pica_step_rewards", "mode", mode, ("code", "pbrs"))
   valid = jnp.asarray(valid_BK, bool)
@@ -55,7 +54,11 @@ def pica_step_rewards(step_reward: ArrayLike, valid_BK: ArrayLike, *,
 @register_estimator(
     "pica", needs=("reward", "step_reward", "step_mask", "turn_id", "values", "response_mask"),
     paper=_PAPER, static_argnames=("mode", "pbrs_terminal", "whiten"), returns_output=True,
-    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"})
+    optional_needs={"logprob_old": "kl_coef", "logprob_ref": "kl_coef"},
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: novdream/PiCA Search-R1/verl/trainer/main_ppo.py "
+                            "(comupute_step_reward, _compute_step_reward_tensor), "
+                            "Search-R1/train_ppo.sh, the CRMLoss of its OpenRLHF copy"))
 def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                     turn_id: ArrayLike, values: ArrayLike, response_mask: ArrayLike,
                     logprob_old: ArrayLike | None = None, logprob_ref: ArrayLike | None = None,
@@ -65,58 +68,58 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
                     penalty: ArrayLike = 0.3, penalty_base: ArrayLike = 1.5,
                     gamma: ArrayLike = 1.0, lam: ArrayLike = 1.0, kl_coef: ArrayLike = 0.0,
                     whiten: bool = True) -> GAEOutput:
-  """PiCA: PRM step rewards on the last token of each turn, outcome on the last token, GAE.
+  """PiCA: PRM step rewards on the last token of each turn, the outcome on the last token, GAE.
 
-  Confidence: code-verified (reward; novdream/PiCA `Search-R1/verl/trainer/main_ppo.py`
-  `comupute_step_reward`, `_compute_step_reward_tensor`, `Search-R1/train_ppo.sh`);
-  paper-equation (the PBRS view, `mode="pbrs"`). Spec: `shared/methods/
-  token_and_implicit.md` §7 and "Corrections".
+  ρ = `step_reward` in [0, 1] is the probability that each search step is right given the
+  history (higher is better). The step rewards go on the last policy token of each turn,
+  the outcome on the row's last token, and GAE turns them into advantages::
+
+    code: r_k = ρ_k − b − pen_k,     pen_k = α γ_p^(k−2) for k ≥ 3 (0-based), else 0
+    pbrs: r_k = γ Φ_k − Φ_{k−1},     Φ_k = Π_{j ≤ k} ρ_j,  Φ_{−1} = 1,  Φ_last = 0 (or R)
+    x[b, t_k] = c_s r_k,   x[b, L_b] = c_o R_b    (code: overwrites a step reward there)
+    (A, returns) = GAE(x, V; γ, λ)                 (whitened over the response tokens)
+
+  The step-count penalty counts valid steps (meant for a few search calls).
 
   Paper: "PiCA: Pivot-Based Credit Assignment for Search Agentic Reinforcement Learning"
-  (arXiv id not given in the seeds).
-
-  .. math::
-    code: r_k = ρ_k − b − pen_k,  pen_k = α γ_p^{k−2} (k ≥ 3, 0-based), else 0
-    pbrs: r_k = γ Φ_k − Φ_{k−1},  Φ_k = Π_{j≤k} ρ_j,  Φ_{−1} = 1,  Φ_last := 0 (or R)
-    R_{b,t_k} = c_s r_k  (t_k the last policy token of turn k)
-    R_{b,L_b} = c_o R_b  (code: overwrites a step reward there; pbrs: added)
-    (A, returns) = GAE(R, V; γ, λ)  (verl's, whitened over the response tokens)
-
-  ρ = `step_reward` ∈ [0, 1] is the probability that each search step is right given the
-  history (one PRM call per trajectory); a reward, higher is better, as every `step_reward`
-  of the library. The released PRM serves the other side: its score is h = σ(logit), the
-  conditional reward model's hazard, the probability that the step is the first wrong one
-  (OpenRLHF `CRMLoss` in the same repository: −Σ log(1 − h) over the steps of a right
-  trajectory, −log h at the first wrong step; `serve_rm.py` returns σ). The code's
-  r = 1 − h − b is therefore ρ − b with ρ = 1 − h. Until 2026-12-06 this module computed
-  1 − ρ − b on the library's ρ (the spec calls the served score a success probability), so
-  right steps were punished: on the credit bench's `pivotal`, with an exact per-character
-  judge, held-out accuracy fell 0.39 → 0.05 in 50 steps; with the sign fixed and no
-  step-count penalty it rose to 0.41 by step 150 (GRPO 0.38). The PBRS view takes Φ as the
-  success probability of the history: with a hazard PRM that is the survival Π (1 − h_j),
-  the probability that no step so far is wrong, and r_k shapes step k by the change of Φ
-  across it (from before the step to after it). Until 2026-12-06 it was γ ρ_{k+1} − ρ_k,
-  one step late. The step-count penalty counts valid steps (for search calls; with one step
-  per character it is a length penalty).
-  Differences from the code: the step scale is `step_scale` = c_s, default 0.3 (the paper);
-  the released code's in-place aliasing gives an effective 1.3 (pass `step_scale=1.3` to
-  reproduce it). The code subtracts a k1 KL-in-reward term with coefficient 0.001 before
-  GAE (`kl_coef=0.001` with `logprob_old`, `logprob_ref`; default 0 here) and whitens over
-  the attention mask including observation tokens (here: the response tokens only).
+  (arXiv preprint). The authors' PRM serves the hazard h (the probability that a step is
+  the first wrong one), so their 1 − h − b is ρ − b here. Differences from the code: the
+  step scale is the paper's c_s = 0.3 (the code's aliasing gives 1.3: pass
+  `step_scale=1.3`); the code's k1 KL-in-reward (0.001) is `kl_coef`, 0 by default; the
+  whitening covers the response tokens only (the code includes observation tokens).
 
   Args:
-    reward: [B] outcome. step_reward: [B,K] the steps' success probabilities ρ = 1 − h.
-    step_mask: [B,K] bool steps (search calls) that took place; turn_id: [B,T].
-    values: [B,T] critic values. response_mask: [B,T] bool.
-    logprob_old, logprob_ref, kl_coef: KL-in-reward (as `gae_advantages`).
-    mode: static "code" | "pbrs". pbrs_terminal: static, Φ after the last step in "pbrs"
-      mode: "zero" (standard potential shaping) | "outcome" (R_b).
-    step_scale: c_s. outcome_scale: c_o.
-    baseline: b. penalty, penalty_base: α, γ_p of the step-count penalty.
-    gamma, lam: GAE discount and λ (1, 1). whiten: static, as `gae_advantages`.
+    reward: [B] outcome.
+    step_reward: [B,K] the steps' success probabilities ρ.
+    step_mask: [B,K] bool steps (search calls) that took place.
+    turn_id: [B,T] int (−1 outside turns).
+    values: [B,T] critic values.
+    response_mask: [B,T] bool.
+    logprob_old: optional [B,T] behaviour log-probs (KL-in-reward, with `logprob_ref`).
+    logprob_ref: optional [B,T] reference log-probs.
+    mode: static "code" | "pbrs".
+    pbrs_terminal: static, Φ after the last step in "pbrs": "zero" | "outcome".
+    step_scale: c_s.
+    outcome_scale: c_o.
+    baseline: b.
+    penalty: α of the step-count penalty.
+    penalty_base: γ_p of the step-count penalty.
+    gamma: GAE discount.
+    lam: GAE λ.
+    kl_coef: β of the KL-in-reward.
+    whiten: static, as `gae_advantages`.
 
   Returns:
     GAEOutput(advantages [B,T], returns [B,T]) for the policy and the critic.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> out = pica_advantages(reward=np.array([1., 0.]), step_reward=np.array([[.9, .8],
+    ...     [.9, .2]]), step_mask=np.ones((2, 2), bool), turn_id=tid, values=np.zeros((2, 4)),
+    ...     response_mask=np.ones((2, 4), bool), whiten=False)
+    >>> np.round(np.asarray(out.advantages, np.float64), 4).tolist()   # .3 (.9 − .55) = .105
+    [[1.605, 1.605, 1.5, 1.5], [0.105, 0.105, 0.0, 0.0]]
   """
   check_choice("pica_advantages", "mode", mode, ("code", "pbrs"))
   check_choice("pica_advantages", "pbrs_terminal", pbrs_terminal, ("zero", "outcome"))

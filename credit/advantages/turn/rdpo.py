@@ -17,15 +17,16 @@ Array = jax.Array
 __all__ = ["rdpo_advantages"]
 
 _PAPER = ("IterSynth: Rethinking Deep Search Agents via Role-Decoupled Iterative Synthesis "
-          "(RDPO; seed abstract, no arXiv id in the seed), "
-          "https://huggingface.co/papers?q=IterSynth")
+          "(RDPO), arXiv preprint")
 
 COMBINE = ("reward", "advantage")
 
 
 @register_estimator("rdpo", needs=("reward", "step_reward", "step_mask", "turn_role", "turn_id",
                                    "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups", "num_roles", "combine"))
+                    paper=_PAPER, static_argnames=("num_groups", "num_roles", "combine"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def rdpo_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                     turn_role: ArrayLike, turn_id: ArrayLike, group_id: ArrayLike,
                     response_mask: ArrayLike, num_groups: int, num_roles: int = 2,
@@ -33,17 +34,19 @@ def rdpo_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
                     eps: float = 1e-6) -> Array:
   """Role-Decoupled Policy Optimization (RDPO) advantage.
 
-  Confidence: inferred (seed abstract; spec outcome_and_clipping.md §21, whose worked example
-  is reproduced).
+  A planner and a synthesiser role take turns in one trajectory; each turn's reward (the
+  outcome plus its rubric score) is normalised only against the turns of the same role::
 
-  .. math::
-    r_{b,k} = R_b + β·u_{b,k}                       (u = turn rubric score, `step_reward`)
-    a_{b,k} = (r_{b,k} − μ_{g,ρ}) / (σ_{g,ρ} + eps),   ρ = turn_role[b,k]
+    r[b,k] = R_b + β u[b,k]                         (u = turn rubric score, `step_reward`)
+    a[b,k] = (r[b,k] − μ_{g,ρ}) / (σ_{g,ρ} + eps),   ρ = turn_role[b,k]
 
-  μ, σ (unbiased) pool every valid turn that role ρ played in the group g (several turns of
-  one row count separately); a (group, role) pool with one turn gives 0. `combine="advantage"`
-  is the spec's variant: role-wise z-score of the outcome (over the role's turns) plus β times
-  the role-wise z-score of the rubric. Roles outside [0, num_roles) take no part (0).
+  μ, σ (unbiased) pool every valid turn that role ρ played in group g; a pool with one
+  turn gives 0. `combine="advantage"` uses z(R) + β z(u) per role instead. Roles outside
+  [0, num_roles) take no part.
+
+  Paper: "IterSynth: Rethinking Deep Search Agents via Role-Decoupled Iterative Synthesis"
+  (RDPO, arXiv preprint). The abstract describes role-decoupled optimisation; the form
+  above and β = 1 are this library's.
 
   Args:
     reward: [B] terminal outcome R.
@@ -51,15 +54,26 @@ def rdpo_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
     step_mask: [B,K] bool, turns that took place.
     turn_role: [B,K] int role of each turn (0 planner, 1 synthesiser).
     turn_id: [B,T] int turn of each token, −1 outside turns.
-    group_id: [B] prompt group; num_groups: static number of groups.
+    group_id: [B] int prompt group.
     response_mask: [B,T] bool policy tokens.
-    num_roles: static number of roles (2).
-    beta: rubric weight β (1, unknown in the paper).
-    combine: "reward" (normalise R + β·u) or "advantage" (z(R) + β·z(u), per role).
+    num_groups: static number of groups.
+    num_roles: static number of roles.
+    beta: rubric weight β.
+    combine: static, "reward" | "advantage".
     eps: added to the std.
 
   Returns:
-    [B,T] float32, each policy token of turn k gets a_{b,k}; 0 elsewhere.
+    [B,T] float32; each policy token of turn k gets a[b,k], 0 elsewhere.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = rdpo_advantages(reward=np.array([1., 0.]), step_reward=np.array([[.5, 1.],
+    ...     [0., .5]]), turn_role=np.array([[0, 1], [0, 1]]), step_mask=np.ones((2, 2), bool),
+    ...     turn_id=tid, group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool),
+    ...     num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.7071, 0.7071, 0.7071, 0.7071], [-0.7071, -0.7071, -0.7071, -0.7071]]
   """
   check_choice("rdpo_advantages", "combine", combine, COMBINE)
   check_int("rdpo_advantages", "num_roles", num_roles)

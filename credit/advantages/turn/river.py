@@ -13,41 +13,53 @@ Array = jax.Array
 
 __all__ = ["river_advantages"]
 
-_PAPER = ("Learning Generalizable Behaviors for Terminal Agents (River; seed abstract, no "
-          "arXiv id found), https://huggingface.co/papers?q=Learning+Generalizable+Behaviors"
-          "+for+Terminal+Agents")
+_PAPER = "Learning Generalizable Behaviors for Terminal Agents (River), arXiv preprint"
 
 
 @register_estimator("river", needs=("reward", "step_reward", "step_mask", "group_id",
                                     "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups",))
+                    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def river_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                      group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                      behavior_coef: ArrayLike = 0.1, eps: float = 1e-6) -> Array:
   """GRPO on the outcome plus a mean per-turn behaviour score (trajectory-level credit).
 
-  Confidence: inferred. Only the abstract was found: River "improves reward quality by
-  filtering low-quality environments and augmenting outcome rewards with process-level
-  behavior regularization". Environment filtering is a data-selection step outside any
-  estimator (drop the prompts whose verifier is unreliable before sampling). The behaviour
-  regulariser is read as a per-turn behaviour score b_{b,k} (e.g. +1 inspect/verify, −1 a
-  forbidden or repeated command) in `step_reward`, averaged over the turns and added to the
-  outcome:
+  River augments outcome rewards with process-level behaviour regularisation, read here
+  as a per-turn behaviour score b (e.g. +1 inspect / verify, −1 a forbidden or repeated
+  command) in `step_reward`, averaged over the turns and added to the outcome::
 
-  .. math::
-    R̃_b = R_b + λ·mean_{k valid} b_{b,k},      A_b = (R̃_b − μ_g)/(σ_g + eps)
+    R̃_b = R_b + λ mean_{k valid} b[b,k],      A_b = (R̃_b − μ_g) / (σ_g + eps)
 
-  (unbiased std; a row without valid turns adds nothing; singleton groups → 0). Every policy
-  token of the row gets A_b.
+  Every policy token of the row gets A_b (unbiased std; a row without valid turns adds
+  nothing; one-row groups give 0). River's other part, filtering low-quality environments,
+  is data selection before sampling.
+
+  Paper: "Learning Generalizable Behaviors for Terminal Agents" (River, arXiv preprint).
+  The form above and λ = 0.1 (a regulariser should not outweigh the outcome) are this
+  library's reading of the abstract.
 
   Args:
-    reward: [B] outcome; step_reward: [B,K] behaviour score of each turn;
-    step_mask: [B,K] bool; group_id: [B]; num_groups: static; response_mask: [B,T] bool.
-    behavior_coef: λ (0.1; ours, a regulariser should not outweigh the outcome).
+    reward: [B] outcome.
+    step_reward: [B,K] behaviour score of each turn.
+    step_mask: [B,K] bool.
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    behavior_coef: λ.
     eps: added to the std.
 
   Returns:
     [B,T] float32, 0 outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = river_advantages(reward=np.array([1., 0.]), step_reward=np.array([[1., 1.],
+    ...     [-1., 1.]]), step_mask=np.ones((2, 2), bool), group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [0.7071, -0.7071]
   """
   rows = ops.group_rows("river_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)

@@ -17,38 +17,55 @@ Array = jax.Array
 __all__ = ["scout_advantages", "scout_priorities", "ScoutPriorities"]
 
 _PAPER = ("SCOUT: Self-Checking and Recovery-Aware Tool-Thought Agents for Ultra-Long "
-          "Egocentric Video Reasoning (UPS-GRPO; seed abstract, no arXiv id in the seed), "
-          "https://huggingface.co/papers?q=SCOUT+UPS-GRPO")
+          "Egocentric Video Reasoning (UPS-GRPO), arXiv preprint")
 
 
 @register_estimator("scout", needs=("reward", "step_reward", "step_mask", "turn_id", "group_id",
                                     "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups",))
+                    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def scout_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                      turn_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                      num_groups: int, beta: ArrayLike = 1.0, eps: float = 1e-6) -> Array:
-  """SCOUT turn-level advantage decomposition.
+  """SCOUT turn-level advantage: the outcome's z-score plus the turn's tool-alignment z-score.
 
-  Confidence: inferred (seed abstract; spec outcome_and_clipping.md §22, example reproduced).
+  ::
 
-  .. math::
-    a_{b,k} = z_g(R)_b + β·z_{(g,k)}(v)_{b,k}
+    a[b,k] = z_g(R)_b + β z_{(g,k)}(v)[b,k]
 
-  with `v` = `step_reward` the tool-grounded alignment reward of turn k (e.g. temporal IoU of
-  the inspected segment), z_g the group z-score of the outcome and z_{(g,k)} the z-score over
-  the rows of the group that took turn k; unbiased std + eps; fewer than two items → 0. Turns
-  without a tool call should be left out of `step_mask` (invalid: no credit). Policy tokens
-  outside any turn get the outcome part only.
+  with v = `step_reward` the tool-grounded alignment reward of turn k (e.g. the temporal
+  IoU of the inspected video segment), z_g the outcome's group z-score and z_{(g,k)} the
+  z-score over the group's rows that took turn k (unbiased std + eps; fewer than two items
+  give 0). Leave turns without a tool call out of `step_mask`. Policy tokens outside any
+  turn get the outcome part only. `scout_priorities` scores where to re-roll.
+
+  Paper: "SCOUT: Self-Checking and Recovery-Aware Tool-Thought Agents for Ultra-Long
+  Egocentric Video Reasoning" (UPS-GRPO, arXiv preprint). The decomposition above and
+  β = 1 are this library's reading of the abstract.
 
   Args:
-    reward: [B] outcome; step_reward: [B,K] alignment reward; step_mask: [B,K] bool.
-    turn_id: [B,T] int (−1 outside turns); group_id: [B]; num_groups: static.
+    reward: [B] outcome.
+    step_reward: [B,K] alignment reward.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
     response_mask: [B,T] bool.
-    beta: weight β of the alignment part (1; the paper's value is not known).
+    num_groups: static number of groups.
+    beta: weight β of the alignment part.
     eps: added to the std.
 
   Returns:
     [B,T] float32, 0 outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = scout_advantages(reward=np.array([1., 0.]), step_reward=np.array([[.8, .6],
+    ...     [.2, .6]]), step_mask=np.ones((2, 2), bool), turn_id=tid,
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.4142, 1.4142, 0.7071, 0.7071], [-1.4142, -1.4142, -0.7071, -0.7071]]
   """
   rows = ops.group_rows("scout_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)
@@ -83,11 +100,11 @@ def scout_priorities(*, entropy: ArrayLike, turn_id: ArrayLike, step_mask: Array
                      response_mask: ArrayLike, num_branch: int = 4) -> ScoutPriorities:
   """UPS-GRPO branching priorities (the sampler decides where to re-roll; this scores states).
 
-  Confidence: inferred (seed abstract: "concentrates exploration on high-uncertainty
-  post-tool states"; spec outcome_and_clipping.md §22). The state after the tool observation
-  of turn k is scored by the mean policy entropy over the response of the following turn:
+  The state after the tool observation of turn k is scored by the mean policy entropy over
+  the response of the following turn, so exploration concentrates on high-uncertainty
+  post-tool states::
 
-  .. math::  u_{b,k} = mean_{t: turn_id = k⁺} H_{b,t},  k⁺ = next valid turn after k
+    u[b,k] = mean over t with turn_id = k⁺ of H[b,t],   k⁺ = next valid turn after k
 
   Args:
     entropy: [B,T] per-token policy entropy.

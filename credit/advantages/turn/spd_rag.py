@@ -21,39 +21,54 @@ _PAPER = ("SPD-RAG: Sub-Agent Per Document Retrieval-Augmented Generation (an in
 
 @register_estimator("spd_rag", needs=("reward", "step_mask", "turn_role", "turn_id", "group_id",
                                       "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups", "num_roles"))
+                    paper=_PAPER, static_argnames=("num_groups", "num_roles"),
+                    confidence="inferred",
+                    source=_PAPER + " (its architecture; the training credit is this library's)")
 def spd_rag_advantages(*, reward: ArrayLike, step_mask: ArrayLike, turn_role: ArrayLike,
                        turn_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                        num_groups: int, num_roles: int = 3, token_budget: ArrayLike = 512.0,
                        budget_coef: ArrayLike = 0.1, eps: float = 1e-6) -> Array:
   """Per-role outcome credit with a token-budget penalty for a multi-agent RAG trajectory.
 
-  Confidence: inferred. SPD-RAG (spec distill_and_structure.md C2) is an inference-time
-  architecture with no training objective; this is the library's smallest faithful array
-  form of "credit for sub-agents from the final answer" plus "a token budget recorded per
-  node so length penalties can be applied per agent". Every agent call of one trajectory is a
-  turn, its agent type is `turn_role` (0 coordinator, 1 document agent, 2 synthesis):
+  Every agent call of one trajectory is a turn, its agent type `turn_role` (0
+  coordinator, 1 document agent, 2 synthesis); a call is compared only with calls of the
+  same type, and pays for tokens over its budget::
 
-  .. math::
-    L_{b,k} = number of policy tokens of turn k
-    r_{b,k} = R_b − c·max(0, L_{b,k} − B_tok)/B_tok
-    a_{b,k} = (r_{b,k} − μ_{g,ρ})/(σ_{g,ρ} + eps),   ρ = turn_role[b,k]
+    L[b,k] = number of policy tokens of turn k
+    r[b,k] = R_b − c max(0, L[b,k] − B_tok) / B_tok
+    a[b,k] = (r[b,k] − μ_{g,ρ}) / (σ_{g,ρ} + eps),   ρ = turn_role[b,k]
 
-  μ, σ (unbiased) pool the valid turns of role ρ over the prompt group, so a document agent
-  is compared with document agents only; a (group, role) pool with one turn gives 0. Under
-  the budget the penalty is 0 and this is role-decoupled GRPO of the outcome.
+  μ, σ (unbiased) pool the valid turns of role ρ over the prompt group; a pool with one
+  turn gives 0. Under the budget this is role-decoupled GRPO of the outcome.
+
+  Paper: "SPD-RAG: Sub-Agent Per Document Retrieval-Augmented Generation",
+  arXiv 2603.08329. SPD-RAG is an inference-time architecture with no training objective;
+  this credit (the outcome for every agent, a per-call token budget) is this library's.
 
   Args:
-    reward: [B] final-answer reward R; step_mask: [B,K] bool agent calls that ran;
-    turn_role: [B,K] int agent type; turn_id: [B,T] int (−1 outside calls);
-    group_id: [B]; num_groups: static; response_mask: [B,T] bool.
-    num_roles: static number of agent types (3).
-    token_budget: B_tok, token budget of one call (512; ours).
-    budget_coef: c, weight of the over-budget penalty (0.1; ours).
+    reward: [B] final-answer reward R.
+    step_mask: [B,K] bool agent calls that ran.
+    turn_role: [B,K] int agent type.
+    turn_id: [B,T] int (−1 outside calls).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    num_roles: static number of agent types.
+    token_budget: B_tok, token budget of one call.
+    budget_coef: c, weight of the over-budget penalty.
     eps: added to the std.
 
   Returns:
-    [B,T] float32; tokens of call k get a_{b,k}, 0 elsewhere.
+    [B,T] float32; tokens of call k get a[b,k], 0 elsewhere.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = spd_rag_advantages(reward=np.array([1., 0.]), step_mask=np.ones((2, 2), bool),
+    ...     turn_role=np.array([[0, 1], [0, 1]]), turn_id=tid, group_id=np.zeros(2, np.int32),
+    ...     response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[0.7071, 0.7071, 0.7071, 0.7071], [-0.7071, -0.7071, -0.7071, -0.7071]]
   """
   check_int("spd_rag_advantages", "num_roles", num_roles)
   rows = ops.group_rows("spd_rag_advantages", reward, group_id, num_groups,

@@ -19,39 +19,53 @@ _PAPER = ("TACO: Tool-Augmented Credit Optimization for Agentic Tool Use, arXiv 
 
 @register_estimator("taco", needs=("reward", "step_reward", "step_mask", "turn_id", "group_id",
                                    "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups",))
+                    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def taco_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                     turn_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                     num_groups: int, probe_coef: ArrayLike = 1.0, eps: float = 1e-6) -> Array:
-  """TACO two-channel advantage for code-tool agents.
+  """TACO two-channel advantage for code-tool agents: probe value of each call, routed outcome.
 
-  Confidence: inferred (abstract of arXiv 2606.30251 only; no code found).
+  DAPR: probe tokens make the model answer with and without each tool call, and the
+  difference of the checker's reward is the call's value d (> 0 useful, < 0 misleading, 0
+  no effect), computed outside and passed as `step_reward`. OGAR routes the outcome
+  advantage only to the calls responsible for it. Every valid turn but the row's last is a
+  tool call; the last is the answer and always receives A_b::
 
-  DAPR: probe tokens make the model answer with and without each tool call; the difference
-  of the answer checker's reward is the call's value, `d_{b,k} = R(with call k) − R(without)`
-  (> 0 useful, < 0 misleading, 0 no effect), computed outside and passed as `step_reward`.
-  OGAR: the outcome advantage A_b (group z-score) is routed only to the segments responsible
-  for it, conditioned on the call's effect, with no cost term. Array form chosen here: every
-  valid turn except the row's last is a tool-call segment; the last valid turn is the answer
-  segment and always receives A_b, as do policy tokens outside any turn.
+    A_b = (R_b − μ_g) / (σ_g + eps)
+    gate[b,k] = [d > 0] if A_b > 0;   [d ≤ 0] if A_b < 0          (call turns)
+    a[b,k] = gate[b,k] A_b + κ d[b,k]
 
-  .. math::
-    A_b = (R_b − μ_g)/(σ_g + eps)
-    gate_{b,k} = [d_{b,k} > 0] if A_b > 0;  [d_{b,k} ≤ 0] if A_b < 0     (call segments)
-    a_{b,k} = gate_{b,k}·A_b + κ·d_{b,k}
+  so a success reinforces only useful calls, a failure penalises only misleading and
+  wasted calls, and a wasted call is never reinforced.
 
-  so a successful trajectory reinforces only useful calls, a failed one penalises only the
-  misleading and wasted calls, and a wasted call (d = 0) is never reinforced.
+  Paper: "TACO: Tool-Augmented Credit Optimization for Agentic Tool Use",
+  arXiv 2606.30251. The abstract names the two channels; the array form and κ = 1 are this
+  library's.
 
   Args:
-    reward: [B] outcome; step_reward: [B,K] DAPR value d of each tool call;
-    step_mask: [B,K] bool; turn_id: [B,T] int (−1 outside turns); group_id: [B];
-    num_groups: static; response_mask: [B,T] bool.
-    probe_coef: κ, weight of the DAPR channel (1; ours).
+    reward: [B] outcome.
+    step_reward: [B,K] probe value d of each tool call.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    probe_coef: κ, weight of the probe channel.
     eps: added to the std.
 
   Returns:
     [B,T] float32, 0 outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)   # turn 0 a call, turn 1 the answer
+    >>> a = taco_advantages(reward=np.array([1., 0.]), step_reward=np.array([[1., 0.],
+    ...     [0., 0.]]), step_mask=np.ones((2, 2), bool), turn_id=tid,
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.7071, 1.7071, 0.7071, 0.7071], [-0.7071, -0.7071, -0.7071, -0.7071]]
   """
   rows = ops.group_rows("taco_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)

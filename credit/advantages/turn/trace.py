@@ -14,67 +14,69 @@ Array = jax.Array
 
 __all__ = ["trace_advantages"]
 
-_PAPER = ("TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Horizon Agents; "
-          "arXiv id not given in the seeds")
+_PAPER = ("TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Horizon Agents, "
+          "arXiv preprint")
 
 
 @register_estimator(
     "trace", needs=("reward", "gold_logprob_turns", "gold_logprob_prompt", "step_mask",
                     "turn_id", "group_id", "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "normalize"))
+    paper=_PAPER, static_argnames=("num_groups", "normalize"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def trace_advantages(*, reward: ArrayLike, gold_logprob_turns: ArrayLike,
                      gold_logprob_prompt: ArrayLike, step_mask: ArrayLike, turn_id: ArrayLike,
                      group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                      gamma: ArrayLike = 1.0, outcome_coef: ArrayLike = 1.0,
                      floor: float = -50.0, normalize: bool = True, eps: float = 1e-6,
                      var_eps: float = 1e-8) -> Array:
-  """TRACE turn advantage: one-step TD change of a log-ratio value, outcome on the last turn.
+  """TRACE turn advantage: one-step TD change of a log-ratio value, the outcome on the last turn.
 
-  Confidence: inferred (from the abstract; formulas of the spec
-  `shared/methods/token_and_implicit.md` §15, hyperparameters c_o = 1 ours).
+  A turn's value is how much more likely the gold answer has become since the prompt,
+  scored by a frozen reference model::
+
+    V_k = g_k − g_0,   r_k = γ V_k − V_{k−1}  (k = 1..K_b, V_0 = 0),   r_{K_b} += c_o R
+    r̂ = the group z-score of r (population σ, sqrt(σ² + 1e-8) + 1e-6)
+    A[b,k] = Σ_{k' ≥ k} γ^{k'−k} r̂[b,k']
+
+  with g_k the gold answer's mean per-token log-prob after turn k (`gold_logprob_turns`;
+  g_0 `gold_logprob_prompt`), clipped below at `floor`. With γ = 1 the turn rewards
+  telescope. Missing turns are skipped; a one-cell pool gives 0. The runner fills the gold
+  fields from the reference for TRACE (`gold_scorer=auto`). A task with no unique answer
+  text gives this method nothing to measure progress by.
 
   Paper: "TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Horizon
-  Agents" (arXiv id not given in the seeds).
-
-  .. math::
-    V_k = g_k − g_0,   r_k = γ V_k − V_{k−1}  (k = 1..K_b, V_0 = 0),   r_{K_b} += c_o R
-    r̂ = IGPO-joint group z-score of r (population σ, sqrt(σ² + 1e-8) + 1e-6)
-    A_{b,k} = Σ_{k' ≥ k} γ^{k'−k} r̂_{b,k'}
-
-  g_k is the mean per-token log-prob of the gold answer after turn k (`gold_logprob_turns`;
-  g_0 `gold_logprob_prompt`), clipped below at `floor` (−50). The paper scores it with a
-  frozen reference model: the runner fills the gold_logprob fields from the reference for
-  TRACE (`gold_scorer=auto`; until 2026-12-06 the runner's default was the policy).
-
-  Measured on the credit bench's `pivotal` (2026-12-06): there the "gold answer" is one
-  demonstration, the right digit among filler characters drawn at random, so its
-  likelihood after a prefix barely tracks success (corr(V, R) ≈ 0.06), and the group z-score
-  gives that V full weight in every group whose rewards are all equal (most of them early).
-  With the policy scoring and one turn per response: held-out accuracy 0.39 → 0.00 in 100
-  steps (the policy raised V by dropping the digit and the stop token); reference-scored,
-  one turn per character: 0.17 / 0.23 / 0.19 at steps 50 / 100 / 150 (GRPO 0.38). A task
-  with no unique answer text gives this method nothing to measure progress by. With γ = 1 the turn rewards telescope, Σ_k r_k = V_{K_b}. Turns missing from
-  `step_mask` are skipped (V_{k−1} is the previous valid turn's value). A group pool with
-  one cell gives 0.
+  Agents" (arXiv preprint). The abstract describes the log-ratio values; the formulas and
+  c_o = 1 are this library's reading.
 
   Args:
-    reward: [B] outcome; gold_logprob_turns [B,K], gold_logprob_prompt [B].
-    step_mask, turn_id, group_id, response_mask, num_groups: as `igpo_advantages`.
-    gamma: TD and accumulation discount (1). outcome_coef: c_o (1, ours).
-    floor: lower clip of g. normalize: static, False skips the group z-score.
-    eps, var_eps: std guards (IGPO's).
+    reward: [B] outcome.
+    gold_logprob_turns: [B,K] g_1..g_K.
+    gold_logprob_prompt: [B] g_0.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    gamma: TD and accumulation discount.
+    outcome_coef: c_o.
+    floor: lower clip of g.
+    normalize: static; False skips the group z-score.
+    eps: added to σ.
+    var_eps: added to the variance.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask` and outside turns.
 
-  >>> import numpy as np
-  >>> tid = np.array([[0, 1, 2]], np.int32)
-  >>> a = trace_advantages(reward=np.zeros(1), gold_logprob_turns=np.array([[-2., -2.5, -.5]]),
-  ...                      gold_logprob_prompt=np.array([-3.]), step_mask=tid >= 0, turn_id=tid,
-  ...                      group_id=np.zeros(1, np.int32), response_mask=tid >= 0, num_groups=1,
-  ...                      normalize=False)
-  >>> np.asarray(a, np.float64).tolist()   # r = [1, -0.5, 2]
-  [[2.5, 1.5, 2.0]]
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 1, 2]], np.int32)
+    >>> a = trace_advantages(reward=np.zeros(1), gold_logprob_turns=np.array([[-2., -2.5, -.5]]),
+    ...                      gold_logprob_prompt=np.array([-3.]), step_mask=tid >= 0, turn_id=tid,
+    ...                      group_id=np.zeros(1, np.int32), response_mask=tid >= 0, num_groups=1,
+    ...                      normalize=False)
+    >>> np.asarray(a, np.float64).tolist()   # r = [1, -0.5, 2]
+    [[2.5, 1.5, 2.0]]
   """
   mask_BT, _, valid, last, tid = turn_layout(response_mask, step_mask, turn_id)
   # V_k = g_k − g_0 (log_prob_diff against the prompt, floored), V_0 = 0.

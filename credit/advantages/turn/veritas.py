@@ -19,35 +19,50 @@ _PAPER = ("Beyond Correctness: Rewarding Faithful Reasoning in Retrieval-Augment
 
 @register_estimator("veritas", needs=("reward", "step_reward", "step_mask", "turn_id",
                                       "group_id", "response_mask"),
-                    paper=_PAPER, static_argnames=("num_groups",))
+                    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def veritas_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                        turn_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                        num_groups: int, faith_coef: ArrayLike = 1.0,
                        eps: float = 1e-6) -> Array:
-  """Turn reward = outcome + λ·faithfulness of the turn, z-scored over the group's turns.
+  """Turn reward = outcome + λ · faithfulness of the turn, z-scored over the group's turns.
 
-  Confidence: inferred. Only the abstract and third-party summaries were found
-  (arXiv 2510.13272, "Verifying Entailed Reasoning through Intermediate Traceability in
-  Agentic Search"): reward models score each turn for Information-Think, Think-Search and
-  Think-Answer faithfulness, and these "fine-grained turn-level faithfulness rewards" enter
-  RL next to the episode outcome. The weights and the advantage form are not known. Array
-  form chosen here (the faithfulness scores are summed into `step_reward` by the caller):
+  Reward models score each turn for the faithfulness of its thinking to the retrieved
+  information, of its search to its thinking and of its answer to its thinking; the
+  caller sums them into `step_reward`::
 
-  .. math::
-    r_{b,k} = R_b + λ·f_{b,k}
-    A_{b,k} = (r_{b,k} − μ_g)/(σ_g + eps)      (every valid turn of the prompt group)
+    r[b,k] = R_b + λ f[b,k]
+    A[b,k] = (r[b,k] − μ_g) / (σ_g + eps)      (every valid turn of the prompt group)
 
-  unbiased std; fewer than two turns → 0.
+  with the unbiased std; fewer than two turns give 0.
+
+  Paper: "Beyond Correctness: Rewarding Faithful Reasoning in Retrieval-Augmented
+  Generation" (VERITAS), arXiv 2510.13272. The abstract names the turn-level
+  faithfulness rewards; the weights and the advantage form are this library's.
 
   Args:
-    reward: [B] outcome (e.g. exact match); step_reward: [B,K] faithfulness score f of turn k;
-    step_mask: [B,K] bool; turn_id: [B,T] int (−1 outside turns); group_id: [B];
-    num_groups: static; response_mask: [B,T] bool.
-    faith_coef: λ (1; ours).
+    reward: [B] outcome (e.g. exact match).
+    step_reward: [B,K] faithfulness score f of turn k.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    faith_coef: λ.
     eps: added to the std.
 
   Returns:
-    [B,T] float32, tokens of turn k get A_{b,k}, 0 elsewhere.
+    [B,T] float32; tokens of turn k get A[b,k], 0 elsewhere.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = veritas_advantages(reward=np.array([1., 0.]), step_reward=np.array([[1., .5],
+    ...     [.5, 0.]]), step_mask=np.ones((2, 2), bool), turn_id=tid,
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.0954, 1.0954, 0.5477, 0.5477], [-0.5477, -0.5477, -1.0954, -1.0954]]
   """
   rows = ops.group_rows("veritas_advantages", reward, group_id, num_groups,
                         response_mask=response_mask)

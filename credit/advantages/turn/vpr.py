@@ -16,12 +16,14 @@ Array = jax.Array
 
 __all__ = ["vpr_advantages"]
 
-_PAPER = "Verifiable Process Rewards for Agentic Reasoning (VPR); arXiv id not given in the seeds"
+_PAPER = "Verifiable Process Rewards for Agentic Reasoning (VPR), arXiv preprint"
 
 
 @register_estimator(
     "vpr", needs=("reward", "step_reward", "step_mask", "turn_id", "group_id", "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups", "turn_norm"))
+    paper=_PAPER, static_argnames=("num_groups", "turn_norm"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract")
 def vpr_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: ArrayLike,
                    turn_id: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                    num_groups: int, gamma: ArrayLike = 1.0, reliability: ArrayLike = 1.0,
@@ -29,29 +31,43 @@ def vpr_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arra
                    eps: float = 1e-6) -> Array:
   """VPR: return of the oracle's turn verdicts plus the outcome, z-scored per turn index.
 
-  Confidence: inferred (from the abstract; formulas of the spec
-  `shared/methods/distill_and_structure.md` B11, γ = 1 and ω = 1 ours).
+  ::
 
-  Paper: "Verifiable Process Rewards for Agentic Reasoning" (arXiv id not given in the
-  seeds).
+    G[b,k] = Σ_{j ≥ k} γ^{j−k} ω v[b,j] + γ^{K_b − k} R_b
+    A[b,k] = (G[b,k] − μ_{g,k}) / (σ_{g,k} + 1e-6)   (rollouts of group g having turn k)
 
-  .. math::
-    G_{b,k} = Σ_{j ≥ k} γ^{j−k} ω v_{b,j} + γ^{K_b − k} R_b
-    A_{b,k} = (G_{b,k} − μ_{g,k}) / (σ_{g,k} + 1e-6)   (population σ over the rollouts of
-                                                     group g having turn k; < 2 → 0)
+  with v = `step_reward` the oracle's verdict on each turn and ω its reliability weight;
+  population σ, fewer than two members give 0. `turn_norm="pooled"` normalises over all
+  turns of the group (for turn indices misaligned across rollouts). Exponents count valid
+  turns.
 
-  v = `step_reward` (the oracle's verdict on each turn, {0,1} or [−1,1]); ω the oracle's
-  reliability weight. `turn_norm="pooled"` normalises over all turns of the group (for turn
-  indices misaligned across rollouts). Exponents count valid turns (skipped turns neither
-  add nor discount).
+  Paper: "Verifiable Process Rewards for Agentic Reasoning" (VPR, arXiv preprint). The
+  formula and γ = ω = 1 are this library's reading of the abstract.
 
   Args:
-    reward: [B] outcome R. step_reward: [B,K] verdicts v.
-    step_mask, turn_id, group_id, response_mask, num_groups: as `igpo_advantages`.
-    gamma: γ. reliability: ω. turn_norm: static "index" | "pooled". eps: added to σ.
+    reward: [B] outcome R.
+    step_reward: [B,K] verdicts v.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    gamma: γ.
+    reliability: ω.
+    turn_norm: static "index" | "pooled".
+    eps: added to σ.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask` and outside turns.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = vpr_advantages(reward=np.array([1., 0.]), step_reward=np.array([[1., 1.],
+    ...     [1., 0.]]), step_mask=np.ones((2, 2), bool), turn_id=tid,
+    ...     group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, -1.0]]
   """
   check_choice("vpr_advantages", "turn_norm", turn_norm, ("index", "pooled"))
   mask_BT, _, valid, last, tid = turn_layout(response_mask, step_mask, turn_id)
