@@ -178,22 +178,9 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
   tokens); a response cut by its budget before `decided_at` (no stop token) is refused.
   """
   _check_task(task)
-  tokens, response_mask = np.asarray(tokens), np.asarray(response_mask, bool)
-  prompt_mask = np.asarray(prompt_mask, bool)
-  if tokens.ndim != 2 or tokens.shape != response_mask.shape or tokens.shape != prompt_mask.shape:
-    raise ValueError(f"tokens {tokens.shape}, response_mask {response_mask.shape} and "
-                     f"prompt_mask {prompt_mask.shape} must be the same [B,T]")
+  tokens, response_mask, prompt_mask = _check_rollout(tokens, response_mask, prompt_mask,
+                                                      examples, num_rollouts, chunk_rows)
   B, T = tokens.shape
-  if len(examples) != B:
-    raise ValueError(f"{len(examples)} examples for {B} rows")
-  if not response_mask.any():
-    raise ValueError("response_mask selects no token")
-  if np.any(response_mask & prompt_mask):
-    raise ValueError("response_mask and prompt_mask overlap")
-  if num_rollouts < 1:
-    raise ValueError(f"num_rollouts={num_rollouts} must be >= 1")
-  if chunk_rows < 1:
-    raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
   stops = set(int(s) for s in sampler.stop_tokens)
   pad = int(tokenizer.pad_id)
   V = int(sampler.vocab_size)
@@ -202,43 +189,11 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
   params = sampling_params(**sampling, vocab_size=V)  # raises on bad values, before tracing
   policy = _Policy(sampler.graphdef, model_state, params, chunk_rows)
   rows = _split_rows(tokens, response_mask, prompt_mask)
-
-  def text(resp: Sequence[int]) -> str:
-    return tokenizer.decode(list(resp))
-
-  rewards_by_text: dict[tuple[int, str], np.ndarray] = {}
-
-  def candidate_rewards(b: int, base: str) -> np.ndarray:
-    """[V] R(base · a) for every token a (a stop token: R(base)); cached per example and text."""
-    ex = examples[b]
-    k = (id(ex), base)
-    if k not in rewards_by_text:
-      r_stop = task.verify(ex, base)
-      rewards_by_text[k] = np.asarray(
-          [r_stop if p is None else task.verify(ex, base + p) for p in pieces], np.float64)
-    return rewards_by_text[k]
-
-  def last_step(b_prefix: Sequence[tuple[int, list[int]]]) -> np.ndarray:
-    """Σ_a π(a | prompt·resp) R(resp·a) for (row, resp) pairs, resp of length decided_at."""
-    if not b_prefix:
-      return np.zeros(0)
-    lp = policy([rows[b][0] + resp for b, resp in b_prefix], pad)
-    rew = np.stack([candidate_rewards(b, text(resp)) for b, resp in b_prefix])
-    return np.sum(np.exp(lp.astype(np.float64)) * rew, axis=1)
-
+  last_step = _LastStep(task, tokenizer, examples, policy, rows, pieces, pad)
+  text = last_step.text
   decided = [int(task.decided_at(examples[b])) for b in range(B)]
-  for b in range(B):
-    resp = rows[b][1]
-    if resp and len(resp) <= decided[b] and resp[-1] not in stops:
-      raise ValueError(f"row {b}: the response was cut at {len(resp)} tokens without a stop "
-                       f"token, before the decision at index {decided[b]}; sample with "
-                       "max_new_tokens > decided_at (the values assume no budget before it)")
+  _check_decisions_reached(rows, decided, stops)
   reward = np.asarray([task.verify(examples[b], text(rows[b][1])) for b in range(B)])
-  value = np.zeros((B, T), np.float32)
-  adv = np.zeros((B, T), np.float32)
-  err = np.zeros((B, T), np.float32)
-  pivot = np.zeros((B, T), bool)
-  decided_mask = np.zeros((B, T), bool)
 
   # V(s_d) of every row that reached d: exact.
   at_d = [b for b in range(B) if len(rows[b][1]) > decided[b]]
@@ -252,6 +207,85 @@ def true_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
   else:
     v_mc, e_mc = _monte_carlo(need, rows, decided, sampler, model_state, key, num_rollouts,
                               sampling, last_step, text, examples, task, stops, pad)
+  return _token_values(task, examples, rows, decided, reward, v_d, v_mc, e_mc, T)
+
+
+def _check_rollout(tokens, response_mask, prompt_mask, examples, num_rollouts: int,
+                   chunk_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A single-turn rollout batch as numpy arrays, after the shape, mask and count checks."""
+  tokens, response_mask = np.asarray(tokens), np.asarray(response_mask, bool)
+  prompt_mask = np.asarray(prompt_mask, bool)
+  if tokens.ndim != 2 or tokens.shape != response_mask.shape or tokens.shape != prompt_mask.shape:
+    raise ValueError(f"tokens {tokens.shape}, response_mask {response_mask.shape} and "
+                     f"prompt_mask {prompt_mask.shape} must be the same [B,T]")
+  B = tokens.shape[0]
+  if len(examples) != B:
+    raise ValueError(f"{len(examples)} examples for {B} rows")
+  if not response_mask.any():
+    raise ValueError("response_mask selects no token")
+  if np.any(response_mask & prompt_mask):
+    raise ValueError("response_mask and prompt_mask overlap")
+  _check_counts(num_rollouts, chunk_rows)
+  return tokens, response_mask, prompt_mask
+
+
+def _check_counts(num_rollouts: int, chunk_rows: int) -> None:
+  if num_rollouts < 1:
+    raise ValueError(f"num_rollouts={num_rollouts} must be >= 1")
+  if chunk_rows < 1:
+    raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
+
+
+def _check_decisions_reached(rows, decided: Sequence[int], stops: set[int]) -> None:
+  """Refuses a response its budget cut before its decision (no stop token)."""
+  for b, (_, resp, _) in enumerate(rows):
+    if resp and len(resp) <= decided[b] and resp[-1] not in stops:
+      raise ValueError(f"row {b}: the response was cut at {len(resp)} tokens without a stop "
+                       f"token, before the decision at index {decided[b]}; sample with "
+                       "max_new_tokens > decided_at (the values assume no budget before it)")
+
+
+class _LastStep:
+  """The exact value at the decisive token: Σ_a π(a | prompt·resp) R(resp·a), for (row, resp)
+  pairs with resp of length decided_at (R: the verifier; a stop token a ends the text)."""
+
+  def __init__(self, task, tokenizer, examples, policy: _Policy, rows, pieces, pad: int):
+    self.task, self.tokenizer, self.examples = task, tokenizer, examples
+    self.policy, self.rows, self.pieces, self.pad = policy, rows, pieces, pad
+    self.rewards_by_text: dict[tuple[int, str], np.ndarray] = {}
+
+  def text(self, resp: Sequence[int]) -> str:
+    return self.tokenizer.decode(list(resp))
+
+  def candidate_rewards(self, b: int, base: str) -> np.ndarray:
+    """[V] R(base · a) for every token a (a stop token: R(base)); cached per example and text."""
+    ex = self.examples[b]
+    k = (id(ex), base)
+    if k not in self.rewards_by_text:
+      r_stop = self.task.verify(ex, base)
+      self.rewards_by_text[k] = np.asarray(
+          [r_stop if p is None else self.task.verify(ex, base + p) for p in self.pieces],
+          np.float64)
+    return self.rewards_by_text[k]
+
+  def __call__(self, b_prefix: Sequence[tuple[int, list[int]]]) -> np.ndarray:
+    if not b_prefix:
+      return np.zeros(0)
+    lp = self.policy([self.rows[b][0] + resp for b, resp in b_prefix], self.pad)
+    rew = np.stack([self.candidate_rewards(b, self.text(resp)) for b, resp in b_prefix])
+    return np.sum(np.exp(lp.astype(np.float64)) * rew, axis=1)
+
+
+def _token_values(task, examples, rows, decided, reward, v_d, v_mc, e_mc,
+                  T: int) -> TrueAdvantages:
+  """Lays the values out on the response tokens: V and A = Q − V before the decision, exact
+  at it, the reward after it; the standard errors of both ends of A."""
+  B = len(rows)
+  value = np.zeros((B, T), np.float32)
+  adv = np.zeros((B, T), np.float32)
+  err = np.zeros((B, T), np.float32)
+  pivot = np.zeros((B, T), bool)
+  decided_mask = np.zeros((B, T), bool)
   for b in range(B):
     prompt, resp, cols = rows[b]
     for p in task.pivot_positions(examples[b]):
@@ -663,6 +697,41 @@ def true_turn_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
       count or sampling parameter, or an enumeration over `max_enumeration`.
   """
   _check_turn_task(task)
+  tokens, response_mask, obs_mask, prompt_mask, turn_id = _check_turn_rollout(
+      tokens, response_mask, obs_mask, prompt_mask, turn_id, examples, layout, num_rollouts,
+      chunk_rows)
+  B, T = tokens.shape
+  stops = set(int(s) for s in sampler.stop_tokens)
+  pad, V = int(tokenizer.pad_id), int(sampler.vocab_size)
+  sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+  params = sampling_params(**sampling, vocab_size=V)  # raises on bad values, before tracing
+  policy = _Policy(sampler.graphdef, model_state, params, chunk_rows)
+  episodes = _split_episodes(tokens, response_mask, obs_mask, prompt_mask, turn_id)
+  envs = [task.make_env(examples[b], limits) for b in range(B)]
+  decided = [tuple(int(x) for x in task.decided_at_turn(examples[b])) for b in range(B)]
+  cont = _Continuations(envs, tokenizer, policy, decided, stops, pad, V, layout)
+  starts, reward = cont.replay(episodes)
+  order, need, items0, decide_items = _turn_prefixes(episodes, starts, decided)
+  bs = list(decide_items)
+  v_d = dict(zip(bs, cont.last_step([decide_items[b] for b in bs])))
+  if exact:
+    v_mc = _enumerate_turns(items0, policy, pad, cont.advance, cont.last_step,
+                            cont.at_decision, max_enumeration)
+    e_mc = np.zeros(len(items0))
+  else:
+    v_mc, e_mc = _monte_carlo_turns(items0, sampler, model_state, key, num_rollouts, sampling,
+                                    cont.advance, cont.last_step, stops, pad, cont.W_a,
+                                    decided)
+  vals = dict(zip(need, v_mc))
+  errs = dict(zip(need, e_mc))
+  return _turn_token_values(task, examples, order, reward, decided, v_d, vals, errs, T,
+                            layout.max_turns)
+
+
+def _check_turn_rollout(tokens, response_mask, obs_mask, prompt_mask, turn_id, examples,
+                        layout: Any, num_rollouts: int, chunk_rows: int):
+  """A multi-turn rollout batch as numpy arrays (tokens, response_mask, obs_mask,
+  prompt_mask, turn_id), after the shape, mask, budget and count checks."""
   tokens = np.asarray(tokens)
   response_mask, obs_mask = np.asarray(response_mask, bool), np.asarray(obs_mask, bool)
   prompt_mask, turn_id = np.asarray(prompt_mask, bool), np.asarray(turn_id)
@@ -671,8 +740,8 @@ def true_turn_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
     raise ValueError(f"tokens {tokens.shape}, response_mask {response_mask.shape}, obs_mask "
                      f"{obs_mask.shape}, prompt_mask {prompt_mask.shape} and turn_id "
                      f"{turn_id.shape} must be the same [B,T]")
-  B, T = tokens.shape
-  K, W_a, W_o = layout.max_turns, layout.max_action_tokens, layout.max_observation_tokens
+  B = tokens.shape[0]
+  K = layout.max_turns
   if len(examples) != B:
     raise ValueError(f"{len(examples)} examples for {B} rows")
   if not response_mask.any():
@@ -683,88 +752,104 @@ def true_turn_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
   if layout.budget < K * layout.turn_width:
     raise ValueError(f"the episode budget {layout.budget} can cut episodes (K·(W_a+W_o) = "
                      f"{K * layout.turn_width}); the continuations assume it never does")
-  if num_rollouts < 1:
-    raise ValueError(f"num_rollouts={num_rollouts} must be >= 1")
-  if chunk_rows < 1:
-    raise ValueError(f"chunk_rows={chunk_rows} must be >= 1")
-  stops = set(int(s) for s in sampler.stop_tokens)
-  pad, V = int(tokenizer.pad_id), int(sampler.vocab_size)
-  sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-  params = sampling_params(**sampling, vocab_size=V)  # raises on bad values, before tracing
-  policy = _Policy(sampler.graphdef, model_state, params, chunk_rows)
-  episodes = _split_episodes(tokens, response_mask, obs_mask, prompt_mask, turn_id)
-  envs = [task.make_env(examples[b], limits) for b in range(B)]
-  decided = [tuple(int(x) for x in task.decided_at_turn(examples[b])) for b in range(B)]
+  _check_counts(num_rollouts, chunk_rows)
+  return tokens, response_mask, obs_mask, prompt_mask, turn_id
 
-  def play(b: int, snap: Any, text: str):
-    env = envs[b]
+
+class _Continuations:
+  """Partial episodes (`_Item`s) played on against a fresh environment of each row.
+
+  `replay` checks the rollout against the environments and returns the state before every
+  turn; `advance` takes a continuation one batch of tokens further (through the environment's
+  answer when the turn ends); `last_step` is the exact value at the decisive token,
+  Σ_a π(a | item) R(a), with the outcomes R cached per row, earlier actions and turn prefix.
+  """
+
+  def __init__(self, envs, tokenizer, policy: _Policy, decided, stops: set[int], pad: int,
+               V: int, layout: Any):
+    self.envs, self.tokenizer, self.policy, self.decided = envs, tokenizer, policy, decided
+    self.stops, self.pad, self.V = stops, pad, V
+    self.K, self.W_a = layout.max_turns, layout.max_action_tokens
+    self.W_o = layout.max_observation_tokens
+    self.cand_cache: dict = {}
+
+  def play(self, b: int, snap: Any, text: str):
+    env = self.envs[b]
     env.restore(snap)
     res = env.step(text)
     return res, env.snapshot(), float(env.outcome()), bool(env.done)
 
-  # Replay each row's actions: the environment states before every turn, and a check that the
-  # replayed observations are the rollout's.
-  starts = []  # starts[b][k] = (snapshot before turn k, action texts of turns < k)
-  reward = np.zeros(B)
-  for b, (_, turns) in enumerate(episodes):
-    env = envs[b]
-    env.reset()
-    snaps, texts = [], ()
-    for k, ids, _, obs in turns:
-      snaps.append((env.snapshot(), texts))
-      text = tokenizer.decode(ids)
-      res, _, _, done = play(b, env.snapshot(), text)
-      texts += (text,)
-      want = [] if (done or k == K - 1) else list(tokenizer.encode(res.observation))[:W_o]
-      if list(obs) != want:
-        raise ValueError(f"row {b}, turn {k}: the environment replays observation {want} but "
-                         f"the rollout has {list(obs)} (other limits or layout?)")
-    starts.append(snaps)
-    reward[b] = env.outcome()
+  def replay(self, episodes) -> tuple[list, np.ndarray]:
+    """Replays each row's actions: (starts, reward), starts[b][k] = (snapshot before turn k,
+    action texts of turns < k); refuses observations that differ from the rollout's."""
+    tok, K, W_o = self.tokenizer, self.K, self.W_o
+    starts = []
+    reward = np.zeros(len(episodes))
+    for b, (_, turns) in enumerate(episodes):
+      env = self.envs[b]
+      env.reset()
+      snaps, texts = [], ()
+      for k, ids, _, obs in turns:
+        snaps.append((env.snapshot(), texts))
+        text = tok.decode(ids)
+        res, _, _, done = self.play(b, env.snapshot(), text)
+        texts += (text,)
+        want = [] if (done or k == K - 1) else list(tok.encode(res.observation))[:W_o]
+        if list(obs) != want:
+          raise ValueError(f"row {b}, turn {k}: the environment replays observation {want} "
+                           f"but the rollout has {list(obs)} (other limits or layout?)")
+      starts.append(snaps)
+      reward[b] = env.outcome()
+    return starts, reward
 
-  def at_decision(it: _Item) -> bool:
-    kd, i_d = decided[it.b]
-    return it.k == kd and len(it.partial) == i_d < W_a  # (a decision past W_a never comes)
+  def at_decision(self, it: _Item) -> bool:
+    kd, i_d = self.decided[it.b]
+    return it.k == kd and len(it.partial) == i_d < self.W_a  # (a decision past W_a never comes)
 
-  def advance(it: _Item, new: Sequence[int]):
+  def advance(self, it: _Item, new: Sequence[int]):
     """The item after `new` tokens of its turn: ("decide", item) at the decisive token,
     ("end", W) when the episode's outcome is known, else ("go", item)."""
     partial = it.partial + tuple(int(a) for a in new)
     it = it._replace(partial=partial)
-    stopped = any(int(a) in stops for a in new)
-    if not stopped and at_decision(it):
+    stopped = any(int(a) in self.stops for a in new)
+    if not stopped and self.at_decision(it):
       return "decide", it
-    if not (stopped or len(partial) >= W_a):
+    if not (stopped or len(partial) >= self.W_a):
       return "go", it  # mid-turn
-    text = tokenizer.decode(list(partial))
-    res, snap, outcome, done = play(it.b, it.snap, text)
-    if done or it.k >= decided[it.b][0] or it.k == K - 1:
+    text = self.tokenizer.decode(list(partial))
+    res, snap, outcome, done = self.play(it.b, it.snap, text)
+    if done or it.k >= self.decided[it.b][0] or it.k == self.K - 1:
       return "end", outcome
-    obs = tuple(tokenizer.encode(res.observation))[:W_o]
+    obs = tuple(self.tokenizer.encode(res.observation))[:self.W_o]
     if not obs:
       raise ValueError(f"row {it.b}: an empty observation for a continuing episode")
     it = _Item(it.b, it.ctx + partial + obs, snap, it.texts + (text,), it.k + 1, ())
-    return ("decide", it) if at_decision(it) else ("go", it)
+    return ("decide", it) if self.at_decision(it) else ("go", it)
 
-  cand_cache: dict = {}
-
-  def last_step(items: Sequence[_Item]) -> np.ndarray:
+  def last_step(self, items: Sequence[_Item]) -> np.ndarray:
     """Σ_a π(a | item) R(a) for items at their decisive token."""
     if not items:
       return np.zeros(0)
-    lp = policy([list(it.ctx + it.partial) for it in items], pad)
+    lp = self.policy([list(it.ctx + it.partial) for it in items], self.pad)
     rew = []
     for it in items:
       ck = (it.b, it.texts, it.partial)
-      if ck not in cand_cache:
-        cand_cache[ck] = np.asarray(
-            [play(it.b, it.snap, tokenizer.decode(list(it.partial) + [a]))[2]
-             for a in range(V)], np.float64)
-      rew.append(cand_cache[ck])
+      if ck not in self.cand_cache:
+        self.cand_cache[ck] = np.asarray(
+            [self.play(it.b, it.snap, self.tokenizer.decode(list(it.partial) + [a]))[2]
+             for a in range(self.V)], np.float64)
+      rew.append(self.cand_cache[ck])
     return np.sum(np.exp(lp.astype(np.float64)) * np.stack(rew), axis=1)
 
-  # Policy tokens of each row in episode order, and the prefixes that need V.
-  order = []  # order[b] = [(k, i, column)]
+
+def _turn_prefixes(episodes, starts, decided):
+  """The policy tokens of each row in episode order and the prefixes that need a value.
+
+  Returns (order, need, items, decide_items): order[b] = [(turn k, index i in the turn,
+  column)]; need = [(b, position in order[b])] of the tokens before the decisive one and
+  items their `_Item`s (same order); decide_items[b] = the item at the decisive token.
+  """
+  order = []
   need, items0 = [], []
   decide_items = {}
   for b, (prompt, turns) in enumerate(episodes):
@@ -782,18 +867,14 @@ def true_turn_advantages(sampler, model_state, *, task: Any, tokenizer: Any,
           decide_items[b] = it
       ctx = ctx + tuple(ids) + tuple(obs)
     order.append(row)
-  bs = list(decide_items)
-  v_d = dict(zip(bs, last_step([decide_items[b] for b in bs])))
-  if exact:
-    v_mc = _enumerate_turns(items0, policy, pad, advance, last_step, at_decision,
-                            max_enumeration)
-    e_mc = np.zeros(len(items0))
-  else:
-    v_mc, e_mc = _monte_carlo_turns(items0, sampler, model_state, key, num_rollouts, sampling,
-                                    advance, last_step, stops, pad, W_a, decided)
-  vals = dict(zip(need, v_mc))
-  errs = dict(zip(need, e_mc))
+  return order, need, items0, decide_items
 
+
+def _turn_token_values(task, examples, order, reward, decided, v_d, vals, errs, T: int,
+                       K: int) -> TurnTrueAdvantages:
+  """Lays the values out per policy token (V, A = V_next − V, standard errors) and per turn
+  (V before the turn, its change over the turn)."""
+  B = len(order)
   value = np.zeros((B, T), np.float32)
   adv = np.zeros((B, T), np.float32)
   err = np.zeros((B, T), np.float32)
