@@ -266,6 +266,30 @@ def synthesize(task: Lookup, explorer: Player, *, num: int, solver: Player | Non
     limits: episode limits (default the task's); the players' layouts must agree.
     log: called with one line per round.
   """
+  hops_max = _check_synthesis_options(task, hops_max, num=num, k=k, min_rate=min_rate,
+                                      max_rate=max_rate,
+                                      questions_per_round=questions_per_round, branch=branch,
+                                      max_rounds=max_rounds)
+  run = _Synthesis(task, explorer, solver, seed=seed, hops_max=hops_max, k=k, min_rate=min_rate,
+                   max_rate=max_rate, num=num, branch=branch,
+                   n_probe=len(task.relations) if probes is None else int(probes),
+                   limits=task_limits(task, limits))
+  t0 = time.perf_counter()
+  rnd = 0
+  while len(run.kept) < num and rnd < max_rounds:
+    run.play_round(rnd, questions_per_round)
+    rnd += 1
+    if log is not None:
+      st = run.st
+      log(f"round {rnd}: episodes {st['episodes']} proposed {st['proposed']} answerable "
+          f"{st['answerable']} measured {st['measured']} kept {len(run.kept)}")
+  return SynthesisResult(run.kept, run.stats(rnd, time.perf_counter() - t0))
+
+
+def _check_synthesis_options(task: Lookup, hops_max: int | None, *, num: int, k: int,
+                             min_rate: float, max_rate: float, questions_per_round: int,
+                             branch: int, max_rounds: int) -> int:
+  """Refuses bad options; returns hops_max (default: the task's max_hops)."""
   hops_max = task.max_hops if hops_max is None else int(hops_max)
   if not task.min_hops < hops_max <= task.max_hops:
     raise ValueError(f"hops_max must be in ({task.min_hops}, {task.max_hops}] (above the "
@@ -276,106 +300,134 @@ def synthesize(task: Lookup, explorer: Player, *, num: int, solver: Player | Non
                   ("branch", branch), ("max_rounds", max_rounds)):
     if v < 1:
       raise ValueError(f"{name} must be >= 1, got {v}")
-  limits = task_limits(task, limits)
-  n_probe = len(task.relations) if probes is None else int(probes)
-  rng = np.random.default_rng(seed)
-  key = jax.random.key(seed)
-  t0 = time.perf_counter()
-  st = collections.Counter()
-  reasons: list[str] = []
-  seed_rates, cand_rates = [], []
-  queue: collections.deque[Node] = collections.deque()
-  seen: set[tuple[int, str]] = set()
-  kept: list[dict] = []
+  return hops_max
 
-  def new_seed() -> Node:
+
+class _Synthesis:
+  """The state of one `synthesize` run: the queue of questions to measure, what was seen and
+  kept, the counters; `play_round` measures one round of questions and queues their
+  injections. Every random choice draws from one generator in a fixed order (seeded runs
+  repeat)."""
+
+  def __init__(self, task: Lookup, explorer: Player, solver: Player | None, *, seed: int,
+               hops_max: int, k: int, min_rate: float, max_rate: float, num: int, branch: int,
+               n_probe: int, limits: Limits):
+    self.task, self.explorer, self.solver = task, explorer, solver
+    self.hops_max, self.k, self.min_rate, self.max_rate = hops_max, k, min_rate, max_rate
+    self.num, self.branch, self.n_probe, self.limits = num, branch, n_probe, limits
+    self.rng = np.random.default_rng(seed)
+    self.key = jax.random.key(seed)
+    self.st = collections.Counter()
+    self.reasons: list[str] = []
+    self.seed_rates, self.cand_rates = [], []
+    self.queue: collections.deque[Node] = collections.deque()
+    self.seen: set[tuple[int, str]] = set()
+    self.kept: list[dict] = []
+
+  def new_seed(self) -> Node:
     for _ in range(1000):
-      s = int(rng.integers(0, SEED_HIGH))
-      w = task.world(s)
-      if len(w.chain) < hops_max and (s, w.question) not in seen:
-        seen.add((s, w.question))
-        st["seeds"] += 1
+      s = int(self.rng.integers(0, SEED_HIGH))
+      w = self.task.world(s)
+      if len(w.chain) < self.hops_max and (s, w.question) not in self.seen:
+        self.seen.add((s, w.question))
+        self.st["seeds"] += 1
         return Node(s, w.chain, frozenset(), "seed", w.question)
     raise RuntimeError("no seed world with fewer than hops_max hops in 1000 draws")
 
-  rnd = 0
-  while len(kept) < num and rnd < max_rounds:
-    while len(queue) < questions_per_round:
-      queue.append(new_seed())
-    nodes = [queue.popleft() for _ in range(questions_per_round)]
+  def play_round(self, rnd: int, questions_per_round: int) -> None:
+    """Measures `questions_per_round` questions (seeds fill the queue up) and queues up to
+    `branch` answerable injections of each."""
+    while len(self.queue) < questions_per_round:
+      self.queue.append(self.new_seed())
+    nodes = [self.queue.popleft() for _ in range(questions_per_round)]
+    solve_t, read = self._play(nodes, rnd)
+    k = self.k
+    for i, node in enumerate(nodes):
+      self._measure(node, float(np.mean([t.outcome for t in solve_t[i * k:(i + 1) * k]])))
+      self._grow(node, node.known | frozenset(read[i]))
+
+  def _play(self, nodes: Sequence[Node], rnd: int) -> tuple[list, list[set]]:
+    """Plays k episodes of each question and the probes about its answer entity: (the
+    question episodes, the facts each question's episodes and probes revealed)."""
+    task, k, limits = self.task, self.k, self.limits
     solve_envs, probe_envs, probe_of = [], [], []
     for i, node in enumerate(nodes):
       solve_envs += [task.make_env(node.record, limits) for _ in range(k)]
-      if len(node.chain) < hops_max:
+      if len(node.chain) < self.hops_max:
         end = node.chain[-1][2]
         used = {(s, r) for s, r, _ in node.chain}
         rels = [r for r in task.relations if (end, r) not in used]
         facts = task.world(node.world_seed).facts
-        for j in rng.permutation(len(rels))[:n_probe]:
+        for j in self.rng.permutation(len(rels))[:self.n_probe]:
           probe_envs.append(ExploreEnv(facts, question_text(end, (rels[j],)), limits, task.fmt))
           probe_of.append(i)
-    k_e, k_s = jax.random.fold_in(key, 2 * rnd), jax.random.fold_in(key, 2 * rnd + 1)
-    if solver is None:
-      trajs = explorer(solve_envs + probe_envs, k_e)
+    k_e, k_s = jax.random.fold_in(self.key, 2 * rnd), jax.random.fold_in(self.key, 2 * rnd + 1)
+    if self.solver is None:
+      trajs = self.explorer(solve_envs + probe_envs, k_e)
       solve_t, probe_t = trajs[:len(solve_envs)], trajs[len(solve_envs):]
     else:
-      probe_t = explorer(probe_envs, k_e) if probe_envs else []
-      solve_t = solver(solve_envs, k_s)
-    st["episodes"] += len(solve_envs) + len(probe_envs)
+      probe_t = self.explorer(probe_envs, k_e) if probe_envs else []
+      solve_t = self.solver(solve_envs, k_s)
+    self.st["episodes"] += len(solve_envs) + len(probe_envs)
     read: list[set] = [set() for _ in nodes]
     for i, node in enumerate(nodes):
       for t in solve_t[i * k:(i + 1) * k]:
         read[i] |= revealed_facts(t)
     for i, t in zip(probe_of, probe_t):
       read[i] |= revealed_facts(t)
-    for i, node in enumerate(nodes):
-      rate = float(np.mean([t.outcome for t in solve_t[i * k:(i + 1) * k]]))
-      if node.via == "seed":
-        seed_rates.append(rate)
-      else:
-        st["measured"] += 1
-        cand_rates.append(rate)
-        if rate < min_rate:
-          st["too_hard"] += 1
-        elif rate > max_rate:
-          st["too_easy"] += 1
-        elif len(kept) < num:
-          kept.append(dict(node.record, pass_rate=rate, via=node.via,
-                           seed_prompt=node.seed_prompt))
-      known = node.known | frozenset(read[i])
-      ok = []
-      for via, chain in injections(node.chain, known, hops_max):
-        rec = record_of(node.world_seed, chain)
-        if (node.world_seed, rec["prompt"]) in seen:
-          continue
-        seen.add((node.world_seed, rec["prompt"]))
-        st["proposed"] += 1
-        why = check_candidate(task, rec, limits)
-        if why is not None:
-          st["rejected"] += 1
-          if len(reasons) < 5:
-            reasons.append(f"{rec['prompt']} (world {node.world_seed}): {why}")
-          continue
-        st["answerable"] += 1
-        ok.append(Node(node.world_seed, chain, known, via, node.seed_prompt))
-      for j in rng.permutation(len(ok))[:branch]:
-        queue.append(ok[j])
-    rnd += 1
-    if log is not None:
-      log(f"round {rnd}: episodes {st['episodes']} proposed {st['proposed']} answerable "
-          f"{st['answerable']} measured {st['measured']} kept {len(kept)}")
-  hist = collections.Counter(r["hops"] for r in kept)
-  stats = {"rounds": rnd, "seeds": st["seeds"], "episodes": st["episodes"],
-           "proposed": st["proposed"], "answerable": st["answerable"],
-           "rejected": st["rejected"], "reject_examples": reasons,
-           "measured": st["measured"], "kept": len(kept), "too_easy": st["too_easy"],
-           "too_hard": st["too_hard"],
-           "hops": {h: hist[h] for h in sorted(hist)},
-           "via": dict(collections.Counter(r["via"] for r in kept)),
-           "seed_pass_rate": float(np.mean(seed_rates)) if seed_rates else float("nan"),
-           "candidate_pass_rate": float(np.mean(cand_rates)) if cand_rates else float("nan"),
-           "seconds": time.perf_counter() - t0}
-  return SynthesisResult(kept, stats)
+    return solve_t, read
+
+  def _measure(self, node: Node, rate: float) -> None:
+    """Records a question's pass rate; keeps a candidate of mid difficulty."""
+    if node.via == "seed":
+      self.seed_rates.append(rate)
+      return
+    self.st["measured"] += 1
+    self.cand_rates.append(rate)
+    if rate < self.min_rate:
+      self.st["too_hard"] += 1
+    elif rate > self.max_rate:
+      self.st["too_easy"] += 1
+    elif len(self.kept) < self.num:
+      self.kept.append(dict(node.record, pass_rate=rate, via=node.via,
+                            seed_prompt=node.seed_prompt))
+
+  def _grow(self, node: Node, known: frozenset) -> None:
+    """Proposes every new injection of the question, checks each, queues `branch` of the
+    answerable ones."""
+    ok = []
+    for via, chain in injections(node.chain, known, self.hops_max):
+      rec = record_of(node.world_seed, chain)
+      if (node.world_seed, rec["prompt"]) in self.seen:
+        continue
+      self.seen.add((node.world_seed, rec["prompt"]))
+      self.st["proposed"] += 1
+      why = check_candidate(self.task, rec, self.limits)
+      if why is not None:
+        self.st["rejected"] += 1
+        if len(self.reasons) < 5:
+          self.reasons.append(f"{rec['prompt']} (world {node.world_seed}): {why}")
+        continue
+      self.st["answerable"] += 1
+      ok.append(Node(node.world_seed, chain, known, via, node.seed_prompt))
+    for j in self.rng.permutation(len(ok))[:self.branch]:
+      self.queue.append(ok[j])
+
+  def stats(self, rounds: int, seconds: float) -> dict:
+    st, kept = self.st, self.kept
+    hist = collections.Counter(r["hops"] for r in kept)
+    return {"rounds": rounds, "seeds": st["seeds"], "episodes": st["episodes"],
+            "proposed": st["proposed"], "answerable": st["answerable"],
+            "rejected": st["rejected"], "reject_examples": self.reasons,
+            "measured": st["measured"], "kept": len(kept), "too_easy": st["too_easy"],
+            "too_hard": st["too_hard"],
+            "hops": {h: hist[h] for h in sorted(hist)},
+            "via": dict(collections.Counter(r["via"] for r in kept)),
+            "seed_pass_rate": (float(np.mean(self.seed_rates)) if self.seed_rates
+                               else float("nan")),
+            "candidate_pass_rate": (float(np.mean(self.cand_rates)) if self.cand_rates
+                                    else float("nan")),
+            "seconds": seconds}
 
 
 def write_questions(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> None:
