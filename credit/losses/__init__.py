@@ -1,6 +1,6 @@
 """Policy losses, their one reduction, KL estimators, entropy and value losses.
 
-  aggregation.py   `aggregate_loss`, `AGG_MODES` (outcome_and_clipping.md P3)
+  aggregation.py   `aggregate_loss`, `AGG_MODES`
   importance.py    `importance_correction` (sampler/trainer TIS / MIS)
   reduction.py     `TokenLoss`, `LossOutput`, `reduce_policy_loss`, `policy_loss`
   policy/          one module per policy loss: the per-token `<key>_loss`, registered

@@ -1,4 +1,4 @@
-"""Loss aggregation (outcome_and_clipping.md P3) and the masked statistics behind metrics.
+"""Loss aggregation and the masked statistics behind metrics.
 
 Also home of the constants every loss module shares: `F32` (the dtype of every loss and
 metric) and `LOG_CLAMP` (log-ratios are clamped to ±20 before `exp`, as in verl).
@@ -84,7 +84,7 @@ def aggregate_loss(loss_BT: ArrayLike, mask_BT: ArrayLike, mode: str = "token-me
                    num_tokens_global: ArrayLike | None = None,
                    num_seqs_global: ArrayLike | None = None,
                    norm_constant: ArrayLike | None = None) -> Array:
-  """Reduces a per-token loss ℓ[B,T] to a scalar (outcome_and_clipping.md P3).
+  """Reduces a per-token loss ℓ[B,T] to a scalar.
 
   With M the mask, |o_i| = Σ_t M[i,t], B' the number of rows with |o_i| > 0, N = ΣM:
 
@@ -92,10 +92,10 @@ def aggregate_loss(loss_BT: ArrayLike, mask_BT: ArrayLike, mode: str = "token-me
   * ``seq-mean-token-mean``: (1/B') Σ_i Σ_t ℓM / max(|o_i|, 1) (GRPO paper, GSPO).
   * ``seq-mean-token-sum``: (1/B') Σ ℓM.
   * ``seq-mean-token-sum-norm``: Σ ℓM / C with C a constant (Dr.GRPO as in verl before
-    its global-batch rewrite; outcome_and_clipping.md §2 "verl variant"). C never depends
+    its global-batch rewrite). C never depends
     on B or T.
   * ``seq-mean-token-sum-norm-batch``: Σ ℓM / (B'·C), the Dr.GRPO paper's form
-    (arXiv 2503.20783; outcome_and_clipping.md §2 `divide_by_batch`), also current verl's
+    (arXiv 2503.20783, "divide by batch"), also current verl's
     behaviour for ``seq-mean-token-sum-norm`` with `loss_scale_factor` = C.
   * ``token-sum``: Σ ℓM (DCPO's "only token mean" before its external scaling).
 

@@ -11,11 +11,11 @@ over pytrees, so they jit and compose with any estimator / policy loss of this l
   amft_step            all of the above from three loss functions, with jax.grad
 
 Source: "AMFT: Aligning LLM Reasoners by Meta-Learning the Optimal Imitation-Exploration
-Balance", He, Feng, Li, arXiv 2508.06944 (`shared/methods/distill_and_structure.md` A13; the
-arXiv listing notes the paper was withdrawn by its authors pending a misconduct
-investigation). Confidence: inferred (the spec's design), checked against the authors' code,
-TSYJ-He/AMFT (the abstract's hlxtsyj/AMFT): `src/controller/adaptive_weight_controller.py`,
-`src/trainer/amft_trainer.py`, `configs/training/amft_params.yaml`. The code's controller:
+Balance", He, Feng, Li, arXiv 2508.06944 (the arXiv listing notes the paper was withdrawn by
+its authors pending a misconduct investigation). The controller below is this library's
+design, compared with the authors' code, TSYJ-He/AMFT
+(`src/controller/adaptive_weight_controller.py`, `src/trainer/amft_trainer.py`,
+`configs/training/amft_params.yaml`). The code's controller:
 
 * keeps μ itself (no sigmoid), starts at 0.8 (config; 0.5 in the class), and after each
   change clamps it to [0.05, 0.95];
@@ -27,10 +27,10 @@ TSYJ-He/AMFT (the abstract's hlxtsyj/AMFT): `src/controller/adaptive_weight_cont
 * then L = (1 − μ)·L_RL + μ·L_SFT with the *updated* μ.
 
 Note the sign: m is ∂L_val(θ')/∂μ, so `μ + 1e-4·m` climbs the validation loss; we descend
-(φ ← φ − η_φ ∂L_val/∂φ, as the spec and the paper's "maximise validation performance"
-intend). The entropy term agrees in sign with the code: entropy below target raises μ.
-Choices (ours / spec): μ = σ(φ) instead of a clamp (no dead zone at the bounds); η_φ = 1e-2
-and c_H = 0.1 (spec; unknown in the paper); c_H multiplies the entropy gap inside the φ
+(φ ← φ − η_φ ∂L_val/∂φ, as the paper's "maximise validation performance" intends). The
+entropy term agrees in sign with the code: entropy below target raises μ. Choices (ours):
+μ = σ(φ) instead of a clamp (no dead zone at the bounds); η_φ = 1e-2 and c_H = 0.1 (not
+given in the paper); c_H multiplies the entropy gap inside the φ
 gradient, so its rate is η_φ·c_H (the code has a separate rate 5e-4); the meta-update
 frequency is the caller's (call `amft_step` with `meta_lr=0` on other steps — the entropy
 term is then off too, unlike the code's every-step entropy update).
@@ -141,10 +141,10 @@ def amft_update_phi(phi: ArrayLike, *, meta_gradient: ArrayLike, meta_lr: ArrayL
   Args:
     phi: current logit φ.
     meta_gradient: ∂L_val(θ')/∂μ (`amft_meta_gradient`).
-    meta_lr: η_φ (spec 1e-2).
+    meta_lr: η_φ (1e-2).
     entropy: H, the policy's mean token entropy on the RL batch (optional).
     target_entropy: H_target (the code: the mean entropy after the SFT warm-up).
-    entropy_coef: c_H (spec 0.1).
+    entropy_coef: c_H (0.1).
 
   Returns:
     The updated φ, float32 scalar.

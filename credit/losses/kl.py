@@ -1,7 +1,7 @@
 """Per-token KL estimators between the policy and a reference, as a loss or a reward term.
 
 Estimators (J. Schulman, "Approximating KL Divergence", joschu.net/blog/kl-approx.html,
-2020), with d = clip(log π − log π_ref, −20, 20) per token (outcome_and_clipping.md P5):
+2020), with d = clip(log π − log π_ref, −20, 20) per token:
 
   k1  = d                       unbiased for KL(π‖π_ref) on samples of π, high variance
   abs = |d|
@@ -76,7 +76,7 @@ def kl_penalty(logprob: ArrayLike, logprob_ref: ArrayLike, kind: str = "k3") -> 
   Returns:
     float32 array shaped like `logprob`. Not masked: use `kl_loss` to aggregate.
 
-  Example (outcome_and_clipping.md §1): log π = −0.7, log π_ref = −1.0 → k3 = 0.040818.
+  Example: log π = −0.7, log π_ref = −1.0 → k3 = 0.040818.
   """
   fn, straight = lookup(_KINDS, kind, "KL kind")
   lp = jnp.asarray(logprob, F32)
@@ -95,7 +95,7 @@ def kl_loss(*, logprob: ArrayLike, logprob_ref: ArrayLike, response_mask: ArrayL
             num_tokens_global: ArrayLike | None = None,
             num_seqs_global: ArrayLike | None = None,
             norm_constant: ArrayLike | None = None) -> LossOutput:
-  """GRPO's KL-in-loss term agg(kl_penalty(log π, log π_ref)) (outcome_and_clipping.md §1, P5).
+  """GRPO's KL-in-loss term agg(kl_penalty(log π, log π_ref)).
 
   Add β·loss to the policy loss (verl `kl_loss_coef` 0.001, DeepSeekMath 0.04, k3).
   Entries outside the mask contribute exact zeros, even when NaN.

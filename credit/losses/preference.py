@@ -12,8 +12,8 @@ functions give the differentiable objective.
   intervention_sft_mask    [B,T] loss mask of prefix ⧺ intervention              (InT, B7)
   intervention_sft_loss    token-mean NLL under that mask                        (InT, B7)
 
-Spec: `shared/methods/distill_and_structure.md` B6, B7. Confidence: inferred (both from
-the abstracts; the DPO form is standard DPO with β = 0.1, the mask rule is the spec's).
+Both follow the papers' abstracts: the DPO form is standard DPO with β = 0.1, and the
+InT mask rule is this library's reading.
 """
 from __future__ import annotations
 
@@ -95,9 +95,8 @@ def dpo_pair_loss(*, logprob_chosen: ArrayLike, logprob_ref_chosen: ArrayLike,
                   pair_mask: ArrayLike | None = None, beta: ArrayLike = 0.1) -> LossOutput:
   """Step-level DPO on verified critical steps (CSO).
 
-  Paper: "Critical Step Optimization" (CSO; arXiv id not given in the seeds). Confidence:
-  inferred (from the abstract: "DPO training data" on verified critical steps; the loss is
-  standard DPO, β = 0.1 the usual default, the spec's choice).
+  Paper: "Critical Step Optimization" (CSO). Its abstract builds "DPO training data" from
+  verified critical steps; the loss is standard DPO, β = 0.1 the usual default.
 
   .. math::
     z_p = β [ (l_c − l_rc) − (l_r − l_rr) ],    L = mean_p softplus(−z_p) = −mean_p log σ(z_p)
@@ -148,14 +147,14 @@ def intervention_sft_mask(prefix_len: ArrayLike, interv_len: ArrayLike, seq_len:
   """[B,T] bool loss mask of InT's SFT sample: the prefix before the error ⧺ the intervention.
 
   Paper: "InT: Self-Proposed Interventions Enable Credit Assignment in LLM Reasoning"
-  (arXiv id not given in the seeds). Confidence: inferred (spec B7).
+  (this library's reading of its abstract).
 
   .. math::
     all:                mask[b,t] = t < prefix_len_b + interv_len_b
     intervention_only:  mask[b,t] = prefix_len_b ≤ t < prefix_len_b + interv_len_b
 
   Positions count from the first column of the array; pass `response_mask` to drop the
-  prompt columns (the mask is ANDed with it). Choice (spec): the default trains on the
+  prompt columns (the mask is ANDed with it). The default trains on the
   prefix too ("SFT on the rollout up to the error concatenated with the intervention").
   Samples where no error was found should be dropped by the loop (interv_len = 0 then
   trains on nothing with "intervention_only").

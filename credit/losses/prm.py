@@ -7,10 +7,10 @@ the same log-ratio are its process rewards (`credit.advantages.implicit.implicit
 
 Paper: "Free Process Rewards without Process Labels" (Yuan et al.), arXiv 2412.01981;
 PRIME (Cui et al.), arXiv 2502.01456, trains the PRM online with `prm_ce_loss`.
-Confidence: code-verified against PRIME-RL/ImplicitPRM `train/openrlhf/models/loss.py`
+The losses are code-verified against PRIME-RL/ImplicitPRM `train/openrlhf/models/loss.py`
 (`DPOLoss`, `KTOLoss`, `VanillaKTOLoss`), `train/openrlhf/trainer/ce_trainer.py` and
-PRIME-RL/PRIME `core_algos.compute_ce_dpo_loss_rm` (`shared/methods/token_and_implicit.md`
-§2 and "Corrections"). The repository has no NCA loss, so none is offered here.
+PRIME-RL/PRIME `core_algos.compute_ce_dpo_loss_rm`. That repository has no NCA loss, so
+none is offered here.
 
 Every loss takes the PRM's per-token log-probs `logprob_prm` (the gradient flows into them
 only), the reference's `logprob_ref` (stop-gradient) and `response_mask`; labels are the

@@ -21,7 +21,7 @@ which is `reduce_policy_loss(xxx_loss(...), ...)`. Conventions shared by every l
   (verl `compute_policy_loss_vanilla`), unless the loss's docstring says otherwise.
 * `reduce_policy_loss` multiplies the per-token loss ℓ[B,T] by the importance weights
   (when `logprob_sampler` is given) and the per-sample weights, then aggregates it with
-  `aggregate_loss` (outcome_and_clipping.md P3). Global counts make a sum over
+  `aggregate_loss`. Global counts make a sum over
   micro-batches equal the full-batch loss, except for batch-coupled losses
   (`PolicyLossSpec.batch_coupled`).
 * `loss_agg_mode`, `is_level` and `is_mode` are static (they pick code paths); every

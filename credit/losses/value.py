@@ -19,7 +19,7 @@ def value_loss(*, values: ArrayLike, values_old: ArrayLike, returns: ArrayLike,
                num_tokens_global: ArrayLike | None = None,
                num_seqs_global: ArrayLike | None = None,
                norm_constant: ArrayLike | None = None) -> LossOutput:
-  """PPO clipped value loss (outcome_and_clipping.md §5).
+  """PPO clipped value loss.
 
   .. math::
     V^c = clip(V, V_old − c_v, V_old + c_v)

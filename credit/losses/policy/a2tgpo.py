@@ -16,8 +16,8 @@ __all__ = ["a2tgpo_loss", "dense_group_ids"]
 Array = jax.Array
 
 _NAME = "a2tgpo"
-_PAPER = ("A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level Clipping; "
-          "arXiv id not given in the seeds")
+_PAPER = ("A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level Clipping, "
+          "arXiv preprint")
 _TURN_FIELDS = ("gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id", "group_id")
 
 
@@ -47,36 +47,41 @@ def a2tgpo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Array
                 group_id: ArrayLike | None = None, clip_eps: ArrayLike = 0.2,
                 lam: ArrayLike = 0.5, delta: ArrayLike = 0.5,
                 clip_ratio_c: ArrayLike | None = 3.0, gain: str = "log_prob_diff") -> TokenLoss:
-  """A2TGPO adaptive turn-level clipping: PPO clip with ε_{b,k} from the turn's normalised IG.
+  """A2TGPO adaptive turn-level clipping: PPO clip with ε[b,k] from the turn's normalised gain.
 
-  .. math::
-    ε_{b,k} = ε0 · clip(1 + λ·tanh(ĩ_{b,k}), 1 − δ, 1 + δ)     (outcome turn: ε0)
-    ℓ = max(−Aρ, −A·clip(ρ, 1 − ε_{b,k(t)}, 1 + ε_{b,k(t)}))   (+ dual clip c for A < 0)
+  ::
 
-  ĩ is recomputed from the contract fields exactly as `a2tgpo_advantages` does
-  (`a2tgpo_normalized_gains`: IG of the gold answer's mean log-prob, z-scored per
-  (group, turn index), population std). Turns with a large positive ĩ get a wider range,
-  turns with a negative one a narrower range. Spec: `token_and_implicit.md` §5.
+    ε[b,k] = ε0 clip(1 + λ tanh(ĩ[b,k]), 1 − δ, 1 + δ)        (outcome turn: ε0)
+    ℓ = max(−A ρ, −A clip(ρ, 1 − ε[b,k(t)], 1 + ε[b,k(t)]))   (+ dual clip c for A < 0)
 
-  Confidence: inferred (from the abstract; no public code; λ = δ = 0.5 are ours).
+  ĩ is recomputed from the contract fields exactly as `a2tgpo_advantages` does. Turns with
+  a large positive ĩ get a wider range, turns with a negative one a narrower range. The
+  statistics are over the rows the loss receives, so it is registered with
+  `whole_groups=True` (minibatches hold whole prompt groups); group ids may be any int32
+  values. Without the turn fields every token gets ε0 (`ppo_clip` with ε0).
 
-  Statistics are over the rows the loss receives, so ĩ equals the estimator's only when
-  those rows hold whole groups; the loss is registered with `whole_groups=True`, so the
-  runner's minibatches hold whole prompt groups (`make_minibatch_sgd(group_size=...)`).
-  Group ids may be any int32 values, in any order: they are remapped to [0, B) by one sort
-  (`dense_group_ids`), so no static `num_groups` is needed. Without the turn fields (any
-  of them None) every token gets ε0: the loss is then `ppo_clip` with ε_low = ε_high = ε0.
+  Paper: "A^2TGPO: Agentic Turn-Group Policy Optimization with Adaptive Turn-level
+  Clipping" (arXiv preprint). The range formula and λ = δ = 0.5 are this library's reading
+  of the abstract.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    gold_logprob_turns [B,K], gold_logprob_prompt [B], step_mask [B,K], turn_id [B,T],
-      group_id [B]: the fields of `a2tgpo_advantages` (optional, see above).
-    clip_eps: ε0. lam, delta: λ and δ of the range (ours: 0.5, 0.5).
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    gold_logprob_turns: optional [B,K] (as `a2tgpo_advantages`).
+    gold_logprob_prompt: optional [B].
+    step_mask: optional [B,K] bool.
+    turn_id: optional [B,T] int.
+    group_id: optional [B] int.
+    clip_eps: ε0.
+    lam: λ of the range.
+    delta: δ of the range.
     clip_ratio_c: dual-clip constant (> 1) for A < 0; None disables it.
-    gain: static, "log_prob_diff" | "prob_diff" (as the estimator).
+    gain: static, "log_prob_diff" | "prob_diff".
 
   Returns:
-    TokenLoss; metrics `clipfrac`, `clipfrac_lower` (dual clip active) and `clip_eps_mean`.
+    TokenLoss; metrics `clipfrac`, `clipfrac_lower` and `clip_eps_mean`.
   """
   _check_dual(clip_ratio_c)
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
@@ -101,5 +106,6 @@ def a2tgpo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Array
 # Registered by hand (not with `policy_loss`) because the loss takes contract fields beyond
 # `POLICY_NEEDS`; the full loss is the same per-token term + shared reduction.
 register_policy_loss(_NAME, needs=POLICY_NEEDS + _TURN_FIELDS, paper=_PAPER,
+                     confidence="inferred", source=_PAPER + ", abstract",
                      static_argnames=STATIC_ARGNAMES + ("gain",), whole_groups=True,
                      token_fn=a2tgpo_loss)(_full_loss(_NAME, a2tgpo_loss, "token-mean"))

@@ -47,7 +47,10 @@ def centred_cov(x: PolicyInputs) -> Array:
 
 
 @policy_loss("clip_cov", "Clip-Cov: " + _PAPER, static_argnames=("clip_cov_ratio",),
-             batch_coupled=True)
+             batch_coupled=True,
+             confidence="code-verified",
+             source=("Clip-Cov: " + _PAPER + "; code: volcengine/verl@b178a3c "
+                     "verl/trainer/ppo/core_algos.py compute_policy_loss_clip_cov"))
 def clip_cov_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                   response_mask: ArrayLike, clip_low: ArrayLike = 0.2,
                   clip_high: ArrayLike = 0.2, clip_cov_ratio: float = 2e-4,
@@ -55,27 +58,33 @@ def clip_cov_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Arr
                   key: jax.Array | None = None) -> TokenLoss:
   """Clip-Cov: PPO clip, plus zeroing a few high-covariance tokens to keep entropy up.
 
-  .. math::
-    c_t = (A_t − mean A)(log π_t − mean log π)      (over valid tokens, stop-gradient)
+  ::
+
+    c_t = (A_t − mean A)(log π_t − mean log π)          (over valid tokens, stop-gradient)
     candidates: valid, not clipped by PPO, lb < c_t < ub
-    pick k = max(⌊r·N⌋, 1) candidates;  ℓ_t = max(−Aρ, −A clip(ρ, 1−ε_l, 1+ε_h))·(1 − 1[picked])
+    pick k = max(⌊r N⌋, 1) candidates;   ℓ_t = max(−A ρ, −A clip(ρ, 1 − ε_l, 1 + ε_h)) (1 − 1[picked])
 
-  G. Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
-  Models", arXiv 2505.22617 (§4, Clip-Cov; r = 2e-4, bounds (1, 5)). Selection: with
-  `key`, a uniformly random k-subset of the candidates (the paper and verl's `randperm`);
-  with `key=None`, deterministically the k candidates of largest covariance (a documented
-  deviation so the loss is a pure function of its arrays). δ is clamped to ±20 (verl does
-  not). The selection couples the whole (micro-)batch: micro-batches select per
-  micro-batch, as verl does, so micro-batch sums differ from the full batch.
+  Tokens where advantage and log-prob covary most drive the entropy down; detaching a few
+  of them keeps it up.
 
-  Confidence: code-verified (verl `core_algos.py` `compute_policy_loss_clip_cov`).
+  Paper: "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+  arXiv 2505.22617 (§4, Clip-Cov; r = 2e-4, bounds (1, 5)). Differences from verl: with
+  `key=None` the k candidates of largest covariance are picked deterministically (with
+  `key`, a uniformly random k-subset, as the paper and verl), so the loss is a pure
+  function of its arrays; δ is clamped to ±20. The selection couples the whole
+  (micro-)batch, as in verl.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    clip_low, clip_high: PPO ε_low, ε_high.
-    clip_cov_ratio: r, share of valid tokens to detach (a Python float: it bounds the
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    clip_low: PPO ε_low.
+    clip_high: PPO ε_high.
+    clip_cov_ratio: r, the share of valid tokens to detach (a Python float: it bounds the
       static top-k size).
-    clip_cov_lb, clip_cov_ub: covariance band of the candidates.
+    clip_cov_lb: lower covariance bound of the candidates.
+    clip_cov_ub: upper covariance bound of the candidates.
     key: optional PRNG key for the random selection.
 
   Returns:
@@ -94,32 +103,36 @@ def clip_cov_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Arr
 
 
 @policy_loss("kl_cov", "KL-Cov: " + _PAPER, static_argnames=("kl_cov_ratio",),
-             batch_coupled=True)
+             batch_coupled=True,
+             confidence="code-verified",
+             source=("KL-Cov: " + _PAPER + "; code: volcengine/verl@b178a3c "
+                     "verl/trainer/ppo/core_algos.py compute_policy_loss_kl_cov"))
 def kl_cov_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                 response_mask: ArrayLike, kl_cov_ratio: float = 2e-4,
                 ppo_kl_coef: ArrayLike = 1.0) -> TokenLoss:
-  """KL-Cov: unclipped ratio loss with a |log-ratio| penalty on the top-covariance tokens.
+  """KL-Cov: unclipped ratio loss with an abs(log-ratio) penalty on the top-covariance tokens.
 
-  .. math::
-    c_t = (A_t − mean A)(log π_t − mean log π)     (valid tokens, stop-gradient)
-    S = the k = max(⌊r·N⌋, 1) valid tokens of largest c_t
-    ℓ_t = −A ρ + β·|δ_t|·1[t ∈ S]
+  ::
 
-  G. Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
-  Models", arXiv 2505.22617 (§4, KL-Cov; r = 2e-4, β = 1); no PPO clip, top-k selection.
-  δ is clamped to ±20 (verl does not). |δ| uses the subgradient 0 at δ = 0 (as torch's
-  `abs`), so on-policy the gradient is exactly −A∇log π. Batch-coupled selection, as for
-  `clip_cov_loss`.
+    c_t = (A_t − mean A)(log π_t − mean log π)       (valid tokens, stop-gradient)
+    S = the k = max(⌊r N⌋, 1) valid tokens of largest c_t
+    ℓ_t = −A ρ + β abs(δ_t) 1[t ∈ S]
 
-  Confidence: code-verified (verl `core_algos.py` `compute_policy_loss_kl_cov`).
+  Paper: "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+  arXiv 2505.22617 (§4, KL-Cov; r = 2e-4, β = 1). No PPO clip; δ is clamped to ±20 (verl
+  does not); abs uses the subgradient 0 at δ = 0, so on-policy the gradient is exactly
+  −A ∇log π. Batch-coupled selection, as `clip_cov_loss`.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
     kl_cov_ratio: r (a Python float: it bounds the static top-k size).
-    ppo_kl_coef: β, weight of |δ| on the selected tokens.
+    ppo_kl_coef: β, weight of abs(δ) on the selected tokens.
 
   Returns:
-    TokenLoss; metrics `kl_selected_frac` and `approx_kl_abs` (mean |δ|).
+    TokenLoss; metrics `kl_selected_frac` and `approx_kl_abs` (mean abs(δ)).
   """
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
   cov = centred_cov(x)

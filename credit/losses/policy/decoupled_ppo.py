@@ -48,71 +48,40 @@ def decoupled_ppo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages
                        clip_ratio_c: ArrayLike | None = None) -> TokenLoss:
   """Decoupled PPO: PPO clip on π_θ/π_prox, weighted by the capped π_prox/π_behav.
 
-  .. math::
-    ρ = exp(clip(ℓ_θ − ℓ_prox, ±20))                       (ℓ_prox = `logprob_old`)
-    ℓ_c = max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high));  ℓ_c ← min(ℓ_c, −A·c) if A < 0
-    w = exp(ℓ_prox − ℓ_behav)   (stop-gradient; ℓ_behav = `logprob_sampler`)
-    L = Σ_t M·1[w ≤ C]·w·ℓ_c / Σ_t M                       (C = `is_threshold` = 5)
+  With asynchronous rollouts the behaviour policy that sampled a token may be several
+  versions old. The trust region is centred on the proximal policy (the one the trainer
+  recomputes, `logprob_old`), and the off-policy correction is a capped weight::
 
-  The proximal policy π_prox is the policy the trainer recomputes at train time
-  (`logprob_old`); the behaviour policy π_behav is the one that sampled the tokens,
-  possibly several versions older (`logprob_sampler`, stamped at sampling time). The trust
-  region is centred on π_prox, the off-policy correction is the weight w. Paper: W. Fu et
-  al., "AReaL", arXiv 2505.24298 (decoupled PPO objective, after Hilton et al.'s batch-size
-  invariant PPO); used by J. Gao et al., "ASearcher", arXiv 2508.07976 (ε = 0.4, C = 5, no
-  dual clip, η = 4 versions of staleness). Spec: distill_and_structure.md C1.
+    ρ = exp(clip(ℓ_θ − ℓ_prox, ±20))
+    ℓ_c = max(−A ρ, −A clip(ρ, 1 − ε_low, 1 + ε_high));   ℓ_c ← min(ℓ_c, −A c) if A < 0
+    w = exp(ℓ_prox − ℓ_behav)                           (stop-gradient; `logprob_sampler`)
+    L = Σ_t M 1[w ≤ C] w ℓ_c / Σ_t M                     (C = `is_threshold` = 5)
 
-  Confidence: code-verified. ASearcher's vendored AReaL,
-  `AReaL/areal/utils/functional.py` `ppo_actor_loss_fn` (symmetric `eps_clip`, dual clip
-  `c_clip`, `behav_imp_weight_cap`: tokens with w > cap get weight 0, the loss is
-  `Σ_M pg_loss·w / loss_mask.count_nonzero()`), called from
-  `AReaL/areal/engine/ppo/actor.py` `grpo_loss_fn` with micro-batches weighted by
-  `loss_mask.count_nonzero()`; newer AReaL (inclusionAI/AReaL
-  `areal/utils/functional/functional.py` `ppo_actor_loss_fn` and `apply_rejection_sampling`,
-  `areal/api/cli_args.py` `RejectionSamplingConfig`): `eps_clip_higher`, and rejection
-  `action` "mask" (drop) | "clamp" (truncate), `level` "token" | "sequence".
+  This per-token term is PPO clip with ASearcher's defaults; the weight is the shared
+  reduction's sampler correction, which the registered loss applies as AReaL does: mask
+  mode (`is_mode="mask"`: w 1[w ≤ C]; "truncate" is min(w, C)), token level, and the
+  denominators of `response_mask` before rejection (a rejected token is a zero in the
+  mean). Without `logprob_sampler` it is PPO clip.
 
-  This per-token term is PPO clip (`ppo_clip_loss`) with ASearcher's defaults; the
-  behaviour weight is the shared reduction's sampler correction (`importance_correction`
-  on `logprob_old` vs `logprob_sampler`), which the registered loss applies with these
-  defaults and mappings:
-
-  * `is_mode="mask"` (default) is AReaL `action="mask"` / the old
-    `behav_imp_weight_cap`: w·1[w ≤ C]; `is_mode="truncate"` is `action="clamp"`: min(w, C).
-  * `is_threshold` = C = 5.0 (`behav_imp_weight_cap`, `upper`); must be > 1.
-  * `is_level="token"` (AReaL `level="token"`); `"geometric"` is `level="sequence"` with
-    the ratio metric and `agg="mean"` (weight and test on the geometric mean).
-  * `is_threshold_lower`: AReaL `lower` in mask mode.
-  * Denominators are those of `response_mask` *before* rejection, as AReaL does
-    ("keeps the denominator consistent with loss_weight_fn"; a dropped token is a zero in
-    the mean, it does not leave it): unless the caller passes `num_tokens_global` /
-    `num_seqs_global`, the registered loss passes Σ M and the number of non-empty rows of
-    `response_mask`. (The reduction's own mask mode, used by every other loss, drops
-    rejected tokens from the local counts, as verl does.) With "seq-mean-token-mean" the
-    per-row lengths are the reduction's (kept tokens); AReaL has no such mode.
-
-  Without `logprob_sampler` the loss is PPO clip with these ε (AReaL with the decoupled
-  loss off: π_behav = π_prox, w = 1). Not carried over: AReaL's KL-estimator rejection
-  metrics (`metric="kl_k*"`), `agg="sum"`/`"max"` at sequence level, the lower bound in
-  clamp mode, and the GSPO `importance_sampling_level` of the PPO ratio.
+  Papers: AReaL, arXiv 2505.24298 (the decoupled objective); ASearcher, arXiv 2508.07976
+  (ε = 0.4, C = 5, no dual clip, staleness 4).
 
   Args:
     logprob: [B,T] float32 current-policy log-probs ℓ_θ (differentiated).
     logprob_old: [B,T] float32 proximal-policy log-probs ℓ_prox (stop-gradient).
-    advantages: [B,T] float32 (stop-gradient); response_mask: [B,T] bool.
-    clip_low, clip_high: ε_low ∈ [0, 1), ε_high ≥ 0 (ASearcher `eps_clip` 0.4 both;
-      AReaL `eps_clip`, `eps_clip_higher`).
-    clip_ratio_c: dual-clip constant c > 1 for A < 0 (AReaL `c_clip`); None (default,
-      as ASearcher) disables it.
+    advantages: [B,T] float32 (stop-gradient).
+    response_mask: [B,T] bool.
+    clip_low: ε_low ∈ [0, 1).
+    clip_high: ε_high ≥ 0.
+    clip_ratio_c: dual-clip constant c > 1 for A < 0; None (as ASearcher) disables it.
 
   Returns:
-    TokenLoss; metrics `clipfrac` (clipped branch active) and `clipfrac_lower` (dual clip
-    active). The registered loss adds the reduction's `is_*` metrics: `is_frac_high`
-    (fraction of valid tokens with w > C, the capped fraction), `is_frac_rejected` (mask
-    mode), `is_weight_mean` (mean w after the cap), `is_ratio_max/min`, `is_mismatch_kl`.
+    TokenLoss; metrics `clipfrac` and `clipfrac_lower`. The registered loss adds the
+    reduction's `is_*` metrics (`is_frac_high`, `is_frac_rejected`, `is_weight_mean`, ...).
 
-  Example (distill_and_structure.md C1): ℓ_θ = ℓ_prox = −1, ℓ_behav = −1.2, A = 1 →
-  w = e^{0.2} = 1.221403, L = −1.221403.
+  Example:
+    With ℓ_θ = ℓ_prox = −1, ℓ_behav = −1.2 and A = 1, w = e^0.2 = 1.221403 and
+    L = −1.221403 (the registered loss with `logprob_sampler`).
   """
   _check_clip(clip_low, clip_high)
   return ppo_clip_loss(logprob=logprob, logprob_old=logprob_old, advantages=advantages,
@@ -147,5 +116,11 @@ _decoupled_ppo.__module__ = __name__
 # the runner always supplies them), and the reduction runs with AReaL's defaults and
 # denominators (see the docstring).
 register_policy_loss(_NAME, needs=POLICY_NEEDS + ("logprob_sampler",), paper=_PAPER,
+                     confidence="code-verified",
+                     source=(_PAPER + "; code: inclusionAI/ASearcher "
+                             "AReaL/areal/utils/functional.py (ppo_actor_loss_fn), "
+                             "AReaL/areal/engine/ppo/actor.py (grpo_loss_fn); code: "
+                             "inclusionAI/AReaL areal/utils/functional/functional.py "
+                             "(ppo_actor_loss_fn, apply_rejection_sampling)"),
                      static_argnames=STATIC_ARGNAMES,
                      token_fn=decoupled_ppo_loss)(_decoupled_ppo)

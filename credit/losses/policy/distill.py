@@ -30,7 +30,7 @@ _TOPK_FIELDS = ("logprob_topk", "teacher_topk_logprob")
 _OPD_PAPER = ("On-policy distillation: Thinking Machines Lab, 'On-Policy Distillation' (2025); "
               "MiniLLM, arXiv 2306.08543; GKD, arXiv 2306.13649")
 _SDS_PAPER = ("SD-Search: hindsight self-distillation with token-level JSD at search-query "
-              "positions (abstract; arXiv id not given in the seeds)")
+              "positions, arXiv preprint")
 
 
 def _distill_term(m_BT: Array, logprob_topk, teacher_topk_logprob, kind: str,
@@ -58,33 +58,38 @@ def topk_distill_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages:
                       clip_ratio_c: ArrayLike | None = 3.0) -> TokenLoss:
   """PPO clip on the estimator's advantages plus a top-k distillation divergence per token.
 
-  .. math::
-    ℓ_t = c_pg · ℓ^{PPO}_t(A) + λ · D_kind(p̄_S(·|s_t) ‖ p̄_T(·|s_t))
+  ::
 
-  with p̄ the student's / teacher's distribution coarsened to the teacher's k ids and one
-  tail bucket (k+1 buckets; `logprob_topk`, `teacher_topk_logprob`). kind: reverse_kl
-  KL(p̄_S‖p̄_T) (on-policy distillation's full-distribution form, MiniLLM), forward_kl
-  KL(p̄_T‖p̄_S), js the generalised JSD_β of GKD (β the teacher's weight; 0.5 symmetric).
-  Gradients reach the student through `logprob_topk` only (the teacher is a target). With
-  the tail bucket and k = V the term is the full divergence; for k < V it is the
-  divergence of the coarsened distributions, a lower bound (data processing inequality).
+    ℓ_t = c_pg ℓ^PPO_t(A) + λ D_kind(p̄_S(·|s_t) ‖ p̄_T(·|s_t))
 
-  Use it with any estimator: `opd` (the sampled-token reverse KL as the advantage) and this
-  term, or `grpo` + this term (outcome RL with dense distillation), or pg_coef = 0 for pure
-  distillation. Spec: distill_and_structure.md A1 (full-distribution variant).
+  with p̄ the student's and the teacher's next-token distributions coarsened to the
+  teacher's top-k ids plus one tail bucket (`logprob_topk`, `teacher_topk_logprob`).
+  kind: reverse_kl KL(p̄_S ‖ p̄_T) (on-policy distillation's full-distribution form,
+  MiniLLM), forward_kl KL(p̄_T ‖ p̄_S), js the generalised JSD_β of GKD. Gradients reach
+  the student through `logprob_topk` only. With k = V this is the full divergence; for
+  k < V the divergence of the coarsened distributions, a lower bound.
 
-  Confidence: paper-equation (Thinking Machines' on-policy distillation write-up; MiniLLM
-  arXiv 2306.08543 for the reverse KL; GKD arXiv 2306.13649 for JSD_β; the tail bucket is
-  the spec's convention).
+  Use it with any estimator: `opd` and this term, `grpo` and this term (outcome RL with
+  dense distillation), or `pg_coef=0` for pure distillation.
+
+  Papers: "On-Policy Distillation" (Thinking Machines Lab, 2025); MiniLLM, arXiv
+  2306.08543 (reverse KL); GKD, arXiv 2306.13649 (JSD_β). The tail bucket is this
+  library's.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
     logprob_topk: [B,T,k] float, the current policy's bucket log-probs (differentiated).
-    teacher_topk_logprob: [B,T,k] float, the teacher's (last entry: tail bucket).
-    coef: λ, the divergence's weight. kind: static, "reverse_kl" | "forward_kl" | "js".
+    teacher_topk_logprob: [B,T,k] float, the teacher's (last entry: the tail bucket).
+    coef: λ, the divergence's weight.
+    kind: static, "reverse_kl" | "forward_kl" | "js".
     beta: the JSD_β teacher weight (kind "js").
     pg_coef: weight of the PPO term (0: distillation only).
-    clip_low, clip_high, clip_ratio_c: the PPO clip bounds and dual clip (as `ppo_clip`).
+    clip_low: PPO ε_low.
+    clip_high: PPO ε_high.
+    clip_ratio_c: dual-clip constant.
 
   Returns:
     TokenLoss; metrics `clipfrac` and `distill_div` (the divergence per token).
@@ -105,32 +110,41 @@ def sd_search_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Ar
                    coef: ArrayLike = 1.0, kind: str = "js", beta: ArrayLike = 0.5,
                    clip_low: ArrayLike = 0.2, clip_high: ArrayLike = 0.2,
                    clip_ratio_c: ArrayLike | None = 3.0) -> TokenLoss:
-  """SD-Search: PPO clip (GRPO advantages) + λ·JSD to a hindsight self-teacher at query tokens.
+  """SD-Search: PPO clip (GRPO advantages) + λ · JSD to a hindsight self-teacher at query tokens.
 
-  .. math::
-    ℓ_t = ℓ^{PPO}_t(A) + λ · 1[t ∈ query] · JSD(p̄_S(·|s_t), p̄_T(·|s_t))
+  ::
 
-  The teacher is the policy conditioned on a hindsight block (the runner's self-teacher:
-  `--config.teacher.context=...`), scored on the student's tokens with its top-k
-  distribution; the divergence is applied only on the tokens of the search queries the
-  response issued (`query_mask`: the arguments of its tool calls on the multi-turn lookup
-  task). JSD is the symmetric one (β = 0.5): M = ½(p+q), JSD = ½KL(p‖M) + ½KL(q‖M), over
-  k+1 buckets. Spec: distill_and_structure.md A11 (worked example: p = [0.7, 0.2, 0.1],
-  q = [0.2, 0.5, 0.3] → 0.132918). The spec writes the term as λ · mean over query tokens;
-  here it is a per-token loss reduced like the PPO term (token-mean over response tokens by
-  default), so the spec's λ equals this `coef` divided by the batch's `query_frac`.
+    ℓ_t = ℓ^PPO_t(A) + λ 1[t ∈ query] JSD(p̄_S(·|s_t), p̄_T(·|s_t))
 
-  Confidence: inferred (from the abstract: the token-level JSD at query positions added to
-  GRPO is stated; λ = 1 and k are ours; no public code was found).
+  The teacher is the policy conditioned on a hindsight block (the runner's self-teacher,
+  `--config.teacher.context`), scored on the student's tokens with its top-k distribution;
+  the divergence applies only on the tokens of the search queries the response issued
+  (`query_mask`). JSD is the symmetric one (β = 0.5) over k + 1 buckets; for example
+  p = [0.7, 0.2, 0.1], q = [0.2, 0.5, 0.3] give 0.132918. The term is a per-token loss
+  reduced like the PPO term, so a λ written as a mean over query tokens equals `coef`
+  divided by the batch's `query_frac`.
+
+  Paper: "SD-Search: hindsight self-distillation" (arXiv preprint). The abstract states
+  the token-level JSD at query positions added to GRPO; λ = 1 and k are this library's.
 
   Args:
-    logprob, logprob_old, advantages, response_mask, logprob_topk, teacher_topk_logprob,
-    coef, kind, beta, clip_low, clip_high, clip_ratio_c: as in `topk_distill_loss`.
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    logprob_topk: [B,T,k] float, the current policy's bucket log-probs.
+    teacher_topk_logprob: [B,T,k] float, the teacher's.
     query_mask: [B,T] bool, the query tokens (only where `response_mask` too).
+    coef: λ.
+    kind: static, as `topk_distill_loss`.
+    beta: JSD weight.
+    clip_low: PPO ε_low.
+    clip_high: PPO ε_high.
+    clip_ratio_c: dual-clip constant.
 
   Returns:
-    TokenLoss; metrics `clipfrac`, `distill_div`, `query_frac` (share of policy tokens in
-    queries).
+    TokenLoss; metrics `clipfrac`, `distill_div` and `query_frac` (share of policy tokens
+    in queries).
   """
   _check_dual(clip_ratio_c)
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
@@ -150,9 +164,13 @@ def sd_search_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Ar
 # `POLICY_NEEDS`; the full loss is the per-token term + the shared reduction.
 register_policy_loss("topk_distill", needs=POLICY_NEEDS + _TOPK_FIELDS, paper=_OPD_PAPER,
                      static_argnames=STATIC_ARGNAMES + ("kind",),
-                     token_fn=topk_distill_loss)(
+                     token_fn=topk_distill_loss,
+                     confidence="paper-equation",
+                     source=_OPD_PAPER + " (the tail bucket is this library's)")(
                          _full_loss("topk_distill", topk_distill_loss, "token-mean"))
 register_policy_loss("sd_search", needs=POLICY_NEEDS + _TOPK_FIELDS + ("query_mask",),
                      paper=_SDS_PAPER, static_argnames=STATIC_ARGNAMES + ("kind",),
-                     token_fn=sd_search_loss)(
+                     token_fn=sd_search_loss,
+                     confidence="inferred",
+                     source=_SDS_PAPER + ", abstract")(
                          _full_loss("sd_search", sd_search_loss, "token-mean"))

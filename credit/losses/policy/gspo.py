@@ -27,38 +27,47 @@ def gspo_token_loss(x: PolicyInputs, clip_low: ArrayLike,
 
 
 @policy_loss("gspo", "GSPO: Group Sequence Policy Optimization, arXiv 2507.18071",
-             loss_agg_mode="seq-mean-token-mean")
+             loss_agg_mode="seq-mean-token-mean",
+             confidence="code-verified",
+             source=("GSPO, arXiv 2507.18071; code: volcengine/verl@b178a3c "
+                     "verl/trainer/ppo/core_algos.py compute_policy_loss_gspo"))
 def gspo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
               response_mask: ArrayLike, clip_low: ArrayLike = 3e-4,
               clip_high: ArrayLike = 4e-4) -> TokenLoss:
   """GSPO with the length-normalised sequence ratio, in the GSPO-token form.
 
-  .. math::
-    log s_i = Σ_t M δ_{i,t} / max(|o_i|, 1)
-    log s_{i,t} = sg[log s_i] + log π_{i,t} − sg[log π_{i,t}],  clamped ≤ 10
-    ℓ_{i,t} = max(−A s_{i,t}, −A·clip(s_{i,t}, 1−ε_low, 1+ε_high))
+  ::
 
-  The value of s_{i,t} is s_i (a whole sequence is clipped or not), the gradient is per
-  token: ∇ℓ = −A s_i ∇log π_{i,t} when unclipped. With sequence-constant advantages and
-  ``seq-mean-token-mean`` (the paper's and verl's forced mode, the default here) this is
-  GSPO's sequence objective. No dual clip. C. Zheng et al., "Group Sequence Policy
-  Optimization", arXiv 2507.18071 (eqs. 5-7, 10-11; ε = 3e-4 / 4e-4, §5.1); spec:
-  outcome_and_clipping.md §6. Deviations: token δ is clamped to ±20 before averaging
-  (verl does not clamp token δ); other aggregation modes are allowed (verl forces
-  seq-mean-token-mean).
+    log s_i   = Σ_t M δ[i,t] / max(L_i, 1)
+    log s[i,t] = sg[log s_i] + log π[i,t] − sg[log π[i,t]],      clamped ≤ 10
+    ℓ[i,t]    = max(−A s[i,t], −A clip(s[i,t], 1 − ε_low, 1 + ε_high))
 
-  Confidence: code-verified (verl `core_algos.py` `compute_policy_loss_gspo`).
+  The value of s[i,t] is s_i, so a whole sequence is clipped or not; the gradient is per
+  token, −A s_i ∇log π[i,t] when unclipped. With sequence-constant advantages and
+  ``seq-mean-token-mean`` (the default) this is GSPO's sequence objective. No dual clip.
+
+  Paper: "Group Sequence Policy Optimization", arXiv 2507.18071 (eqs. 5-7, 10-11;
+  ε = 3e-4 / 4e-4). Differences from verl's `compute_policy_loss_gspo`: token δ is
+  clamped to ±20 before averaging; other aggregation modes are allowed.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    clip_low, clip_high: ε_low, ε_high on the sequence ratio.
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    clip_low: ε_low on the sequence ratio.
+    clip_high: ε_high on the sequence ratio.
 
   Returns:
     TokenLoss; metrics `clipfrac` (token share in clipped sequences) and
     `seq_ratio_mean/max/min` over non-empty rows.
 
-  Example (outcome_and_clipping.md §6): token log-ratios [0.02, 0.04], A=1 → s=1.030455,
-  ℓ=−1.0004 and a zero gradient; log-ratios [0.1, −0.3, 0.2] → s=1 (unclipped).
+  Example:
+    >>> import numpy as np
+    >>> out = gspo_loss(logprob=np.array([[-0.98, -0.96]]), logprob_old=-np.ones((1, 2)),
+    ...                 advantages=np.ones((1, 2)), response_mask=np.ones((1, 2), bool))
+    >>> np.round(np.asarray(out.loss, np.float64), 4).tolist()   # s = e^0.03, clipped
+    [[-1.0004, -1.0004]]
   """
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
   loss_BT, clipped, log_s_B = gspo_token_loss(x, clip_low, clip_high)
@@ -66,33 +75,45 @@ def gspo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLi
 
 
 @policy_loss("luspo", "LUSPO: Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261",
-             loss_agg_mode="seq-mean-token-mean")
+             loss_agg_mode="seq-mean-token-mean",
+             confidence="paper-equation",
+             source=("LUSPO, arXiv 2602.05261 (its description: scale each sequence's loss by "
+                     "its length)"))
 def luspo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                response_mask: ArrayLike, clip_low: ArrayLike = 3e-4,
                clip_high: ArrayLike = 4e-4) -> TokenLoss:
-  """LUSPO: GSPO with each sequence's loss scaled by its length |o_i|.
+  """LUSPO: GSPO with each sequence's loss scaled by its length L_i.
 
-  .. math::
-    ℓ_{i,t} = |o_i| · ℓ^{GSPO}_{i,t}
+  ::
 
-  so that under ``seq-mean-token-mean`` (the default) the objective is
-  (1/B') Σ_i |o_i|·min(s_i A_i, clip(s_i) A_i) and every token's gradient carries weight
-  s_i A_i instead of s_i A_i/|o_i| (GSPO's per-token average under-weights long answers,
-  which the paper links to response-length collapse). F. Liu et al., "Length-Unbiased
-  Sequence Policy Optimization: Revealing and Controlling Response Length Variation in
-  RLVR", arXiv 2602.05261. With ``seq-mean-token-mean`` it equals `gspo_loss` with
-  ``seq-mean-token-sum``.
+    ℓ[i,t] = L_i · ℓ^GSPO[i,t]
 
-  Confidence: paper-equation (the paper's description, "scale each sequence's loss by its
-  length"; the authors' code, murphy4122/luspo, was not in the searchable index, so this
-  is the best-documented reading).
+  Under ``seq-mean-token-mean`` (the default) the objective is
+  (1/B') Σ_i L_i min(s_i A_i, clip(s_i) A_i): every token's gradient carries weight s_i A_i
+  instead of GSPO's s_i A_i / L_i, which under-weights long answers and which the paper
+  links to response-length collapse. It equals `gspo_loss` with ``seq-mean-token-sum``.
+
+  Paper: "Length-Unbiased Sequence Policy Optimization: Revealing and Controlling
+  Response Length Variation in RLVR", arXiv 2602.05261 ("scale each sequence's loss by
+  its length").
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    clip_low, clip_high: ε_low, ε_high on the sequence ratio (as `gspo_loss`).
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    clip_low: ε_low on the sequence ratio.
+    clip_high: ε_high on the sequence ratio.
 
   Returns:
     TokenLoss with the metrics of `gspo_loss`.
+
+  Example:
+    >>> import numpy as np
+    >>> out = luspo_loss(logprob=np.array([[-0.98, -0.96]]), logprob_old=-np.ones((1, 2)),
+    ...                  advantages=np.ones((1, 2)), response_mask=np.ones((1, 2), bool))
+    >>> np.round(np.asarray(out.loss, np.float64), 4).tolist()
+    [[-2.0008, -2.0008]]
   """
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
   loss_BT, clipped, log_s_B = gspo_token_loss(x, clip_low, clip_high)

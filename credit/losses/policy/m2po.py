@@ -58,59 +58,56 @@ def m2_trust_bound(delta_sq: ArrayLike, harmful: ArrayLike, budget: ArrayLike
 
 @policy_loss("m2po", "Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale "
              "Data on LLMs? (M2PO, Zheng, Zhao, Chen), arXiv 2510.01161; code "
-             "github.com/Infini-AI-Lab/M2PO", batch_coupled=True)
+             "github.com/Infini-AI-Lab/M2PO", batch_coupled=True,
+             confidence="code-verified",
+             source=("M2PO, arXiv 2510.01161; code: Infini-AI-Lab/M2PO "
+                     "verl/trainer/ppo/core_algos.py (compute_m2po_policy_loss, "
+                     "kpo_clip_harmful_tokens, _solve_tau_from_sorted_delta2), "
+                     "train-scripts/m2po-*.sh"))
 def m2po_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
               response_mask: ArrayLike, m2_budget: ArrayLike = 0.04,
               min_clip_low: ArrayLike = 0.0, min_clip_high: ArrayLike = 0.0) -> TokenLoss:
-  """M2PO (Second-Moment Trust Policy Optimization): the clipped surrogate with a ratio bound
-  [e^{−τ}, e^{τ}] chosen per (micro-)batch so the harmful tokens' second moment of
-  Δ = log π_old − log π_θ stays within `m2_budget`.
+  """M2PO: the clipped surrogate with a ratio bound chosen per batch from a second-moment budget.
 
-  Confidence: code-verified (Infini-AI-Lab/M2PO `verl/trainer/ppo/core_algos.py`
-  `compute_m2po_policy_loss`, `kpo_clip_harmful_tokens`, `_solve_tau_from_sorted_delta2`;
-  `train-scripts/m2po-*.sh`: `M2_budget=0.04`, no `miniclip_*`).
+  With data stale by many updates, a trust region on the second moment of the log ratios
+  keeps training stable where PPO's fixed ε does not. Only the harmful tokens, those whose
+  ratio has moved outward, are bounded::
 
-  Paper: H. Zheng, J. Zhao, B. Chen, "Prosperity before Collapse: How Far Can Off-Policy RL
-  Reach with Stale Data on LLMs?", arXiv 2510.01161: with data stale by up to 256 updates,
-  a trust region on the second moment of the importance weights instead of PPO's fixed ε
-  keeps training stable and on par with on-policy training.
+    r = e^{ℓ_θ − ℓ_old},   Δ = ℓ_old − ℓ_θ
+    harmful h: (A > 0 and r > 1) or (A < 0 and r < 1)
+    τ = m2_trust_bound(Δ², h, budget)                         (stop-gradient)
+    ε_low = max(1 − e^{−τ}, min_clip_low),   ε_high = max(e^{τ} − 1, min_clip_high)
+    ℓ = max(−A r, −A clip(r, 1 − ε_low, 1 + ε_high))
 
-  .. math::
-    r = e^{ℓ_θ − ℓ_old},  Δ = ℓ_old − ℓ_θ
-    harmful tokens h: (A > 0 and r > 1) or (A < 0 and r < 1)     (moving the ratio outward)
-    τ = `m2_trust_bound`(Δ², h, budget)                          (stop-gradient)
-    ε_low = max(1 − e^{−τ}, min_clip_low),  ε_high = max(e^{τ} − 1, min_clip_high)
-    ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))
+  When the harmful tokens' mean Δ² is within the budget the bound is off (the plain
+  importance-weighted gradient). π_old is the policy the data came from: in the runner,
+  `logprob_old_source="sampler"` makes it the (possibly stale) behaviour policy.
 
-  When the harmful tokens' M2 is within the budget the bound is off (ε_low = 1, ε_high =
-  1e5: the plain importance-weighted gradient, as the code's "no clipping needed"). `π_old`
-  is the policy the data came from: in the runner, `logprob_old_source="sampler"` makes it
-  the (possibly stale) behaviour policy, which is M2PO's setting; with the recomputed
-  `logprob_old` it bounds the update within each step's epochs only.
-
-  Paper-vs-code choices: the code takes the advantage sign of each row's first token
-  (`advantages[:, 0]`, GRPO's sequence-constant advantages); here each token's own sign,
-  the same for sequence-constant advantages and defined for token-level ones. No dual clip
-  (the code has none). The code's solver crashes on a zero budget (it returns one value
-  where two are unpacked); here budget 0 gives τ = 0 (every harmful token at ratio 1).
-  The bound is computed over the rows the loss receives (the code: each micro-batch), so the
-  loss is `batch_coupled`.
+  Paper: "Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale Data on
+  LLMs?" (M2PO), arXiv 2510.01161. Differences from the authors' code: each token's own
+  advantage sign (the code reads the row's first token); budget 0 gives τ = 0 (the code's
+  solver fails there). The bound uses the rows the loss receives, so the loss is
+  batch-coupled.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    m2_budget: the bound on the harmful tokens' mean Δ² (code `M2_budget`, 0.04).
-    min_clip_low, min_clip_high: lower limits of ε_low / ε_high (code `miniclip_low/high`;
-      0 = none, the released scripts').
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 log-probs of the policy the data came from.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    m2_budget: the bound on the harmful tokens' mean Δ² (0.04, the code's).
+    min_clip_low: lower limit of ε_low (0: none).
+    min_clip_high: lower limit of ε_high (0: none).
 
   Returns:
-    TokenLoss; metrics `clipfrac`, `m2` (harmful tokens' M2 before), `m2_after` (after the
-    cap), `m2_tau` (τ; 1e5 when unbounded), `m2_bounded` (1 when the budget bound is active).
+    TokenLoss; metrics `clipfrac`, `m2` (harmful tokens' M2 before), `m2_after`, `m2_tau`
+    (τ; 1e5 when unbounded) and `m2_bounded`.
 
-  Example: A = [1, 1, −1], Δ = [−0.5, −0.1, 0.3] (r = e^{0.5}, e^{0.1}, e^{−0.3}: all three
-  harmful), budget 0.04: M2 = 0.35/3 > 0.04; sorted Δ² = [0.01, 0.09, 0.25], prefix sums
-  [0.01, 0.10, 0.35], target 0.12: i = 0 gives 0.01·2 + 0.01 = 0.03, i = 1 gives
-  0.09·1 + 0.10 = 0.19 ≥ 0.12, so k = 1, τ² = 0.01, τ = 0.1 (M2 after 0.01). The ratios are
-  clipped to [e^{−0.1}, e^{0.1}]: ℓ = [−1.105171, −1.105171, 0.904837], token-mean −0.435168.
+  Example:
+    >>> import numpy as np
+    >>> out = m2po_loss(logprob=np.array([[0.5, 0.1, -0.3]]), logprob_old=np.zeros((1, 3)),
+    ...                 advantages=np.array([[1., 1., -1.]]), response_mask=np.ones((1, 3), bool))
+    >>> np.round(np.asarray(out.loss, np.float64), 6).tolist()   # M2 = 0.117 > 0.04: τ = 0.1
+    [[-1.105171, -1.105171, 0.904837]]
   """
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
   ratio = jnp.exp(x.delta)

@@ -38,37 +38,47 @@ def _check_dual(clip_ratio_c):
 
 
 @policy_loss("ppo_clip", "PPO: Proximal Policy Optimization Algorithms, arXiv 1707.06347; "
-             "dual clip: arXiv 1912.09729; clip-higher: DAPO, arXiv 2503.14476")
+             "dual clip: arXiv 1912.09729; clip-higher: DAPO, arXiv 2503.14476",
+             confidence="code-verified",
+             source=("PPO, arXiv 1707.06347; dual clip, arXiv 1912.09729; clip-higher, DAPO, "
+                     "arXiv 2503.14476; code: volcengine/verl@b178a3c "
+                     "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla"))
 def ppo_clip_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                   response_mask: ArrayLike, clip_low: ArrayLike = 0.2,
                   clip_high: ArrayLike = 0.2,
                   clip_ratio_c: ArrayLike | None = 3.0) -> TokenLoss:
   """PPO clipped surrogate with decoupled (clip-higher) bounds and dual clip.
 
-  .. math::
-    δ = clip(log π − log π_old, −20, 20),  ρ = e^δ
-    ℓ_c = max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high))
-    ℓ = ℓ_c if A ≥ 0 else min(ℓ_c, −A·c)
+  ::
 
-  PPO: J. Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347
-  (eq. 7). Dual clip: D. Ye et al., "Mastering Complex Control in MOBA Games with Deep RL",
-  arXiv 1912.09729 (c = 3). Clip-higher ε_high = 0.28: Q. Yu et al., "DAPO", arXiv
-  2503.14476. With ε = 0.2 and token-mean this is GRPO's loss (DeepSeekMath, arXiv
-  2402.03300). Spec: outcome_and_clipping.md P4.
+    δ = clip(log π − log π_old, −20, 20),   ρ = e^δ
+    ℓ_c = max(−A ρ, −A clip(ρ, 1 − ε_low, 1 + ε_high))
+    ℓ = ℓ_c if A ≥ 0 else min(ℓ_c, −A c)
 
-  Confidence: code-verified (verl `core_algos.py` `compute_policy_loss_vanilla`).
+  Papers: "Proximal Policy Optimization Algorithms", arXiv 1707.06347 (eq. 7); dual clip
+  from "Mastering Complex Control in MOBA Games with Deep RL", arXiv 1912.09729 (c = 3);
+  clip-higher ε_high = 0.28 from DAPO, arXiv 2503.14476. With ε = 0.2 and token-mean
+  aggregation this is GRPO's loss. As verl's vanilla policy loss.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    clip_low, clip_high: ε_low, ε_high (DAPO: 0.2, 0.28).
+    logprob: [B,T] float32 current log-probs (differentiated).
+    logprob_old: [B,T] float32 behaviour / proximal log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    clip_low: ε_low.
+    clip_high: ε_high.
     clip_ratio_c: dual-clip constant c > 1 for A < 0; None disables the dual clip.
 
   Returns:
-    TokenLoss; metrics `clipfrac` (fraction where the clipped branch is active) and
-    `clipfrac_lower` (dual clip active).
+    TokenLoss; metrics `clipfrac` (the clipped branch active) and `clipfrac_lower` (the dual
+    clip active).
 
-  Example (outcome_and_clipping.md §1): A=0.866024, log π_old=−1, log π=−0.7 →
-  ρ=1.349859, ℓ=−1.039229.
+  Example:
+    >>> import numpy as np
+    >>> out = ppo_clip_loss(logprob=np.array([[-0.7]]), logprob_old=np.array([[-1.0]]),
+    ...                     advantages=np.array([[0.866024]]), response_mask=np.ones((1, 1), bool))
+    >>> np.round(np.asarray(out.loss, np.float64), 6).tolist()   # ρ = 1.349859, clipped
+    [[-1.039229]]
   """
   _check_dual(clip_ratio_c)
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)

@@ -13,34 +13,50 @@ __all__ = ["vespo_loss"]
 
 
 @policy_loss("vespo", "VESPO: Variational Sequence-Level Soft Policy Optimization, "
-             "arXiv 2602.10693")
+             "arXiv 2602.10693",
+             confidence="code-verified",
+             source=("VESPO, arXiv 2602.10693; code: FloyedShen/VESPO "
+                     "recipe/vespo/code/core_algos.py compute_policy_loss_vespo"))
 def vespo_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayLike,
                response_mask: ArrayLike, k_pos: ArrayLike = 2.0, lambda_pos: ArrayLike = 3.0,
                k_neg: ArrayLike = 3.0, lambda_neg: ArrayLike = 2.0) -> TokenLoss:
   """VESPO: REINFORCE with a gamma-shaped kernel of the *unnormalised* sequence ratio.
 
-  .. math::
-    log w_i = clip(Σ_t M δ_{i,t}, −20, 20)          (product of token ratios, no 1/|o|)
-    φ(w) = w^k e^{λ(1−w)} = exp(λ + k log w − λ w),  φ(1) = 1
+  ::
+
+    log w_i = clip(Σ_t M δ[i,t], −20, 20)          (product of token ratios, no 1/L)
+    φ(w) = w^k e^{λ(1 − w)} = exp(λ + k log w − λ w),    φ(1) = 1
     (k, λ) = (k_pos, λ_pos) if Ā_i ≥ 0 else (k_neg, λ_neg)
-    ℓ_{i,t} = −sg[φ(w_i)]·A_{i,t}·log π_{i,t}
+    ℓ[i,t] = −sg[φ(w_i)] A[i,t] log π[i,t]
 
-  so ∇ℓ = −φ(w_i) A ∇log π. G. Shen et al., "VESPO: Variational Sequence-Level Soft Policy
-  Optimization for Stable Off-Policy LLM Training", arXiv 2602.10693. The defaults are
-  the authors' code's (k+=2, λ+=3, k−=3, λ−=2; its docstring lists other values).
-  Deviations: the advantage sign is taken from the row's mean advantage Ā_i (the code
+  so ∇ℓ = −φ(w_i) A ∇log π: a soft trust region that down-weights sequences whose ratio has
+  drifted far from 1, in either direction.
+
+  Paper: "VESPO: Variational Sequence-Level Soft Policy Optimization for Stable Off-Policy
+  LLM Training", arXiv 2602.10693. Defaults as the authors' code (k+ = 2, λ+ = 3, k− = 3,
+  λ− = 2). Differences: the advantage sign comes from the row's mean advantage (the code
   reads the first token); with `logprob_sampler` the sampler correction multiplies ℓ
-  through the generic `importance_correction` instead of being folded into w.
-
-  Confidence: code-verified (FloyedShen/VESPO `recipe/vespo/code/core_algos.py`
-  `compute_policy_loss_vespo`).
+  through the shared `importance_correction` instead of being folded into w.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
-    k_pos, lambda_pos, k_neg, lambda_neg: kernel shape for A ≥ 0 / A < 0.
+    logprob: [B,T] float32 current log-probs.
+    logprob_old: [B,T] float32 old log-probs.
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
+    k_pos: kernel k for A ≥ 0.
+    lambda_pos: kernel λ for A ≥ 0.
+    k_neg: kernel k for A < 0.
+    lambda_neg: kernel λ for A < 0.
 
   Returns:
     TokenLoss; metrics `phi_mean/max/min` over non-empty rows and `seq_log_ratio_mean`.
+
+  Example:
+    >>> import numpy as np
+    >>> out = vespo_loss(logprob=np.log([[0.5, 0.9]]), logprob_old=np.log([[0.25, 0.9]]),
+    ...                  advantages=np.array([[1., -1.]]), response_mask=np.ones((1, 2), bool))
+    >>> np.round(np.asarray(out.loss, np.float64), 6).tolist()
+    [[0.138039, -0.020982]]
   """
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
   log_w_B = jnp.clip(jnp.sum(x.delta, axis=-1), -LOG_CLAMP, LOG_CLAMP)
