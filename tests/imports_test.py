@@ -265,12 +265,6 @@ MOVED = {  # (old module, name) -> (new module, name)
     ("credit.advantages.tree.treerl", "tree_leaf_values"):
         ("credit.advantages.tree._common", "tree_leaf_values"),
     ("credit.advantages.outcome.gae", "GAEOutput"): ("credit.ops.baselines", "GAEOutput"),
-    ("credit.advantages.outcome._common", "grpo_scalar"): ("credit.ops.baselines", "grpo_scalar"),
-    ("credit.advantages.outcome._common", "apply_singleton"):
-        ("credit.ops.baselines", "apply_singleton"),
-    ("credit.advantages.outcome._common", "token_rewards"):
-        ("credit.ops.baselines", "token_rewards"),
-    ("credit.advantages.outcome._common", "is_one"): ("credit.ops.baselines", "is_one"),
     ("credit.advantages.distill.opid", "opid_teacher_term"):
         ("credit.advantages.distill._skills", "opid_teacher_term"),
     ("credit.advantages.distill.opid", "opid_gigpo_step_advantages"):
