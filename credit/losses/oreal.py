@@ -39,38 +39,44 @@ def oreal_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayL
                kl_tokens_global: ArrayLike | None = None) -> TokenLoss:
   """OREAL: behaviour cloning on positives, reshaped policy gradient on negatives, k3 KL.
 
-  Confidence: code-verified (InternLM/OREAL `train_oreal.py` loss block; spec
-  `shared/methods/outcome_and_clipping.md` §14 and its corrections).
+  ::
 
-  Paper: "Exploring the Limit of Outcome Reward for Learning Mathematical Reasoning",
-  arXiv 2502.06781.
-
-  .. math::
-    L = f⁺/N⁺ Σ_{i: R_i>0} Σ_t (−log π)·A
-      − f⁻/N⁻ Σ_{i: R_i≤0} Σ_t exp(log π − sg log π)·A
+    L = f⁺/N⁺ Σ_{i: R_i>0} Σ_t (−log π) A
+      − f⁻/N⁻ Σ_{i: R_i≤0} Σ_t exp(log π − sg log π) A
       + β/N Σ_{i,t} k3(π, π_ref)
 
-  A = `oreal_advantages` (a_i·w⁺ on positives, a_i·w⁻ on negatives); N⁺, N⁻, N the
-  token counts of the positive rows, the negative rows and all rows. The negative term's
-  value is −A (ratio 1), its gradient −A∇log π. The KL covers every row, positives too.
-  The per-token term already carries these normalisers, so the full loss's default
-  aggregation is "token-sum" (which reproduces L); another `loss_agg_mode` rescales it.
-  Without `logprob_ref` the KL term is dropped.
+  with A = `oreal_advantages` and N⁺, N⁻, N the token counts of the positive rows, the
+  negative rows and all rows. The negative term's value is −A (ratio 1), its gradient
+  −A ∇log π; the KL covers every row. The per-token term carries these normalisers, so the
+  default aggregation is "token-sum"; without `logprob_ref` the KL term is dropped.
+
+  Paper: "Exploring the Limit of Outcome Reward for Learning Mathematical Reasoning",
+  arXiv 2502.06781; defaults f⁺ = 1, f⁻ = 0.5, β = 0.01 as the authors' code.
 
   Args:
-    logprob, logprob_old, advantages: [B,T] float32 (`logprob_old` feeds only the shared
-      ratio metrics: OREAL's negative term is a ratio to the current policy itself);
-      response_mask: [B,T] bool.
+    logprob: [B,T] float32 current log-probs (differentiated).
+    logprob_old: [B,T] float32 (feeds only the shared ratio metrics).
+    advantages: [B,T] float32.
+    response_mask: [B,T] bool.
     reward: [B] outcome; positives are R > 0.
     logprob_ref: optional [B,T] reference log-probs for the k3 KL.
-    pos_coef, neg_coef, kl_coef: f⁺ = 1.0, f⁻ = 0.5, β = 0.01 (code defaults).
-    pos_tokens_global, neg_tokens_global, kl_tokens_global: optional N⁺, N⁻, N over the
-      whole mini-batch when it is split into micro-batches (then the micro-batch losses
-      sum to the mini-batch loss).
+    pos_coef: f⁺.
+    neg_coef: f⁻.
+    kl_coef: β.
+    pos_tokens_global: optional N⁺ over the whole mini-batch (micro-batching).
+    neg_tokens_global: optional N⁻ over the whole mini-batch.
+    kl_tokens_global: optional N over the whole mini-batch.
 
   Returns:
-    TokenLoss; metrics `pos_frac` (fraction of tokens on positive rows) and `kl`
-    (k3 per token, 0 without `logprob_ref`).
+    TokenLoss; metrics `pos_frac` (fraction of tokens on positive rows) and `kl`.
+
+  Example:
+    >>> import numpy as np
+    >>> lp = np.log(np.array([[.5, .5], [.25, .25]]))
+    >>> out = oreal_loss(logprob=lp, logprob_old=lp, advantages=np.array([[1., 1.], [-1., -1.]]),
+    ...                  response_mask=np.ones((2, 2), bool), reward=np.array([1., -1.]))
+    >>> np.round(np.asarray(out.loss, np.float64), 4).tolist()   # summed: 1.1931
+    [[0.3466, 0.3466], [0.25, 0.25]]
   """
   x = policy_inputs(logprob, logprob_old, advantages, response_mask)
   r_B = jnp.asarray(reward, F32)
@@ -96,6 +102,8 @@ def oreal_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: ArrayL
 # Registered by hand (not with `policy_loss`) because the loss takes `reward` and
 # `logprob_ref` beyond `POLICY_NEEDS`; the full loss is the per-token term + shared reduction.
 register_policy_loss(_NAME, needs=POLICY_NEEDS + ("reward", "logprob_ref"), paper=_PAPER,
+                     confidence="code-verified",
+                     source=_PAPER + "; code: InternLM/OREAL train_oreal.py (the loss block)",
                      static_argnames=STATIC_ARGNAMES,
                      token_fn=oreal_loss)(_full_loss(_NAME, oreal_loss, "token-sum"))
 
@@ -104,12 +112,12 @@ def oreal_token_rm_loss(*, token_rm_logit: ArrayLike, response_mask: ArrayLike,
                         reward: ArrayLike) -> Array:
   """OREAL's token reward-model objective: BCE of σ(mean_t z_t) against 1[R > 0].
 
-  Confidence: code-verified (InternLM/OREAL `train_oreal.py`: the token RM's label is
-  `int(max(R, 0))`).
+  ::
 
-  .. math::
-    ℓ_i = BCE(σ(z̄_i), y_i),   z̄_i = Σ_t M z_t / |o_i|,   y_i = 1[R_i > 0]
-    L = mean over the rows with |o_i| > 0
+    ℓ_i = BCE(σ(z̄_i), y_i),   z̄_i = Σ_t M z_t / L_i,   y_i = 1[R_i > 0]
+    L = mean over the rows with L_i > 0
+
+  As the authors' `train_oreal.py` (the label is int(max(R, 0))).
 
   Args:
     token_rm_logit: [B,T] token RM logits z (differentiated).

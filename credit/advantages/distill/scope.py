@@ -118,82 +118,55 @@ def scope_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   """SCOPE in advantage form: weighted OPD on failed rollouts, weighted MLE on correct ones.
 
   Rollouts are routed by correctness c_b = [R_b ≥ τ_c]. A failed rollout gets the teacher's
-  distillation signal as its token advantage, weighted by how confident the teacher is on
-  it; a correct one gets maximum likelihood, weighted by a student-perplexity score; both
-  weights are normalised inside each (prompt group, path) (`scope_weights`):
+  distillation signal, weighted by how confident the teacher is on it; a correct one gets
+  maximum likelihood, weighted by a student-confidence score; both weights are normalised
+  inside each (prompt group, path) by `scope_weights`::
 
-  .. math::
-    A_{b,t} = w_b · d_{b,t}                   if c_b = 0
-    A_{b,t} = λ_{mle} · w_b · N / N_c         if c_b = 1
+    A[b,t] = w_b · d[b,t]                    if c_b = 0
+    A[b,t] = λ_mle · w_b · N / N_c           if c_b = 1
     d = δ ("k1"),   d = −clip(e^δ − δ − 1, −10, 10) ("low_var_kl"),   δ = max(ℓᵀ, −20) − ℓˢ
 
-  with N the valid tokens of the batch and N_c those of its correct rows (N/N_c only with
-  `mle_token_scale`).
+  with N the batch's valid tokens and N_c those of its correct rows (`mle_token_scale`:
+  one on-policy update then has the gradient of the code's separate weighted SFT term). Not
+  zero in equal-reward groups nor for a lone sample. The output carries no gradient.
 
-  What the code does (machine981/SCOPE, the released `run_experiment_*.sh` settings) and
-  how each part maps here:
-
-  * Weights: per uid and path, softmax of (sign · mean log-prob / τ) times the path's size
-    (`_compute_scope_dual_path_weights`; a lone row gets 1). The scripts set both sign
-    flags to True, which makes the logit +mean ℓ on both paths: failed rows are weighted
-    up where the teacher is confident (the paper's description) and correct rows where the
-    *student is confident* — the opposite of the paper's "concentrate reinforcement on
-    low-confidence samples". `student_weight="confident"` is the code as run (default),
-    "uncertain" the paper's description. `normalization="code"` (default) gives each path
-    mean weight 1 (the code's softmax·n); "paper" uses the softmax alone (sum 1 per path,
-    the paper's Eqs. 4–5), which scales a path by 1/n and so weighs the MLE and distillation
-    paths n_failed : n_correct instead of 1 : 1.
-  * Failed path: the scripts put the distillation signal into the advantage
-    (`distill_signal_in_loss=False`), −kl_penalty(ℓˢ, ℓᵀ) with `distill.kl_loss_type=kl`, i.e.
-    d = ℓᵀ − ℓˢ ("k1", default), times the weight, through the PPO loss. Their
-    `distill_loss_type=low_var_kl` acts only on the in-loss path the scripts switch off;
-    "low_var_kl" here is that signal (never positive, clipped at 10) in the advantage.
-  * Correct path: the code adds −w_b·log π over the correct rows' tokens, token-mean over
-    those tokens only (`dp_actor.py`), beside a PPO loss whose advantages are 0 there. The
-    scripts run one update per batch (mini-batch = batch, one epoch), where π = π_old; then
-    the advantage λ w_b N/N_c under the token-mean PPO loss has exactly that gradient
-    (`mle_token_scale=True`). Off-policy (several epochs) the PPO clip would cap it where
-    the code's term is unclipped. With False, A = λ w_b (token mean over all tokens).
-
-  Deviations: a row is correct when R ≥ `success_threshold` (code: R > 0; the same on
-  {0, 1} rewards); ℓᵀ is floored at −20 (the code does not floor); rows with an empty
-  response or an out-of-range group take part in nothing. Not zero in equal-reward groups
-  (an all-correct group is pure weighted MLE, an all-failed one pure weighted distillation)
-  nor for a lone sample.
-
-  With τ = 1 the softmax concentrates fast: on short responses one token at the −20 floor
-  moves a row's mean ℓᵀ by (−20 − ℓ)/L nats, so one failed row can take nearly all of its
-  group's distillation weight, up to the path's size n under "code" normalisation, and its
-  floored gaps then enter the update about n-fold. A larger `temperature`, a higher
-  `teacher_floor` or `normalization="paper"` (weights ≤ 1) keep the per-row scale bounded.
+  Paper: "SCOPE: Signal-Calibrated On-Policy Distillation Enhancement with Dual-Path
+  Adaptive Weighting", arXiv 2604.10688. Defaults follow the authors' released scripts:
+  `student_weight="confident"` weights correct rows by the student's confidence (the code's
+  sign; "uncertain" is the paper's description) and `normalization="code"` gives each path
+  mean weight 1 ("paper": sum 1). Differences: correct means R ≥ τ_c (the code: R > 0);
+  ℓᵀ is floored at −20. With τ = 1 on short responses the weights can concentrate on one
+  row (see the method's page); a larger `temperature`, a higher `teacher_floor` or
+  `normalization="paper"` bound them.
 
   Args:
     reward: [B] float outcome rewards.
-    group_id: [B] int group of each row; unused (may be None) when `group_size` is set.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
     response_mask: [B,T] bool, the policy's tokens.
     logprob_old: [B,T] float student (behaviour) log-prob of the sampled token, ℓˢ.
     logprob_teacher: [B,T] float teacher log-prob of the same token, ℓᵀ.
-    num_groups: static number of groups (segment path).
-    group_size: static G for contiguous groups (fast path).
-    mle_coef: λ_mle, weight of the correct path (1.0; the code has none).
-    temperature: τ > 0 of the weights (1.0, the scripts' `scope_tau`).
-    success_threshold: a row is correct when reward ≥ this (1.0).
-    teacher_floor: lower clamp of ℓᵀ (−20).
-    normalization: static, "code" (mean 1 per path) | "paper" (sum 1 per path).
-    student_weight: static, "confident" (code as run) | "uncertain" (paper's description).
-    distill_kind: static, "k1" (code as run) | "low_var_kl".
-    mle_token_scale: static, scale the correct path by N/N_c (code's separate token mean).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    mle_coef: λ_mle, weight of the correct path.
+    temperature: τ > 0 of the weights.
+    success_threshold: a row is correct when reward ≥ this.
+    teacher_floor: lower clamp of ℓᵀ.
+    normalization: static, "code" | "paper".
+    student_weight: static, "confident" | "uncertain".
+    distill_kind: static, "k1" | "low_var_kl".
+    mle_token_scale: static, scale the correct path by N/N_c.
 
   Returns:
-    [B,T] float32 advantages, zero outside `response_mask`, without gradient.
+    [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> lp = lambda ppl: [[-float(np.log(p))] for p in ppl]
-  >>> w, _ = scope_weights(reward=np.array([1., 1., 0., 0.]), group_id=np.zeros(4, int),
-  ...     response_mask=np.ones((4, 1), bool), logprob_old=lp([1.2, 2.0, 1.0, 1.0]),
-  ...     logprob_teacher=lp([1.0, 1.0, 1.5, 3.0]), num_groups=1)
-  >>> np.round(np.asarray(w, np.float64), 6).tolist()
-  [1.25, 0.75, 1.333333, 0.666667]
+  Example:
+    >>> import numpy as np
+    >>> lp = lambda ppl: [[-float(np.log(p))] for p in ppl]
+    >>> w, _ = scope_weights(reward=np.array([1., 1., 0., 0.]), group_id=np.zeros(4, int),
+    ...     response_mask=np.ones((4, 1), bool), logprob_old=lp([1.2, 2.0, 1.0, 1.0]),
+    ...     logprob_teacher=lp([1.0, 1.0, 1.5, 3.0]), num_groups=1)
+    >>> np.round(np.asarray(w, np.float64), 6).tolist()
+    [1.25, 0.75, 1.333333, 0.666667]
   """
   check_choice("scope_advantages", "distill_kind", distill_kind, SCOPE_DISTILL_KINDS)
   mask_BT = response_mask_of(response_mask)

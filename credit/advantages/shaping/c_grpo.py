@@ -26,7 +26,12 @@ _MODES = ("positive", "blend", "negative")
                     paper=_PAPER,
                     static_argnames=("num_groups", "group_size", "mode",
                                      "normalize_in_positive", "normalize_rubric_reward",
-                                     "singleton"))
+                                     "singleton"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: THUDM/CaRR slime/slime/rollout/sglang_rollout.py "
+                            "(the group reward blend), "
+                            "deepsearch_rm_with_rubrics/launch_server.py (the rubric score), "
+                            "scripts/training/training_run_4b-C-GRPO-rubric0.3.sh"))
 def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: ArrayLike,
                       group_id: ArrayLike, response_mask: ArrayLike, num_groups: int,
                       group_size: int | None = None, alpha: float = 0.3,
@@ -34,49 +39,52 @@ def c_grpo_advantages(*, reward: ArrayLike, rubric: ArrayLike, rubric_mask: Arra
                       normalize_in_positive: bool = False,
                       normalize_rubric_reward: bool = True, eps: float = 1e-6,
                       singleton: Literal["zero", "raw"] = "zero") -> Array:
-  """C-GRPO: rubric fraction, max-normalised per group, blended into the outcome; GRPO.
+  """C-GRPO: the rubric fraction, max-normalised per group, blended into the outcome; GRPO.
 
-  Confidence: code-verified (THUDM/CaRR `slime/slime/rollout/sglang_rollout.py`, the group
-  reward blend; `deepsearch_rm_with_rubrics/launch_server.py`, the rubric score;
-  `scripts/training/training_run_4b-C-GRPO-rubric0.3.sh`, α = 0.3; as summarised, with the
-  corrections, in `shared/methods/outcome_and_clipping.md` §19).
+  A judge checks, for each rubric item of a deep-search question, whether the response
+  identified the hidden entity, cited it and connected it to the answer::
 
-  Paper: CaRR / C-GRPO, citation-aware rubric rewards (THUDM).
-
-  .. math::
-    r_i = Σ_c rubric_{i,c} m_{i,c} / Σ_c m_{i,c}         (0 when the row has no items)
-    r̂_i = r_i / max_{j ∈ g} r_j                          (r_i when that max is 0)
+    r_i = Σ_c rubric[i,c] m[i,c] / Σ_c m[i,c]       (0 when the row has no items)
+    r̂_i = r_i / max_{j ∈ g} r_j                       (r_i when that max is 0)
     positive:  R_i = o_i if o_i = 0, else (1 − α) o_i + α r̃_i
     blend:     R_i = (1 − α) o_i + α r̂_i
     negative:  R_i = o_i if o_i > 0, else α r̂_i
-    A = GRPO(R)     (unbiased σ, ε = 1e-6 on σ)
+    A = GRPO(R)
 
-  o = `reward`, the outcome in {0, 1}. In "positive" (the default), r̃ is the
-  *un-normalised* r, as in the released code; `normalize_in_positive=True` uses r̂ (the
-  paper's description). The outcome is kept only where it is exactly 0 (code). The group
-  max runs over the valid rows of the group (the code normalises each prompt's n samples;
-  it reads the whole batch as one group when the batch is not n × prompts, which we do not
-  copy: groups are `group_id`). A group with one valid row gives 0 (`singleton="zero"`; the
-  code's std of one sample is NaN).
+  In "positive" (the default) r̃ is the un-normalised r, as the released code does
+  (`normalize_in_positive=True` uses r̂, the paper's description). With
+  `normalize_rubric_reward=False` (the code's flag; on in its scripts) r̂ = r in every mode.
+  A group with one valid row gives 0.
 
-  `normalize_rubric_reward` is the code's flag of that name (on in the released training
-  scripts, hence the default): with False there is no group max, r̂ = r in every mode, so
-  "blend" is (1 − α) o + α r and "negative" gives α r to the wrong rows.
+  Source: CaRR, citation-aware rubric rewards for deep search agents (THUDM). α = 0.3 as the
+  released training script.
 
   Args:
     reward: [B] outcome o (1 correct, 0 wrong).
-    rubric: [B,C] float judge score of each rubric item (1: the hidden entity is
-      identified, cited and connected to the answer).
+    rubric: [B,C] float judge score of each rubric item.
     rubric_mask: [B,C] bool items the prompt has.
-    group_id, response_mask, num_groups, group_size: as `grpo_advantages`.
-    alpha: rubric weight α. mode: static "positive" | "blend" | "negative".
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
+    alpha: rubric weight α.
+    mode: static "positive" | "blend" | "negative".
     normalize_in_positive: static; blend r̂ rather than r in "positive" mode.
-    normalize_rubric_reward: static; divide r by the group max (True, scripts) or use r
-      as it is (False).
-    eps: added to σ. singleton: static "zero" | "raw".
+    normalize_rubric_reward: static; divide r by the group max.
+    eps: added to σ.
+    singleton: static "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> rub = np.array([[1., 1.], [1., 0.], [1., 1.], [0., 0.]])
+    >>> a = c_grpo_advantages(reward=np.array([1., 1., 0., 0.]), rubric=rub,
+    ...     rubric_mask=np.ones((4, 2), bool), group_id=np.zeros(4, np.int32),
+    ...     response_mask=np.ones((4, 2), bool), num_groups=1)   # R = [1, .85, 0, 0]
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [0.9999, 0.7209, -0.8604, -0.8604]
   """
   fn = "c_grpo_advantages"
   check_choice(fn, "mode", mode, _MODES)

@@ -63,48 +63,56 @@ def oreal_token_weights(token_rm_logit: ArrayLike, response_mask: ArrayLike, *,
 @register_estimator("oreal", needs=("reward", "group_id", "response_mask"), paper=_PAPER,
                     optional_needs={"token_rm_logit": "use_token_rm"},
                     static_argnames=("num_groups", "group_size", "mode", "singleton",
-                                     "use_token_rm"))
+                                     "use_token_rm"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: InternLM/OREAL train_oreal.py (reward shaping, "
+                            "threshold_rescale, the loss block), oreal/datasets/trajectory.py"))
 def oreal_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                      num_groups: int, group_size: int | None = None,
                      token_rm_logit: ArrayLike | None = None, use_token_rm: bool = False,
                      mode: Literal["rloo", "grpo"] = "rloo", tau_pos: ArrayLike = 0.5,
                      tau_neg: ArrayLike = 0.5, eps: float = 1e-8,
                      singleton: Literal["zero", "raw"] = "zero") -> Array:
-  """OREAL advantages: RLOO (or GRPO) on the outcome, times the token RM weights.
+  """OREAL advantages: RLOO (or GRPO) on the outcome, times the token reward model's weights.
 
-  Confidence: code-verified (InternLM/OREAL `train_oreal.py`: reward shaping,
-  `threshold_rescale`, loss block; `shared/methods/outcome_and_clipping.md` §14).
+  ::
+
+    a_i = R_i − (S_g − R_i)/(n_g − 1)              ("rloo", the default)
+    a_i = (R_i − μ_g)/(σ_g + ε)                      ("grpo")
+    A[i,t] = a_i · w⁺_t  if R_i > 0,   a_i · w⁻_t  otherwise
+
+  with w⁺, w⁻ from `oreal_token_weights` (τ⁺ = τ⁻ = 0.5), or w = 1 without
+  `token_rm_logit`. The loss `credit.losses.oreal_loss` splits rows by the sign of the
+  reward, so the weights travel inside the advantages (the code's `pos_mult_adv=True`).
+  Rewards in {+1, −1} (the code's judge) or {1, 0} give the same advantages.
 
   Paper: "Exploring the Limit of Outcome Reward for Learning Mathematical Reasoning",
-  arXiv 2502.06781.
-
-  .. math::
-    a_i = R_i − (S_g − R_i)/(n_g − 1)               ("rloo", the default)
-    a_i = (R_i − μ_g)/(σ_g + ε)                       ("grpo", unbiased σ, ε = 1e-8)
-    A[i,t] = a_i · w⁺_t   if R_i > 0,   a_i · w⁻_t   otherwise
-
-  with w⁺, w⁻ from `oreal_token_weights` (running-mean sigmoid of the token RM logits,
-  τ⁺ = τ⁻ = 0.5), or w = 1 without `token_rm_logit`. The loss `credit.losses.oreal_loss`
-  then splits rows by the sign of `reward` (positives: NLL, f⁺/N⁺; negatives: policy
-  gradient, f⁻/N⁻), so the weights travel inside the advantages (the code's
-  `pos_mult_adv=True`: the positive term is multiplied by a_i too).
-
-  Rewards: the code's judge gives {+1, −1}; {1, 0} works as well (RLOO and GRPO are
-  shift invariant, and the positive/negative split is R > 0).
+  arXiv 2502.06781. As the authors' `train_oreal.py`.
 
   Args:
     reward: [B] outcome (+1 correct, −1 or 0 wrong).
-    group_id, response_mask, num_groups, group_size, singleton: as `rloo_advantages`.
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     token_rm_logit: optional [B,T] token reward-model logits z.
-    use_token_rm: static; the registry switch that makes the runner pass
-      `token_rm_logit` (raises when True without it). The weights are applied whenever
-      `token_rm_logit` is given.
-    mode: static, "rloo" (code default) | "grpo".
-    tau_pos, tau_neg: τ⁺, τ⁻ of the token weights.
+    use_token_rm: static; makes the registry ask for `token_rm_logit` (the weights are
+      applied whenever it is given).
+    mode: static, "rloo" | "grpo".
+    tau_pos: τ⁺ of the token weights.
+    tau_neg: τ⁻ of the token weights.
     eps: added to σ in "grpo" mode.
+    singleton: "zero" | "raw".
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.
+
+  Example:
+    >>> import numpy as np
+    >>> a = oreal_advantages(reward=np.array([1., -1., -1., -1.]), group_id=np.zeros(4, np.int32),
+    ...                      response_mask=np.ones((4, 2), bool), num_groups=1)
+    >>> np.round(np.asarray(a[:, 0], np.float64), 4).tolist()
+    [2.0, -0.6667, -0.6667, -0.6667]
   """
   fn = "oreal_advantages"
   check_choice(fn, "mode", mode, _MODES)
@@ -136,22 +144,20 @@ def oreal_pair_filter(*, reward: ArrayLike, group_id: ArrayLike, response_mask: 
                       group_size: int | None = None) -> Array:
   """OREAL's trajectory filter: per prompt, one random correct and one random incorrect row.
 
-  Confidence: code-verified (InternLM/OREAL `oreal/datasets/trajectory.py`,
-  `filter_trajectory=True`): only prompts with 0 < pass rate < 1 are kept, and of them
-  one correct (R > 0) and one incorrect (R ≤ 0) sample, chosen uniformly at random.
-
-  Order: OREAL shapes the rewards on the full group of k samples and filters afterwards
-  (`train_oreal.py` computes the RLOO/GRPO advantages of all k rows, then
-  `trajectory.py` picks the pair, which keeps the advantages it was given). So compute
-  `oreal_advantages` on the unfiltered batch, then drop the rows this mask rejects from
-  the update (`response_mask & keep[:, None]` for the loss). Filtering first changes the
-  baseline: with rewards (+1, −1, −1, −1) the kept incorrect row's RLOO advantage is
-  −2/3 in the code's order and −2 when the pair alone forms the group.
+  Only prompts with a pass rate strictly between 0 and 1 are kept, and of them one correct
+  (R > 0) and one incorrect (R ≤ 0) sample, chosen uniformly at random, as the authors'
+  `oreal/datasets/trajectory.py` does. OREAL shapes the rewards on the full group and
+  filters afterwards, so compute `oreal_advantages` on the unfiltered batch, then drop the
+  rows this mask rejects (`response_mask & keep[:, None]`). Filtering first changes the
+  baseline: with rewards (+1, −1, −1, −1) the kept incorrect row's RLOO advantage is −2/3
+  in the code's order and −2 when the pair alone forms the group.
 
   Args:
     reward: [B] outcome; correct means R > 0.
-    group_id, response_mask, num_groups, group_size: as `rloo_advantages` (rows with an
-      empty response or an out-of-range group are never kept).
+    group_id: [B] int group ids (unused with `group_size`).
+    response_mask: [B,T] bool (empty rows are never kept).
+    num_groups: static number of groups.
+    group_size: static G for contiguous groups.
     key: PRNG key of the random choice.
 
   Returns:

@@ -18,7 +18,7 @@ __all__ = ["slate_advantages", "slate_pick", "slate_answer_bonus", "slate_step_r
            "slate_node_ids"]
 
 _PAPER = ("Truncated Step-Level Sampling with Process Rewards for Retrieval-Augmented "
-          "Reasoning (SLATE); code https://github.com/algoprog/SLATE")
+          "Reasoning (SLATE), arXiv preprint; code https://github.com/algoprog/SLATE")
 
 
 def slate_node_ids(parent_id: ArrayLike, prefix_len: ArrayLike, group_id: ArrayLike) -> Array:
@@ -38,38 +38,32 @@ def slate_node_ids(parent_id: ArrayLike, prefix_len: ArrayLike, group_id: ArrayL
 
 @register_estimator(
     "slate", needs=("reward", "group_id", "response_mask", "parent_id", "prefix_len"),
-    paper=_PAPER, static_argnames=("num_groups",))
+    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: algoprog/SLATE slate/training/step_level_algos.py "
+                            "(compute_step_level_advantage, reward_weighted_sampling), "
+                            "slate/rewards/llm_judge.py, configs/slate.yaml"))
 def slate_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                      parent_id: ArrayLike, prefix_len: ArrayLike, num_groups: int,
                      eps: float = 1e-6) -> Array:
   """SLATE step advantage: each candidate's step reward z-scored among its k siblings.
 
-  Confidence: code-verified (algoprog/SLATE `slate/training/step_level_algos.py`
-  `compute_step_level_advantage`, `reward_weighted_sampling`; `slate/rewards/llm_judge.py`
-  `compute_step_reward_search/answer`; `configs/slate.yaml`), spec
-  `shared/methods/distill_and_structure.md` B3 and its "Corrections" section.
+  At every step k candidate next steps are sampled from the same prefix and judged; each
+  candidate's reward r_j (`slate_step_reward`) is normalised among the candidates that
+  share its prefix::
+
+    A_j = (r_j − mean_node r) / (std_node(r, ddof=1) + 1e-6),    broadcast to j's tokens
+
+  Rows are laid out as `credit.trees.step_rollout` does: k candidates with the same
+  (parent_id, prefix_len), each owning only its step's tokens; first-step candidates are
+  roots normalised among the valid roots of their prompt group. The continuation is drawn
+  by `slate_pick` (softmax(A/η), η = 0.7). The step objective is the policy loss
+  `slate_step`.
 
   Paper: "Truncated Step-Level Sampling with Process Rewards for Retrieval-Augmented
-  Reasoning" (SLATE; arXiv id not given in the seeds).
-
-  Rows are laid out as `credit.trees.step_rollout` does: at every step, k candidate next steps
-  sampled from the same prefix are k rows with the same (parent_id, prefix_len) — the chosen
-  candidate of the previous step and where it ends — each owning only its step's tokens;
-  `reward` is the candidate's judge score r_j (`slate_step_reward`).
-
-  .. math::
-    A_j = (r_j − mean_node r) / (std_node(r, ddof=1) + 1e-6),   broadcast to j's tokens
-
-  The node is the set of candidates (the parent is not a member). First-step candidates are
-  roots (parent_id = −1): they are normalised among the valid roots of their prompt group.
-  The continuation is drawn by `slate_pick` (softmax(A/η), η = 0.7; argmax for η ≤ 0).
-  The code's step objective (Eq. 7): a step ratio exp(mean token log-ratio of the
-  candidate), PPO clip 0.2, averaged over candidates then steps, maximised; low-var KL
-  0.001. It is the policy loss `slate_step` (`credit.losses.slate_step_loss`).
-
-  Differences from the code: a node with one valid candidate gives NaN in the code (torch
-  std of one value); here it gives 0. All-equal rewards give 0. Invalid rows (empty response,
-  group id out of range) take part in no node. Flat batches (all roots): GRPO.
+  Reasoning" (SLATE). Differences from the authors' code: a node with one valid candidate
+  gives 0 (NaN in the code); invalid rows take part in no node. All-equal rewards give 0;
+  flat batches are GRPO.
 
   Args:
     reward: [B] float step reward of each candidate row.
@@ -83,12 +77,13 @@ def slate_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: A
   Returns:
     [B,T] float32 advantages (no gradient), zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> a = slate_advantages(reward=np.array([2., 1, 0, -1, 2]), group_id=np.zeros(5, np.int32),
-  ...     response_mask=np.ones((5, 1), bool), parent_id=np.full(5, -1, np.int32),
-  ...     prefix_len=np.zeros(5, np.int32), num_groups=1)
-  >>> np.round(np.asarray(a, np.float64)[:, 0], 6).tolist()
-  [0.920357, 0.153393, -0.613572, -1.380536, 0.920357]
+  Example:
+    >>> import numpy as np
+    >>> a = slate_advantages(reward=np.array([2., 1, 0, -1, 2]), group_id=np.zeros(5, np.int32),
+    ...     response_mask=np.ones((5, 1), bool), parent_id=np.full(5, -1, np.int32),
+    ...     prefix_len=np.zeros(5, np.int32), num_groups=1)
+    >>> np.round(np.asarray(a, np.float64)[:, 0], 6).tolist()
+    [0.920357, 0.153393, -0.613572, -1.380536, 0.920357]
   """
   tree = tree_layout("slate_advantages", reward, group_id, response_mask, parent_id, prefix_len,
                      num_groups)

@@ -18,7 +18,7 @@ Array = jax.Array
 __all__ = ["tp_grpo_advantages", "tp_grpo_step_rewards"]
 
 _PAPER = ("Alleviating Sparse Rewards by Modeling Step-Wise and Long-Term Sampling Effects in "
-          "Flow-Based GRPO (TurningPoint-GRPO); code "
+          "Flow-Based GRPO (TurningPoint-GRPO), arXiv preprint; code "
           "https://github.com/YunzeTong/TurningPoint-GRPO")
 
 MODES = ("increment_main", "global_main")
@@ -101,7 +101,12 @@ def tp_grpo_step_rewards(*, reward: ArrayLike, step_value: ArrayLike, start_valu
     "tp_grpo", needs=("reward", "step_value", "start_value", "step_mask", "step_id", "group_id",
                       "response_mask"),
     paper=_PAPER, static_argnames=("num_groups", "mode", "first_step_bonus", "consistency",
-                                   "balance", "drop_original", "propagate_bonus_to_future_steps"))
+                                   "balance", "drop_original", "propagate_bonus_to_future_steps"),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: YunzeTong/TurningPoint-GRPO "
+                            "scripts/my_train_flux_fast_with_op3.py (process reward "
+                            "computation), scripts/single_node/common_op3.sh, config/my_grpo.py, "
+                            "flow_grpo/stat_tracking.py"))
 def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value: ArrayLike,
                        step_mask: ArrayLike, step_id: ArrayLike, group_id: ArrayLike,
                        response_mask: ArrayLike, num_groups: int, eta: ArrayLike = 1.0,
@@ -110,58 +115,26 @@ def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value:
                        balance: bool = True, drop_original: bool = True,
                        propagate_bonus_to_future_steps: bool = False,
                        eps: float = 1e-4) -> Array:
-  """TP-GRPO: per-step increments, turning points get the long-term reward, z-scored per
-  (prompt, step index).
+  """TP-GRPO: per-step increments; turning points get the long-term reward; z-scored per (prompt, step).
 
-  Confidence: code-verified (YunzeTong/TurningPoint-GRPO
-  `scripts/my_train_flux_fast_with_op3.py` "Process Reward Computation", flags of
-  `scripts/single_node/common_op3.sh`, `config/my_grpo.py`, `flow_grpo/stat_tracking.py`),
-  spec `shared/methods/distill_and_structure.md` B4 and its "Corrections" section. The code is
-  for flow-matching image models; the LLM mapping of V (the verifier's score of a completion
-  from each step boundary) is the spec's adaptation.
+  With V_0 = `start_value`, V_k = `step_value[:, k−1]` (the verifier's score of a
+  completion from each step boundary) and R the rollout's reward::
+
+    d_k = V_k − V_{k−1},   Δ = R − V_0,   s_k = sign(d_k) sign(Δ)
+    turning:  k = 1: sign(d_1) sign(R − V_1) > 0;   k > 1: s_{k−1} < 0, s_k > 0 and consistent
+    increment_main:  ρ_k = η (R − V_{k−1}) at turning points, d_k elsewhere
+    global_main:     ρ_k = η d_k at turning points, Δ elsewhere
+    A[b,k] = (ρ[b,k] − mean) / (std_pop + 1e-4)    over the rows of b's prompt group at step k
+
+  A turning point is the step where a trajectory turns towards its final outcome, so it
+  carries the long-term reward. Bonuses are balanced batch-wide between positive and
+  negative keys; `propagate_bonus_to_future_steps` spreads them over later (or earlier)
+  steps. Defaults are the authors' run script's.
 
   Paper: "Alleviating Sparse Rewards by Modeling Step-Wise and Long-Term Sampling Effects in
-  Flow-Based GRPO" (TP-GRPO; arXiv id not given in the seeds).
-
-  With V_0 = `start_value`, V_k = `step_value[:, k−1]`, R = `reward` (the rollout's own reward):
-
-  .. math::
-    d_k = V_k − V_{k−1},   Δ = R − V_0,   s_k = sign(d_k)·sign(Δ)
-    cons_k = sign(d_k)·sign(R − V_k) > 0
-    turning:  k = 1: cons_1;   k > 1: s_{k−1} < 0 ∧ s_k > 0 ∧ cons_k
-    increment_main:  ρ_k = η·(R − V_{k−1}) at turning points, d_k elsewhere
-    global_main:     ρ_k = η·d_k at turning points, Δ elsewhere
-    A_{b,k} = (ρ_{b,k} − mean) / (std_pop + 1e-4)   over the rows of b's prompt group at step k
-
-  Balanced bonus (batch-wide): when turning points with a positive and with a negative
-  ranking key both occur, only the min(n₊, n₋) of each sign with the largest |key| keep the
-  bonus (ties: ascending flat index b·K + k); those with a zero key are dropped. The key is
-  Δ in "increment_main" and d_k in "global_main" (code: it ranks by the candidate it would
-  use with `use_delta_global`, not by R − V_{k−1}). The original term is dropped only where
-  the bonus is non-zero (a turning point with R = V_{k−1} keeps d_k).
-
-  Defaults are the run script's (`common_op3.sh`): mode "increment_main"
-  (`take_delta_global_as_main=false`; the config file's default is "global_main"), η = 1,
-  first-step bonus on, consistency filters on for both rules, balancing on, drop-original on,
-  bonus propagation off. The statistics are per
-  (prompt, step index) with the population std + 1e-4 (`PerPromptStatTracker`, no history
-  across steps here); a (prompt, step) cell with one row gets 0 (the code's 0/1e-4).
-
-  `propagate_bonus_to_future_steps` (the code's flag, off in its scripts): with
-  L_k = R − V_{k−1}, each (balanced) turning point with L > 0 adds η·L_k to itself and every
-  later step of its row, each one with L < 0 to itself and every earlier step, counted:
-
-  .. math::
-    b_k = η·(c⁺_k + c⁻_k)·L_k,   c⁺_k = #{turning j ≤ k : L_j > 0},
-    c⁻_k = #{turning j ≥ k : L_j < 0}
-
-  in both modes (the code builds this bonus from L even in "global_main"), and it replaces
-  the turning-point bonus; drop-original then applies where b_k ≠ 0.
-
-  Ours: balancing spans the whole batch (the code balances each sampling batch of one
-  process); steps outside `step_mask` are skipped (k − 1 means the previous valid step, and
-  "k = 1" the first valid one); rows with an empty response take part in nothing. Cost of
-  the balancing rank: O((B·K)²).
+  Flow-Based GRPO" (TP-GRPO). The code is for flow-matching image models; reading V as a
+  verifier's score of a text completion is this library's adaptation. Balancing spans the
+  whole batch (the code: one process's batch); missing steps are skipped.
 
   Args:
     reward: [B] float R, the rollout's final reward.
@@ -174,18 +147,22 @@ def tp_grpo_advantages(*, reward: ArrayLike, step_value: ArrayLike, start_value:
     num_groups: static number of prompt groups.
     eta: η, the bonus coefficient.
     mode: static, "increment_main" | "global_main".
-    first_step_bonus, consistency, balance, drop_original, propagate_bonus_to_future_steps:
-      static switches (see above).
-    eps: added to the std (1e-4, code).
+    first_step_bonus: static switch.
+    consistency: static switch.
+    balance: static switch.
+    drop_original: static switch.
+    propagate_bonus_to_future_steps: static switch.
+    eps: added to the std.
 
   Returns:
     [B,T] float32 advantages (no gradient), zero outside `response_mask`.
 
-  >>> import numpy as np
-  >>> rho, tp = tp_grpo_step_rewards(reward=np.array([0.7]), step_value=np.array([[.4, .6, .7]]),
-  ...     start_value=np.array([0.5]), valid_BK=np.ones((1, 3), bool))
-  >>> np.round(np.asarray(rho, np.float64), 6).tolist(), np.asarray(tp).tolist()
-  ([[-0.1, 0.3, 0.1]], [[False, True, False]])
+  Example:
+    >>> import numpy as np
+    >>> rho, tp = tp_grpo_step_rewards(reward=np.array([0.7]), step_value=np.array([[.4, .6, .7]]),
+    ...     start_value=np.array([0.5]), valid_BK=np.ones((1, 3), bool))
+    >>> np.round(np.asarray(rho, np.float64), 6).tolist(), np.asarray(tp).tolist()
+    ([[-0.1, 0.3, 0.1]], [[False, True, False]])
   """
   check_choice("tp_grpo_advantages", "mode", mode, MODES)
   rows = ops.group_rows("tp_grpo_advantages", reward, group_id, num_groups,

@@ -18,7 +18,7 @@ __all__ = ["siop_advantages", "siop_advantages_from_rewards", "siop_turn_rewards
            "siop_cluster_weights"]
 
 _PAPER = ("Self-Induced Outcome Potential: Turn-Level Credit Assignment for Agents without "
-          "Verifiers (SIOP); arXiv id not given in the seeds")
+          "Verifiers (SIOP), arXiv preprint")
 
 
 def siop_cluster_weights(*, cluster_id: ArrayLike, evidence: ArrayLike, group_id: ArrayLike,
@@ -138,57 +138,63 @@ def siop_advantages_from_rewards(*, turn_rewards: ArrayLike, step_mask: ArrayLik
 @register_estimator(
     "siop", needs=("gold_logprob_turns", "gold_logprob_prompt", "step_mask", "turn_id",
                    "group_id", "response_mask"),
-    paper=_PAPER, static_argnames=("num_groups",))
+    paper=_PAPER, static_argnames=("num_groups",),
+                    confidence="code-verified",
+                    source=(_PAPER + "; code: dl-m9/SIOP verl/utils/siop/siop_process_reward.py "
+                            "(compute_siop_process_rewards, siop_cluster_pass), "
+                            "verl/trainer/ppo/core_algos.py (compute_siop_turn_level_advantage), "
+                            "train_siop.sh"))
 def siop_advantages(*, gold_logprob_turns: ArrayLike, gold_logprob_prompt: ArrayLike,
                     step_mask: ArrayLike, turn_id: ArrayLike, group_id: ArrayLike,
                     response_mask: ArrayLike, num_groups: int, lam: ArrayLike = 0.5,
                     gamma: ArrayLike = 1.0, eps: float = 1e-6, log_eps: float = 1e-8) -> Array:
-  """SIOP turn advantage, supervised limit (gold answer as the cluster's reference, q = 1).
+  """SIOP turn advantage, supervised limit (the gold answer as the cluster's reference, q = 1).
 
-  Confidence: code-verified (dl-m9/SIOP `verl/utils/siop/siop_process_reward.py`,
-  `verl/trainer/ppo/core_algos.py` `compute_siop_turn_level_advantage`, `train_siop.sh`;
-  the normalisation re-read in the code: torch's unbiased std, σ < 1e-6 → 1, then
-  / (σ + 1e-6); turns are the runs of the response mask — here `turn_id`/`step_mask`).
-  Spec: `shared/methods/token_and_implicit.md` §6 and "Corrections".
+  A turn is credited with the change it made to the log-support of the rollout's answer::
+
+    p̂[b,k] = exp(g[b,k]),   r[b,k] = q_b (log(p̂[b,k] + ε) − log(p̂[b,k−1] + ε))
+    r[b,K_b] += (1 − λ) q_b                  (single-turn rows: r = (1 − λ) q_b)
+    r̂ = (r − μ_g) / (σ_g + eps)             (all valid turn cells of group g, unbiased σ)
+    A[b,k] = Σ_{k' ≥ k} γ^{k'−k} r̂[b,k']
+
+  with g the mean gold-answer log-prob after each turn (`gold_logprob_prompt` for k = 0).
+  Fewer than 2 cells give 0; σ < eps counts as 1. The rollout's outcome is not used. The
+  verifier-free method clusters answers outside the library; then `siop_cluster_weights`
+  gives q, `siop_turn_rewards` the rewards and `siop_advantages_from_rewards` the
+  advantages. The method is built for a few agent turns: with very many turns the pooled
+  normalisation acts as a length penalty (see the method's page).
 
   Paper: "Self-Induced Outcome Potential: Turn-Level Credit Assignment for Agents without
-  Verifiers" (arXiv id not given in the seeds).
-
-  .. math::
-    p̂_{b,k} = exp(g_{b,k}),  r_{b,k} = q_b (log(p̂_{b,k} + ε) − log(p̂_{b,k−1} + ε)),
-    r_{b,K_b} += (1 − λ) q_b   (single-turn rows: r = (1 − λ) q_b)
-    r̂ = (r − μ_g)/(σ_g + eps) over all valid turn cells of group g (unbiased σ; < 2 cells
-        → 0; σ < eps → σ = 1),   A_{b,k} = Σ_{k' ≥ k} γ^{k'−k} r̂_{b,k'}
-
-  This entry is the paper's supervised gold-answer limit (`use_gold_ref=True`): every
-  answered rollout has q = 1 and support exp(mean gold log-prob) (`gold_logprob_prompt` for
-  k = 0). The verifier-free method clusters answers by NLI outside the library; then
-  `siop_cluster_weights` gives q, `siop_turn_rewards` the rewards from the cluster's
-  support and `siop_advantages_from_rewards` the advantages. Defaults are the training
-  script's (η = 1 in the weights, λ = 0.5, three references); the outcome of the rollout
-  is not used (verifier-free).
-
-  Measured on the credit bench's `pivotal` (2026-12-06), where a single-turn row has one
-  turn unless it is cut into steps: with one turn every row gets r = (1 − λ) q, the same in
-  every group, so the advantages are 0 except in the groups where some row holds a step
-  delimiter (a second turn; ~3 of 64 rows), and those few, uninformative updates moved the
-  policy (held-out accuracy 0.39 → 0.00 in 50 steps). With
-  one turn per character, the pooled z-score of all cells of a group ranks the terminal
-  cell ((1 − λ) q on top of a small gain) above the others, so every extra turn adds a
-  negative r̂ to the returns before it: responses shrink to the stop token (length 7 → 1,
-  accuracy 0.02 by step 50). The method is built for a few agent turns; per-character
-  turns turn its pooled normalisation into a length penalty.
+  Verifiers" (arXiv preprint). Defaults are the authors' training script's (λ = 0.5, three
+  references); turns come from `turn_id` / `step_mask` (the code: runs of the response
+  mask).
 
   Args:
-    gold_logprob_turns: [B,K], gold_logprob_prompt: [B] mean gold log-probs; a
-      non-finite value is a support the code skips (the gains into and out of it are 0,
-      the final turn keeps its bonus).
-    step_mask, turn_id, group_id, response_mask, num_groups: as `igpo_advantages`.
-    lam: λ, the terminal bonus is (1 − λ) q. gamma: turn discount (1).
-    eps: std floor of the normalisation. log_eps: ε inside the log.
+    gold_logprob_turns: [B,K] mean gold log-probs after each turn; a non-finite value is
+      a support that is skipped (the gains into and out of it are 0).
+    gold_logprob_prompt: [B] the same after the prompt alone.
+    step_mask: [B,K] bool.
+    turn_id: [B,T] int (−1 outside turns).
+    group_id: [B] int prompt group.
+    response_mask: [B,T] bool.
+    num_groups: static number of groups.
+    lam: λ; the terminal bonus is (1 − λ) q.
+    gamma: turn discount.
+    eps: std floor of the normalisation.
+    log_eps: ε inside the log.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask` and outside turns.
+
+  Example:
+    >>> import numpy as np
+    >>> tid = np.array([[0, 0, 1, 1]] * 2, np.int32)
+    >>> a = siop_advantages(gold_logprob_turns=np.log(np.array([[.2, .6], [.2, .1]])),
+    ...     gold_logprob_prompt=np.log(np.array([.1, .1])), step_mask=np.ones((2, 2), bool),
+    ...     turn_id=tid, group_id=np.zeros(2, np.int32), response_mask=np.ones((2, 4), bool),
+    ...     num_groups=1)
+    >>> np.round(np.asarray(a, np.float64), 4).tolist()
+    [[1.2247, 1.2247, 1.2313, 1.2313], [-1.2247, -1.2247, -1.2182, -1.2182]]
   """
   _, row, valid, _, _ = turn_layout(response_mask, step_mask, turn_id)
   g_BK = jnp.where(valid, as_f32(gold_logprob_turns), 0.0)
