@@ -27,7 +27,7 @@ import os
 import shutil
 import signal
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,12 +40,9 @@ from credit import parallel
 from credit import tasks as tasks_lib
 from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_episode,
                                  encode_episode)
-from credit.envs.subagents import AgentsMultiTurnSampler
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import (checkpointing, group_filter, jolt, producers, reporting, subagents,
-                         train)
-from experiments.producers import critical
+from experiments import checkpointing, extensions, producers, reporting, train
 
 SetupError = producers.SetupError
 
@@ -67,10 +64,10 @@ class Method:
 
   estimator_fields / estimator_static: the estimator's data arguments and its static
   keyword arguments (`EstimatorSpec.split_arguments`). loss_fields: the contract fields the
-  loss takes. update_fields: the batch fields the update reads (tokens, the loss's fields
-  it does not make itself, logprob_ref for the KL term, the estimator's own loss term's
-  inputs). plan: the producers to run. estimator_loss: the estimator's own term in the RL
-  objective (VIMPO's value loss), or None.
+  loss takes. update_fields: the batch fields the update reads from the rollout's rows
+  (tokens, the loss's fields it does not make itself, logprob_ref for the KL term, those the
+  enabled extensions add). plan: the producers to run. extensions: {name: what an enabled
+  extension resolved for the run (`Extension.resolve`)}.
   """
   estimator: credit.EstimatorSpec
   loss: credit.PolicyLossSpec
@@ -80,7 +77,7 @@ class Method:
   loss_kwargs: dict
   update_fields: tuple[str, ...]
   plan: tuple[producers.Planned, ...]
-  estimator_loss: train.EstimatorLoss | None = None
+  extensions: dict = dataclasses.field(default_factory=dict)
 
   @property
   def keeps_reference(self) -> bool:
@@ -98,10 +95,9 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
 
   need(RUNNER_NEEDS, "the runner (update inputs and metrics)")
   need(est.needs_for(dict(c.estimator_kwargs)), f"estimator {est.name!r}")
-  if est.trained_loss is not None and estimator_loss_coef(c, est):
-    tl = est.trained_loss
-    need(tl.fields_for(dict(c.estimator_kwargs)) + tl.score_inputs,
-         f"estimator {est.name!r}'s loss term")
+  for ext in extensions.enabled(c):
+    for field, who in (ext.needs(c, est) if ext.needs is not None else {}).items():
+      need([field], who)
   need(set(loss_fields) - STEP_FIELDS, f"policy loss {c.policy_loss!r}")
   if "logprob_topk" in loss_fields:  # the update scores the teacher's top-k ids itself
     need(["teacher_topk_ids"], f"policy loss {c.policy_loss!r} (logprob_topk)")
@@ -111,44 +107,31 @@ def method_needs(c: ml_collections.ConfigDict, est: credit.EstimatorSpec,
     need(["logprob_sampler"], "importance_correction")
   if c.obs_ce_coef:
     need(["obs_mask"], f"the observation cross-entropy term (obs_ce_coef={c.obs_ce_coef})")
-  if c.critical.enabled:
-    need([critical.FIELD], f"critical (objective {c.critical.objective!r})")
   if c.credit_mask:
     need([c.credit_mask], f"credit_mask={c.credit_mask!r}")
   return needed
-
-
-def estimator_loss_coef(c: ml_collections.ConfigDict, est: credit.EstimatorSpec) -> float:
-  """The weight of the estimator's own loss term: `c.estimator_loss_coef`, or the registered
-  default when that is None (0 for an estimator without a term)."""
-  if c.get("estimator_loss_coef") is not None:
-    return float(c.estimator_loss_coef)
-  return est.trained_loss.coef if est.trained_loss is not None else 0.0
 
 
 def check_method(c: ml_collections.ConfigDict) -> Method:
   """Registry lookups, hyperparameter names, and the method's needs against the producers.
 
   Raises SetupError naming each needed field that no field producer makes and the method
-  (estimator, loss, KL term, importance correction) that needs it.
+  (estimator, loss, KL term, importance correction) that needs it; every extension's
+  settings check (`Extension.check`) runs first.
   """
+  for ext in extensions.EXTENSIONS:  # their specific refusals come first
+    ext.check(c)
   est = credit.get_estimator(c.estimator)
-  if c.estimator == jolt.TEACHER_ESTIMATOR:
-    raise SetupError(f"estimator {c.estimator!r} is JOLT's teacher role, run by the JOLT step "
-                     f"on the teacher role's own rows (estimator {jolt.STUDENT_ESTIMATOR!r}, "
-                     "jolt.teacher_samples > 0, teacher.context). On ordinary rows its "
-                     "logprob_alt is the score under a context the policy never sampled in, "
-                     "2-7 nats below logprob_old, so it only pushes tokens down (on pivotal: "
-                     "every response the stop token by step 30)")
   loss = credit.get_policy_loss(c.policy_loss)
   if c.credit_mask:
     masks = sorted(n for n, f in credit.CONTRACT.items() if f.shape == "BT" and f.dtype == "b")
     if c.credit_mask not in masks:
       raise SetupError(f"credit_mask={c.credit_mask!r}: not a [B,T] bool contract field; "
                        f"valid: {masks}")
-    if jolt.on(c) or subagents.on(c):
-      raise SetupError("credit_mask applies to the episodes' rows only; JOLT's teacher rows "
-                       "and sub-agent rows make their advantages apart: leave it empty there")
+    apart = [ext.name for ext in extensions.enabled(c) if ext.row_sets(c)]
+    if apart:
+      raise SetupError(f"credit_mask applies to the rollout's own rows only; the rows of "
+                       f"{apart} make their advantages apart: leave it empty there")
   if c.logprob_old_source not in producers.LOGPROB_OLD_SOURCES:
     raise SetupError(f"logprob_old_source={c.logprob_old_source!r}; valid: "
                      f"{list(producers.LOGPROB_OLD_SOURCES)}")
@@ -184,35 +167,17 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
                                                    if c.importance_correction else set())))
   if c.obs_ce_mode not in credit.losses.OBS_CE_MODES:
     raise SetupError(f"obs_ce_mode={c.obs_ce_mode!r}; valid: {list(credit.losses.OBS_CE_MODES)}")
-  coef = estimator_loss_coef(c, est)
-  est_loss = None
-  if coef < 0:
-    raise SetupError(f"estimator_loss_coef={c.estimator_loss_coef} must be >= 0 (0: off)")
-  if coef and est.trained_loss is None:
-    with_term = [n for n in credit.list_estimators()
-                 if credit.get_estimator(n).trained_loss is not None]
-    raise SetupError(f"estimator_loss_coef={c.estimator_loss_coef}: estimator {est.name!r} "
-                     f"has no loss term of its own (those that do: {with_term})")
-  if coef:
-    if subagents.on(c):
-      raise SetupError(f"estimator {est.name!r} adds a loss term over the episodes' rows "
-                       "(estimator_loss_coef); sub-agent rows have no targets for it: set "
-                       "estimator_loss_coef=0 or run without subagents")
-    tl = est.trained_loss
-    est_loss = train.EstimatorLoss(
-        fn=tl.fn, inputs=tl.fields_for(hyper) + tuple(tl.targets),
-        kwargs=tl.kwargs_for(est.fn, hyper), coef=coef, scores=tl.scores,
-        score_inputs=tl.score_inputs)
+  resolved = {ext.name: ext.resolve(c, est, hyper) for ext in extensions.enabled(c)
+              if ext.resolve is not None}
   update_fields = tuple(sorted({"tokens"} | (set(loss_fields) - train.UPDATE_FIELDS)
-                               | (set(est_loss.batch_fields) if est_loss else set())
                                | ({"logprob_ref"} if c.kl_coef else set())
                                | ({"obs_mask"} if c.obs_ce_coef else set())
-                               | ({critical.FIELD} if c.critical.enabled else set())
                                | ({"teacher_topk_ids"} if "logprob_topk" in loss_fields
-                                  else set())))
+                                  else set())
+                               | set().union(*(r.update_fields for r in resolved.values()))))
   plan = producers.plan(method_needs(c, est, loss_fields), c)
   return Method(est, loss, est_fields, est_static, loss_fields, loss_kwargs, update_fields,
-                tuple(plan), est_loss)
+                tuple(plan), {name: r.value for name, r in resolved.items()})
 
 
 def reference_from_adapters(c: ml_collections.ConfigDict, method: Method) -> bool:
@@ -413,22 +378,29 @@ def turn_layout(c: ml_collections.ConfigDict, data: Data) -> TurnLayout:
   """The multi-turn rollout sizes of a run: prompt width, K turns, per-turn action and
   observation widths, and the episode's token budget `max_new_tokens`."""
   width = data.max_prompt_len
-  if getattr(data.task, "subagents", False):  # SPD-RAG: the agents' prompts share the width
-    width = max(width, subagents.agent_prompt_width(data.task, data.tokenizer))
+  for own in turn_samplers(c, data):  # e.g. prompts of another role share the columns
+    width = max(width, own.prompt_width)
   return TurnLayout(prompt_width=width, max_turns=c.max_turns,
                     max_action_tokens=c.max_action_tokens,
                     max_observation_tokens=c.max_observation_tokens,
                     max_total_tokens=c.max_new_tokens)
 
 
+def turn_samplers(c: ml_collections.ConfigDict, data: Data) -> list[extensions.TurnSampler]:
+  """The multi-turn samplers of the run's enabled extensions (`Extension.turn_sampler`)."""
+  return [ext.turn_sampler(data) for ext in extensions.enabled(c)
+          if ext.turn_sampler is not None]
+
+
 def multi_turn_sampler(c: ml_collections.ConfigDict, data: Data, model):
-  """The run's `MultiTurnSampler` for a multi-turn task, else None."""
+  """The run's `MultiTurnSampler` (or an enabled extension's own) for a multi-turn task, else
+  None."""
   if not getattr(data.task, "multi_turn", False):
     return None
   tok = data.tokenizer
   cls, more = MultiTurnSampler, {}
-  if getattr(data.task, "subagents", False):  # SPD-RAG: the policy answers as document agents
-    cls, more = AgentsMultiTurnSampler, subagents.sampler_kwargs(data.task)
+  for own in turn_samplers(c, data):
+    cls, more = own.cls, dict(own.kwargs)
   return cls(model, tokenizer=tok, layout=turn_layout(c, data),
              stop_tokens=getattr(tok, "stop_ids", None) or (tok.eos_id,), **more)
 
@@ -464,7 +436,10 @@ def _sft_batches(data: Data, c, rng: np.random.Generator):
   n = min(c.sft_examples, len(data.train)) if c.sft_examples > 0 else len(data.train)
   if getattr(data.task, "multi_turn", False):
     yield from _episode_batches(data, c, rng, n)
-  privileged = jolt.sft_prompter(c, data)  # JOLT: some demonstrations after the context
+  privileged = None  # an extension's prompts for some demonstrations
+  for ext in extensions.enabled(c):
+    if ext.sft_prompts is not None:
+      privileged = ext.sft_prompts(c, data) or privileged
   while True:
     idx = rng.integers(0, n, size=c.sft_batch_size)
     ex = [data.train[i] for i in idx]
@@ -581,6 +556,7 @@ class Runner:
   shardings: train.TrainState   # of the train state (out_shardings of the update)
   adv_fn: Any
   update: Any
+  extensions: tuple             # `extensions.Built` of the enabled extensions, in order
   ckpt: checkpointing.Checkpointer
   eval_batch_size: int
   is_main: bool
@@ -608,9 +584,10 @@ class RunState:
 
   train: the train state pytree. ref_params: the frozen reference policy (None unless a
   planned producer keeps one). learners: {producer name: LearnerState} of the trained field
-  producers (implicit PRM, critics; `experiments/producers/learners.py`). All three are checkpointed. loader: the prompt iterator (its
-  position is saved with each checkpoint). step: RL steps completed. checked: the first
-  batch of this process's run has been validated. heatmap: the batch of the most recent step
+  producers (implicit PRM, critics; `experiments/producers/learners.py`). All three are
+  checkpointed. loader: the prompt iterator (its position is saved with each checkpoint).
+  step: RL steps completed. checked: the first batch of this process's run has been
+  validated. heatmap: the batch of the most recent step
   with a mixed-reward group (else of the most recent step), for the token-credit heatmap.
   samples: this step's rows for samples.jsonl (empty on other steps and other processes).
   best_eval: with `c.keep_best_eval`, the step and eval_accuracy of <workdir>/best_policy
@@ -636,10 +613,7 @@ def _checked_setup(c: ml_collections.ConfigDict):
     raise SetupError("this recipe fine-tunes a loaded checkpoint: set --config.init_from=<HF "
                      "dir> or --config.warm_start_from=<hf_policy/ of a from-scratch run>; "
                      f"{c.requires_checkpoint}")
-  jolt.check(c)  # JOLT's teacher role (c.jolt): its specific refusals come first
-  subagents.check(c)  # SPD-RAG's document agents (a task with sub-agents)
-  group_filter.check(c)
-  method = check_method(c)
+  method = check_method(c)  # the extensions' own checks first
   if method.loss.whole_groups and c.num_minibatches > 1:
     if producers.tree_batch(c):
       raise SetupError(f"policy loss {c.policy_loss!r} needs whole prompt groups in every "
@@ -650,76 +624,21 @@ def _checked_setup(c: ml_collections.ConfigDict):
                        f"prompts_per_step={c.prompts_per_step}")
   data = build_data(c)
   mesh = parallel.make_mesh(c.mesh)
-  B = producers.tree_rows(c)
+  B = producers.rollout_rows(c)
   div = parallel.batch_divisor(mesh)
   if B % (c.num_minibatches * div):
     what = "the tree batch" if producers.tree_batch(c) else "prompts_per_step*group_size"
     raise SetupError(f"{what}={B} rows must be divisible by num_minibatches "
                      f"({c.num_minibatches}) x the mesh's batch-parallel size ({div})")
-  jolt.check_rows(c, div)
-  subagents.check_rows(c, div)
+  for ext in extensions.enabled(c):  # what an extension can only check with data and mesh
+    if ext.check_run is not None:
+      ext.check_run(c, data=data, batch_divisor=div)
   if c.scoring_chunk_size < 0:
     raise SetupError(f"scoring_chunk_size={c.scoring_chunk_size} must be >= 0 (0 = auto)")
-  _check_amft(c, data)
   model, mcfg = build_policy(c, data.tokenizer, mesh)
   from credit.models import shard_model
   shard_model(model, mesh)
   return method, data, mesh, model, mcfg, c.scoring_chunk_size or None  # None: auto chunk
-
-
-def _check_amft(c: ml_collections.ConfigDict, data: Data) -> None:
-  a = c.amft
-  if not a.enabled:
-    return
-  if c.ppo_epochs != 1 or c.num_minibatches != 1:
-    raise SetupError(f"amft: one update per RL step on the whole batch; set ppo_epochs=1 and "
-                     f"num_minibatches=1 (got {c.ppo_epochs}, {c.num_minibatches})")
-  if getattr(data.task, "multi_turn", False):
-    raise SetupError("amft: single-turn tasks only (its SFT batches are prompt + response)")
-  if not 0.0 < a.init_mu < 1.0:
-    raise SetupError(f"amft.init_mu={a.init_mu} must be in (0, 1)")
-  if a.val_at not in ("lookahead", "current"):
-    raise SetupError(f"amft.val_at={a.val_at!r}; valid: lookahead | current")
-  if not 1 <= a.val_examples < len(data.train):
-    raise SetupError(f"amft.val_examples={a.val_examples} must be in [1, {len(data.train)})")
-
-
-def _demonstrations(data: Data, examples: list[dict], rng: np.random.Generator | None) -> dict:
-  """prompt + demonstration rows of `examples` (the task's demonstrator; rng None: the
-  correct answers) as an SFT batch: tokens, attn_mask, response_mask."""
-  demos = [data.task.demonstration(e, rng) for e in examples]
-  b = tasks_lib.encode_prompt_response(data.tokenizer, [e["prompt"] for e in examples], demos,
-                                       data.max_prompt_len, data.max_response_len)
-  return {"tokens": b["tokens"], "attn_mask": b["prompt_mask"] | b["response_mask"],
-          "response_mask": b["response_mask"]}
-
-
-def _amft_update(c: ml_collections.ConfigDict, data: Data, mesh, graphdef, rest, tx, st_sh,
-                 method: Method, chunk: int | None) -> Callable:
-  """update(state, batch) of an AMFT run (`train.make_amft_update`): each step's SFT batch
-  is drawn with a key of (seed, step), so a resumed run draws the same ones; the validation
-  batch is fixed (the last `amft.val_examples` train examples, correct answers)."""
-  a = c.amft
-  rl_loss = train.make_rl_loss(
-      graphdef, rest, loss_spec=method.loss, loss_fields=method.loss_fields,
-      loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
-      entropy_coef=c.entropy_coef, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
-      obs_ce_mode=c.obs_ce_mode, estimator_loss=method.estimator_loss)
-  rep = parallel.replicated(mesh)
-  step_fn = jax.jit(train.make_amft_update(
-      graphdef, rest, tx, rl_loss_fn=rl_loss, chunk_size=chunk, lr=c.learning_rate,
-      meta_lr=a.meta_lr, entropy_coef=a.entropy_coef, val_at=a.val_at),
-      out_shardings=(st_sh, rep), donate_argnums=(0,))
-  val = parallel.shard_batch(_demonstrations(data, data.train[-a.val_examples:], None), mesh)
-  n = min(c.sft_examples, len(data.train)) if c.sft_examples > 0 else len(data.train)
-
-  def update(state, batch):
-    rng = np.random.default_rng([c.seed, 23, int(state.step)])
-    idx = rng.integers(0, n, size=a.sft_batch_size)
-    sft = _demonstrations(data, [data.train[i] for i in idx], rng)
-    return step_fn(state, batch, parallel.shard_batch(sft, mesh), val)
-
-  return update
 
 
 def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]:
@@ -744,55 +663,37 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   rep = parallel.replicated(mesh)
   p_sh, o_sh = train.state_shardings(tx, params, tx.init(params), mesh)
   params = jax.device_put(params, p_sh)
-  amft = (train.AmftState(phi=jnp.asarray(np.log(c.amft.init_mu / (1 - c.amft.init_mu)),
-                                           jnp.float32),
-                          target_entropy=jnp.asarray(np.nan, jnp.float32))
-          if c.amft.enabled else None)
+  exts = extensions.enabled(c)
+  built = [ext.build(prod_setup, method) for ext in exts]
+  controller = _at_most_one(exts, built, "controller")
+  ctl_state = controller.init if controller is not None else None
   state = train.TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), rep), params=params,
                            opt_state=jax.jit(tx.init, out_shardings=o_sh)(params),
                            key=jax.device_put(_key_data(c.seed), rep),
                            estimator_state=jax.device_put(est_state, rep),
-                           amft=jax.device_put(amft, rep))
+                           controller=jax.device_put(ctl_state, rep))
   st_sh = train.TrainState(step=rep, params=p_sh, opt_state=o_sh, key=rep,
                            estimator_state=jax.tree.map(lambda _: rep, est_state),
-                           amft=jax.tree.map(lambda _: rep, amft))
+                           controller=jax.tree.map(lambda _: rep, ctl_state))
   adv_fn = jax.jit(train.make_advantage_fn(est, method.estimator_static),
                    out_shardings=(parallel.batch_sharding(mesh, 2), st_sh.estimator_state,
                                   parallel.batch_sharding(mesh)))  # [B,T] and [B] targets
-  update = jax.jit(train.make_rl_update(
-      graphdef, rest, tx, loss_spec=method.loss, loss_fields=method.loss_fields,
-      loss_kwargs=method.loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
-      entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
-      num_minibatches=c.num_minibatches, chunk_size=chunk, obs_ce_coef=c.obs_ce_coef,
-      obs_ce_mode=c.obs_ce_mode,
-      group_size=None if producers.tree_batch(c) else c.group_size,
-      aux=(train.make_critical_loss(graphdef, rest, objective=c.critical.objective,
-                                    beta=c.critical.beta, chunk_size=chunk)
-           if c.critical.enabled else None),
-      estimator_loss=method.estimator_loss),
+  row_sets, terms = update_objective(c, method, exts, built)
+  update = jax.jit(train.make_update(
+      graphdef, rest, tx, row_sets=row_sets, terms=terms, ppo_epochs=c.ppo_epochs,
+      num_minibatches=c.num_minibatches, chunk_size=chunk, controller=controller),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
-  if c.amft.enabled:
-    update = _amft_update(c, data, mesh, graphdef, rest, tx, st_sh, method, chunk)
   stages = [p.build(prod_setup) for p in method.plan]
-  if group_filter.on(c):  # PRIME's / DAPO's group filter, right after the reward
-    stages = group_filter.insert(stages, prod_setup)
-  if jolt.on(c):  # JOLT: a teacher-role stage after the student's; both roles in one update
-    stages.append(jolt.build_stage(prod_setup, method.update_fields))
-    update = jolt.make_update(c, graphdef, rest, tx, loss_spec=method.loss,
-                              loss_fields=method.loss_fields, loss_kwargs=method.loss_kwargs,
-                              chunk_size=chunk, out_shardings=(st_sh, rep))
-  if subagents.on(c):  # SPD-RAG: the document agents' rows join the episodes' in the update
-    stages.append(subagents.build_stage(prod_setup, method.update_fields))
-    update = subagents.make_update(c, graphdef, rest, tx, loss_spec=method.loss,
-                                   loss_fields=method.loss_fields,
-                                   loss_kwargs=method.loss_kwargs, chunk_size=chunk,
-                                   out_shardings=(st_sh, rep))
+  for ext, b in zip(exts, built):  # the extensions' stages, where each says
+    for placed in b.stages:
+      stages = extensions.place(stages, placed, ext.name)
   div = parallel.batch_divisor(mesh)
   eval_bs = min(128, max(div, len(data.eval)))
   runner = Runner(
       c=c, workdir=workdir, data=data, mesh=mesh, mcfg=mcfg, method=method,
       setup=prod_setup, stages=stages, tx=tx,
       trainable=trainable, shardings=st_sh, adv_fn=adv_fn, update=update,
+      extensions=tuple(built),
       ckpt=checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       max_to_keep=c.keep_checkpoints),
       eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0)
@@ -801,6 +702,33 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   return runner, RunState(state, ref, tasks_lib.make_loader(data.train, c.prompts_per_step,
                                                             seed=c.seed),
                           learners=init_learners(runner, state.params))
+
+
+def _at_most_one(exts, built, what: str):
+  """The one enabled extension's `what` (None when none sets it); SetupError for several."""
+  have = [(e.name, getattr(b, what)) for e, b in zip(exts, built) if getattr(b, what) is not None]
+  if len(have) > 1:
+    raise SetupError(f"{[n for n, _ in have]} each set the update's {what}; use one of them")
+  return have[0][1] if have else None
+
+
+def update_objective(c: ml_collections.ConfigDict, method: Method, exts, built
+                     ) -> tuple[list[train.RowSet], list[train.LossTerm]]:
+  """The update's row sets and loss terms: the rollout's rows (`train.MAIN`, weight from an
+  extension or 1) and every enabled extension's row sets, each with the configured policy
+  loss, KL, entropy and observation terms (`train.policy_terms`), then the extensions' own
+  terms."""
+  roles = [e.main_role for e in exts if e.main_role]
+  weight = _at_most_one(exts, built, "main_weight")
+  main = train.RowSet(train.MAIN, weight=1.0 if weight is None else weight,
+                      group_size=None if producers.tree_batch(c) else c.group_size,
+                      loss_metric=f"loss_{roles[0]}" if roles else None)
+  row_sets = [main] + [r for e in exts for r in e.row_sets(c)]
+  terms = [t for r in row_sets for t in train.policy_terms(
+      loss_spec=method.loss, loss_fields=method.loss_fields, loss_kwargs=method.loss_kwargs,
+      kl_coef=c.kl_coef, kl_kind=c.kl_kind, entropy_coef=c.entropy_coef,
+      obs_ce_coef=c.obs_ce_coef, obs_ce_mode=c.obs_ce_mode, rows=r.name)]
+  return row_sets, terms + [t for b in built for t in b.terms]
 
 
 def init_learners(run: Runner, policy_params) -> dict:
@@ -896,8 +824,8 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   trained producers' `after`, the samples and the metrics."""
   c, m = run.c, run.method
   where = f"batch of step {rs.step + 1}"
-  if group_filter.on(c) and not ctx.host["response_mask"].any():
-    # The filter kept no group: no update this step (as PRIME and DAPO skip such batches).
+  if any(b.skip is not None and b.skip(batch, ctx) for b in run.extensions):
+    # An extension left nothing to train (e.g. a filter kept no group): no update this step.
     host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
     metrics = _step_metrics(dict(ctx.metrics, update_skipped=1.0), host, jnp.zeros(()),
                             time.perf_counter() - t_step, times)
@@ -912,20 +840,17 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   if c.credit_mask:  # the estimator's credit kept on those tokens (the bench's oracle placement)
     adv = adv * batch[c.credit_mask]
   batch["advantages"] = adv
-  if m.estimator_loss is not None:  # the per-row targets of the estimator's own loss term
-    batch.update({f: targets[f] for f in m.estimator.trained_loss.targets})
+  batch.update(targets)  # the estimator's per-row targets (an extension's loss term reads them)
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},
                 num_groups=c.prompts_per_step, where=f"{m.estimator.name} advantages, {where}")
   upd_batch = dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask)
-  if jolt.on(c):  # the teacher role's rows join the student's in the one update
-    upd_batch = jolt.update_batch(upd_batch, batch, ctx, num_groups=c.prompts_per_step,
-                                  validate=c.debug_checks or not rs.checked)
-  if subagents.on(c):  # the document agents' rows join the episodes' in the one update
-    upd_batch = subagents.update_batch(upd_batch, batch, ctx, update_fields=m.update_fields,
-                                       num_groups=c.prompts_per_step,
-                                       validate=c.debug_checks or not rs.checked)
-  state, upd = run.update(rs.train.replace(estimator_state=est_state), upd_batch)
+  parts = {train.MAIN: upd_batch}
+  step_view = extensions.Step(rs.train, batch, ctx, c.debug_checks or not rs.checked)
+  for b in run.extensions:  # their rows and parts join the rollout's in the one update
+    if b.rows is not None:
+      parts = b.rows(parts, step_view)
+  state, upd = run.update(rs.train.replace(estimator_state=est_state), parts)
   jax.block_until_ready(state.params)
   times["update"] = time.perf_counter() - t0
   for stage in run.stages:  # trained producers learn from this step's targets

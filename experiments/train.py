@@ -8,8 +8,9 @@ a traced body.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,7 @@ from flax import nnx, struct
 
 import credit
 from credit import ops
-from credit.losses import (dpo_pair_logprobs, dpo_pair_loss, entropy_bonus,
-                           intervention_sft_loss, kl_loss, observation_ce_loss)
+from credit.losses import entropy_bonus, kl_loss, observation_ce_loss
 from credit.scoring import (candidate_scores_hidden, model_hidden, score_hidden, score_tokens,
                             sum_pi_squared_hidden)
 
@@ -37,7 +37,7 @@ class TrainState(struct.PyTreeNode):
   opt_state: Any            # optax state
   key: jax.Array            # raw PRNG key data, uint32[2]
   estimator_state: Any = None  # e.g. DCPO running statistics
-  amft: Any = None          # AMFT's controller state (`make_amft_update`), when enabled
+  controller: Any = None    # a loss-mix controller's state (`Controller`), if any
 
 
 def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int,
@@ -140,7 +140,7 @@ def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> 
   arguments (`spec.split_arguments`); the state is threaded only for a stateful estimator.
   `targets` holds the value targets `returns` [B,T] when the estimator's output has them
   (GAE, ReDiPPO: what a trained critic regresses on), and the targets of the estimator's
-  own loss term (`spec.trained_loss.targets`, e.g. VIMPO's `value_target` [B]).
+  own loss term (`spec.trained_loss.targets`, e.g. a value loss's `value_target` [B]).
   """
 
   own = spec.trained_loss.targets if spec.trained_loss is not None else ()
@@ -156,8 +156,13 @@ def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> 
 
 
 # --------------------------------------------------------------------------
-# RL update: PPO epochs over minibatches, one jitted function.
+# RL update: weighted loss terms over row sets, PPO epochs over minibatches.
 # --------------------------------------------------------------------------
+
+MAIN = "main"  # the row set of the step's own rollout in the update batch
+# Kept only while a producer module still reads its batch field's name from here (the update
+# itself takes whole parts under any key): that module should name its own field.
+AUX_KEY = "critical_batch"
 
 
 def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,
@@ -171,53 +176,144 @@ def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,
 
 
 @dataclasses.dataclass(frozen=True)
-class EstimatorLoss:
-  """An estimator's own term in the RL objective (`credit.TrainedLoss` resolved for a run):
-  coef · fn(**<the update's own scores>, **{f: minibatch[f] for f in inputs}, **kwargs),
-  the scores being `logprob` (the sampled tokens) and / or `logprob_answer` (the reference
-  answer, teacher-forced again on the minibatch's `answer_tokens`)."""
+class LossTerm:
+  """One weighted term w·ℓ of the RL objective.
+
+  A term either shares the model pass of a row set (`rows` names it):
+  `fn(scores, rows) -> (ℓ, metrics)`, with `rows` that set's minibatch and `scores` the pass's
+  {"model", "logprob" [B,T], "entropy" [B,T] (None unless a term of the set `needs` it),
+  "logprob_topk" [B,T,k] (None unless needed)}, all with gradient; or it makes its own passes
+  (`rows=None`): `fn(params, minibatch) -> (ℓ, metrics)`, minibatch = {part: arrays}, every
+  row set's minibatch and every whole part of the update batch.
+
+  name: a label (errors; the key of an own-pass term's loss for a `Controller`).
+  weight: a number; an own-pass term's may also be `weight(minibatch) -> []`, read from the
+    batch (a schedule that arrives as arrays does not recompile).
+  needs: scores the term reads besides logprob ("entropy", "logprob_topk").
+  whole_groups: its statistics are per prompt group, so its row set's minibatches must keep
+    whole groups (`RowSet.group_size`).
+  """
+  name: str
   fn: Callable
-  inputs: tuple[str, ...]      # batch fields: contract fields and the estimator's targets
-  kwargs: Mapping[str, Any]    # its hyperparameters
-  coef: float
-  scores: tuple[str, ...] = ("logprob",)
-  score_inputs: tuple[str, ...] = ()  # batch fields the scores are computed from
-
-  @property
-  def batch_fields(self) -> tuple[str, ...]:
-    """Every batch field the term reads."""
-    return tuple(self.inputs) + tuple(self.score_inputs)
+  weight: float | Callable = 1.0
+  rows: str | None = MAIN
+  needs: frozenset = frozenset()
+  whole_groups: bool = False
 
 
-def answer_scores(model, mb: Mapping[str, jax.Array], chunk_size: int | None) -> jax.Array:
-  """[B,A] log-probs of the reference answer's tokens under `model`: one pass over the
-  minibatch's `answer_tokens` (prompt ⊕ response ⊕ answer), read at `answer_positions`."""
-  logprob, _ = score_tokens(model, mb["answer_tokens"], mb["answer_attn_mask"],
-                            chunk_size=chunk_size, return_entropy=False)
-  return jnp.take_along_axis(logprob, mb["answer_positions"], axis=1)
+@dataclasses.dataclass(frozen=True)
+class RowSet:
+  """Rows the update trains on (the step's rollout, a second role's rows), under its own key
+  of the update batch: shuffled into the minibatches apart from the other sets, scored by one
+  model pass, its terms summed into its loss L_r, which enters the objective as w_r·L_r.
+
+  weight: w_r, a number or `weight(minibatch) -> []` (as `LossTerm.weight`).
+  group_size: G of its contiguous prompt groups, used when a term of the set has
+    `whole_groups` (each epoch then shuffles whole groups); None: no such layout.
+  metric_prefix: put before its terms' metric names ("" keeps them).
+  loss_metric: the name of a metric holding its unweighted L_r, or None.
+  """
+  name: str
+  weight: float | Callable = 1.0
+  group_size: int | None = None
+  metric_prefix: str = ""
+  loss_metric: str | None = None
 
 
-def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
-                 loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any], kl_coef: float,
-                 kl_kind: str, entropy_coef: float, chunk_size: int | None,
-                 obs_ce_coef: float = 0.0, obs_ce_mode: str = "seq-mean",
-                 estimator_loss: EstimatorLoss | None = None) -> Callable:
-  """Returns loss_fn(params, minibatch) -> (loss, metrics) of the RL update.
+class ControlStep(NamedTuple):
+  """What a `Controller.step` returns: the gradient the optimiser applies, the loss it is the
+  gradient of, the controller's next state and its metrics (scalars)."""
+  grads: Any
+  loss: jax.Array
+  state: Any
+  metrics: dict
 
-  The loss is `loss_spec.fn` called with exactly the contract fields `loss_fields` (those
-  in `UPDATE_FIELDS` from this function's own model pass, entropy without gradient; the
-  rest from the minibatch), plus `kl_coef`·`credit.losses.kl_loss` against `logprob_ref`
-  and `credit.losses.entropy_bonus` with coefficient `entropy_coef`, both aggregated like
-  the policy loss (`aggregation_kwargs`), plus ECHO's `obs_ce_coef`·cross-entropy on the
-  observation tokens (`credit.losses.observation_ce_loss` over `obs_mask`, reduced by
-  `obs_ce_mode`; the same model pass scores every attended position), plus the estimator's
-  own term `estimator_loss` (VIMPO's value loss; VeriFree's and JEPO's answer likelihood,
-  for which a second pass scores the answer), on the minibatch's rows with this pass's
-  log-probs, metric `estimator_loss`.
+
+@dataclasses.dataclass(frozen=True)
+class Controller:
+  """A controller of the loss mix, in place of the fixed weights: one optimiser step per RL
+  step on the whole batch, along `step(params, state, batch, losses) -> ControlStep`, where
+  `losses` = {name: params -> scalar} holds every row set's loss L_r and every own-pass
+  term's ℓ (unweighted), `batch` the whole update batch and `state` its own (`init`, kept in
+  `TrainState.controller`)."""
+  init: Any
+  step: Callable
+
+
+def policy_terms(*, loss_spec: credit.PolicyLossSpec, loss_fields: tuple[str, ...],
+                 loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
+                 entropy_coef: float, obs_ce_coef: float = 0.0, obs_ce_mode: str = "seq-mean",
+                 rows: str = MAIN) -> list[LossTerm]:
+  """The base terms of a row set's loss, in order:
+
+  * the policy loss `loss_spec.fn` with exactly the contract fields `loss_fields` (those in
+    `UPDATE_FIELDS` from the set's own model pass, entropy without gradient; the rest from
+    the minibatch), metric `pg_loss`;
+  * `kl_coef`·`credit.losses.kl_loss` against `logprob_ref` (metric `kl_loss`) and
+    `credit.losses.entropy_bonus` with coefficient `entropy_coef` (when it is non-zero or the
+    policy loss reads the entropy), both aggregated like the policy loss
+    (`aggregation_kwargs`);
+  * ECHO's `obs_ce_coef`·cross-entropy on the observation tokens
+    (`credit.losses.observation_ce_loss` over `obs_mask`, reduced by `obs_ce_mode`).
   """
   agg = aggregation_kwargs(loss_spec, loss_kwargs)
-  need_entropy = bool(entropy_coef) or "entropy" in loss_fields
-  need_topk = "logprob_topk" in loss_fields
+  pass_needs = frozenset(loss_fields) & {"entropy", "logprob_topk"}
+
+  def policy(scores, mb):
+    own = {"logprob": scores["logprob"], "entropy": jax.lax.stop_gradient(scores["entropy"]),
+           "logprob_topk": scores["logprob_topk"]}
+    version = {"train_version": mb["train_version"]} if "train_version" in mb else {}
+    out = loss_spec.fn(**{f: own[f] if f in UPDATE_FIELDS else mb[f] for f in loss_fields},
+                       **version, **loss_kwargs)
+    return out.loss, dict(out.metrics, pg_loss=out.loss)
+
+  def kl(scores, mb):
+    out = kl_loss(logprob=scores["logprob"], logprob_ref=mb["logprob_ref"],
+                  response_mask=mb["response_mask"], kind=kl_kind, **agg)
+    return out.loss, dict(out.metrics, kl_loss=out.loss)
+
+  def entropy(scores, mb):
+    out = entropy_bonus(entropy=scores["entropy"], response_mask=mb["response_mask"],
+                        coef=entropy_coef, **agg)
+    return out.loss, out.metrics
+
+  def observations(scores, mb):
+    out = observation_ce_loss(logprob=scores["logprob"], obs_mask=mb["obs_mask"],
+                              coef=obs_ce_coef, mode=obs_ce_mode)
+    return out.loss, out.metrics
+
+  terms = [LossTerm(f"policy loss {loss_spec.name!r}", policy, rows=rows, needs=pass_needs,
+                    whole_groups=loss_spec.whole_groups)]
+  if kl_coef:
+    terms.append(LossTerm("KL term", kl, weight=kl_coef, rows=rows))
+  if entropy_coef or "entropy" in loss_fields:
+    terms.append(LossTerm("entropy bonus", entropy, rows=rows, needs=frozenset({"entropy"})))
+  if obs_ce_coef:
+    terms.append(LossTerm("observation cross-entropy", observations, rows=rows))
+  return terms
+
+
+def _is_one(weight) -> bool:
+  return isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight == 1.0
+
+
+def _add(total, weight, loss):
+  """total + weight·loss; a weight of 1 multiplies nothing, an empty total adds nothing."""
+  term = loss if _is_one(weight) else weight * loss
+  return term if total is None else total + term
+
+
+def row_set_loss(graphdef, rest, terms: Sequence[LossTerm],
+                 chunk_size: int | None) -> Callable:
+  """loss(params, rows) -> (L, metrics): one model pass over `rows` (tokens, attn_mask; with a
+  term that needs `logprob_topk`, the sampled tokens and `rows["teacher_topk_ids"]` in one
+  chunked pass), then L = Σ_t w_t·ℓ_t over `terms` in order (each `fn(scores, rows)`), their
+  metrics merged."""
+  need = frozenset().union(*(t.needs for t in terms))
+  need_entropy, need_topk = "entropy" in need, "logprob_topk" in need
+  for t in terms:
+    if callable(t.weight):
+      raise ValueError(f"{t.name}: a term on a row set's model pass takes a number as weight")
 
   def loss_fn(params, mb):
     model = merge_model(graphdef, params, rest)
@@ -230,178 +326,134 @@ def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
       logprob, entropy = score_tokens(model, mb["tokens"], mb["attn_mask"],
                                       chunk_size=chunk_size, return_entropy=need_entropy)
       logprob_topk = None
-    own = {"logprob": logprob, "entropy": jax.lax.stop_gradient(entropy),
-           "logprob_topk": logprob_topk}
-    version = {"train_version": mb["train_version"]} if "train_version" in mb else {}
-    out = loss_spec.fn(**{f: own[f] if f in UPDATE_FIELDS else mb[f] for f in loss_fields},
-                       **version, **loss_kwargs)
-    loss, metrics = out.loss, dict(out.metrics, pg_loss=out.loss)
-    if kl_coef:
-      kl = kl_loss(logprob=logprob, logprob_ref=mb["logprob_ref"],
-                   response_mask=mb["response_mask"], kind=kl_kind, **agg)
-      loss = loss + kl_coef * kl.loss
-      metrics.update(kl.metrics, kl_loss=kl.loss)
-    if need_entropy:
-      bonus = entropy_bonus(entropy=entropy, response_mask=mb["response_mask"],
-                            coef=entropy_coef, **agg)
-      loss = loss + bonus.loss
-      metrics.update(bonus.metrics)
-    if obs_ce_coef:
-      ce = observation_ce_loss(logprob=logprob, obs_mask=mb["obs_mask"], coef=obs_ce_coef,
-                               mode=obs_ce_mode)
-      loss = loss + ce.loss
-      metrics.update(ce.metrics)
-    if estimator_loss is not None:
-      scores = {"logprob": logprob}
-      if "logprob_answer" in estimator_loss.scores:
-        scores["logprob_answer"] = answer_scores(model, mb, chunk_size)
-      term = estimator_loss.fn(**{s: scores[s] for s in estimator_loss.scores},
-                               **{f: mb[f] for f in estimator_loss.inputs},
-                               **estimator_loss.kwargs)
-      loss = loss + estimator_loss.coef * term
-      metrics["estimator_loss"] = term
-    return loss, metrics
+    scores = {"model": model, "logprob": logprob, "entropy": entropy,
+              "logprob_topk": logprob_topk}
+    total, metrics = None, {}
+    for t in terms:
+      loss, m = t.fn(scores, mb)
+      total = _add(total, t.weight, loss)
+      metrics.update(m)
+    return total, metrics
 
   return loss_fn
 
 
-def make_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
-                   loss_spec: credit.PolicyLossSpec, loss_fields: tuple[str, ...],
-                   loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
-                   entropy_coef: float, ppo_epochs: int, num_minibatches: int,
-                   chunk_size: int | None, obs_ce_coef: float = 0.0,
-                   obs_ce_mode: str = "seq-mean", group_size: int | None = None,
-                   aux: Callable | None = None,
-                   estimator_loss: EstimatorLoss | None = None) -> Callable:
-  """Returns update(state, batch) -> (state, metrics), the loss being `make_rl_loss`.
+def make_rl_loss(graphdef, rest, *, loss_spec: credit.PolicyLossSpec,
+                 loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any], kl_coef: float,
+                 kl_kind: str, entropy_coef: float, chunk_size: int | None,
+                 obs_ce_coef: float = 0.0, obs_ce_mode: str = "seq-mean",
+                 extra_terms: Sequence[LossTerm] = ()) -> Callable:
+  """loss_fn(params, minibatch) -> (loss, metrics) of one row set: `row_set_loss` over
+  `policy_terms(...)` followed by `extra_terms` (terms on the same model pass)."""
+  terms = policy_terms(loss_spec=loss_spec, loss_fields=loss_fields, loss_kwargs=loss_kwargs,
+                       kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef,
+                       obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode)
+  return row_set_loss(graphdef, rest, terms + [dataclasses.replace(t, rows=MAIN)
+                                               for t in extra_terms], chunk_size)
 
-  batch holds [B,...] arrays: tokens, attn_mask, the batch fields of `loss_fields` (all but
-  `UPDATE_FIELDS`), and logprob_ref when `kl_coef`. Each epoch shuffles rows with a key
-  folded from the state key and step, and takes `num_minibatches` optimiser steps.
 
-  A policy loss registered with `whole_groups` (per-group statistics, e.g. `a2tgpo`) gets
-  group-aligned minibatches: `group_size` G says the batch is contiguous groups of G rows
-  (N prompts x G samples) and each epoch shuffles whole groups (`epoch_permutation`).
-  Without `group_size` such a loss is refused (ValueError, here, before tracing) unless
-  `num_minibatches` is 1 (the one minibatch is the whole batch). Other losses ignore
-  `group_size`: their rows are shuffled one by one.
+def _weight(weight, mb):
+  return weight(mb) if callable(weight) else weight
 
-  `aux` (e.g. `make_critical_loss`): a second objective on a batch of its own, passed as
-  `batch[AUX_KEY]` (a dict with scalar `rl_weight` and `weight`); every minibatch step then
-  descends rl_weight·L_RL(minibatch) + weight·aux(params, that batch), the aux batch whole.
+
+def make_update(graphdef, rest, tx: optax.GradientTransformation, *,
+                row_sets: Sequence[RowSet], terms: Sequence[LossTerm], ppo_epochs: int,
+                num_minibatches: int, chunk_size: int | None,
+                controller: Controller | None = None) -> Callable:
+  """Returns update(state, batch) -> (state, metrics): the RL update of a weighted objective
+
+      L(θ) = Σ_r w_r · L_r(θ; minibatch_r) + Σ_t w_t · ℓ_t(θ; minibatch),
+      L_r = Σ_{t on r} w_t · ℓ_t(θ; minibatch_r),
+
+  over the row sets `row_sets` (`RowSet`; their terms share the set's model pass) and the
+  own-pass terms of `terms` (`LossTerm` with `rows=None`). `batch` = {row set name: [B_r,...]
+  arrays (tokens, attn_mask and the fields its terms read)} plus whole parts (any other key:
+  passed unshuffled to every step). A row set holding `policy_version` also gets
+  `train_version` (the state's step: the staleness bound's reference).
+
+  Each of `ppo_epochs` epochs shuffles every row set with a key folded from the state's key
+  and step, then the epoch (`epoch_permutation`; with several sets, also each set's index in
+  name order), and takes `num_minibatches` optimiser steps, step m on the m-th slice of every
+  set. Metrics (averaged over the steps): `loss`, `grad_norm`, every term's metrics (a row
+  set's under its `metric_prefix`) and each row set's `loss_metric`.
+
+  With `controller` (`Controller`) the weights are the controller's: one step on the whole
+  batch (ppo_epochs = num_minibatches = 1), the state's `controller` updated.
+
+  Raises ValueError, before tracing, for a term with `whole_groups` on a row set without
+  `group_size` when num_minibatches > 1, and for unknown or repeated row set names.
   """
-  if loss_spec.whole_groups and num_minibatches > 1 and group_size is None:
-    raise ValueError(
-        f"policy loss {loss_spec.name!r} needs whole prompt groups in every minibatch (its "
-        f"statistics are per group) but num_minibatches={num_minibatches} and no group_size "
-        "was given: pass group_size (rows of one group contiguous) or use num_minibatches=1")
-  loss_fn = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
-                         loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
-                         entropy_coef=entropy_coef, chunk_size=chunk_size,
-                         obs_ce_coef=obs_ce_coef, obs_ce_mode=obs_ce_mode,
-                         estimator_loss=estimator_loss)
-  if aux is not None:
-    rl_loss = loss_fn
+  names = [r.name for r in row_sets]
+  if not names or len(set(names)) != len(names):
+    raise ValueError(f"row set names must be unique and at least one: {names}")
+  unknown = sorted({t.rows for t in terms if t.rows is not None} - set(names))
+  if unknown:
+    raise ValueError(f"terms on row sets {unknown}, which are not among {sorted(names)}")
+  group_sizes = {}
+  for r in row_sets:
+    whole = [t for t in terms if t.rows == r.name and t.whole_groups]
+    if whole and num_minibatches > 1 and r.group_size is None:
+      raise ValueError(
+          f"{whole[0].name} needs whole prompt groups in every minibatch (its statistics are "
+          f"per group) but num_minibatches={num_minibatches} and row set {r.name!r} has no "
+          "group_size: pass group_size (rows of one group contiguous) or use "
+          "num_minibatches=1")
+    group_sizes[r.name] = r.group_size if whole else None
+  if controller is not None and (ppo_epochs != 1 or num_minibatches != 1):
+    raise ValueError("a controller takes one step on the whole batch: ppo_epochs and "
+                     f"num_minibatches must be 1 (got {ppo_epochs}, {num_minibatches})")
+  per_set = {r.name: row_set_loss(graphdef, rest, [t for t in terms if t.rows == r.name],
+                                  chunk_size) for r in row_sets}
+  own = [t for t in terms if t.rows is None]
+  ordered = sorted(row_sets, key=lambda r: r.name)
 
-    def loss_fn(params, mb, extra):  # pylint: disable=function-redefined
-      loss, metrics = rl_loss(params, mb)
-      a_loss, a_metrics = aux(params, extra)
-      return extra["rl_weight"] * loss + extra["weight"] * a_loss, dict(metrics, **a_metrics)
+  def loss_fn(params, mb):
+    total, metrics = None, {}
+    for r in ordered:
+      loss, m = per_set[r.name](params, mb[r.name])
+      total = _add(total, _weight(r.weight, mb), loss)
+      metrics.update({r.metric_prefix + k: v for k, v in m.items()})
+      if r.loss_metric:
+        metrics[r.loss_metric] = loss
+    for t in own:
+      loss, m = t.fn(params, mb)
+      total = _add(total, _weight(t.weight, mb), loss)
+      metrics.update(m)
+    return total, metrics
 
-  sgd = make_minibatch_sgd(loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches,
-                           group_size=group_size if loss_spec.whole_groups else None)
+  def versioned(batch, step):
+    batch = dict(batch)
+    for n in names:  # the staleness bound's reference: the version trained
+      if "policy_version" in batch[n]:
+        batch[n] = dict(batch[n], train_version=jnp.full_like(batch[n]["policy_version"], step))
+    return batch
 
-  def update(state: TrainState, batch: Mapping[str, jax.Array]):
+  if controller is not None:
+    def controlled(state: TrainState, batch):
+      batch = versioned(batch, state.step)
+      losses = {n: functools.partial(lambda p, n: per_set[n](p, batch[n])[0], n=n)
+                for n in names}
+      losses.update({t.name: functools.partial(lambda p, t: t.fn(p, batch)[0], t=t)
+                     for t in own})
+      out = controller.step(state.params, state.controller, batch, losses)
+      updates, opt_state = tx.update(out.grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      metrics = dict(out.metrics, loss=out.loss, grad_norm=optax.tree.norm(out.grads))
+      return state.replace(params=params, opt_state=opt_state, step=state.step + 1,
+                           controller=out.state), metrics
+
+    return controlled
+
+  sgd = make_row_sets_sgd(loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches,
+                          group_sizes=group_sizes)
+
+  def update(state: TrainState, batch):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
-    if "policy_version" in batch:  # the staleness bound's reference: the version trained
-      batch = dict(batch, train_version=jnp.full_like(batch["policy_version"], state.step))
-    extra = None
-    if aux is not None:
-      batch = dict(batch)
-      extra = batch.pop(AUX_KEY)
-    params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key, extra)
+    params, opt_state, metrics = sgd(state.params, state.opt_state,
+                                     versioned(batch, state.step), key)
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
   return update
-
-
-AUX_KEY = "critical_batch"  # the update input of a second objective (experiments/critical.py)
-
-
-def make_critical_loss(graphdef, rest, *, objective: str, beta: float,
-                       chunk_size: int | None) -> Callable:
-  """aux(params, batch) -> (loss, metrics): the objective of `experiments/critical.py`'s batch.
-
-  "dpo" (CSO): rows [0, M) chosen and [M, 2M) rejected steps after one shared context each;
-  `credit.losses.dpo_pair_logprobs` over `step_mask` against the batch's `logprob_ref`, then
-  `dpo_pair_loss` with β (pairs whose rows select no step token take no part). "sft" (InT):
-  `credit.losses.intervention_sft_loss` over `loss_mask`.
-  """
-  def aux(params, batch):
-    model = merge_model(graphdef, params, rest)
-    logprob, _ = score_tokens(model, batch["tokens"], batch["attn_mask"], chunk_size=chunk_size,
-                              return_entropy=False)
-    if objective == "dpo":
-      M = batch["tokens"].shape[0] // 2
-      pairs = dpo_pair_logprobs(logprob=logprob, logprob_ref=batch["logprob_ref"],
-                                token_mask=batch["step_mask"], chosen_row=jnp.arange(M),
-                                rejected_row=M + jnp.arange(M))
-      out = dpo_pair_loss(logprob_chosen=pairs.chosen, logprob_ref_chosen=pairs.ref_chosen,
-                          logprob_rejected=pairs.rejected,
-                          logprob_ref_rejected=pairs.ref_rejected, pair_mask=pairs.valid,
-                          beta=beta)
-    else:
-      out = intervention_sft_loss(logprob=logprob, loss_mask=batch["loss_mask"])
-    return out.loss, dict({f"critical_{k}": v for k, v in out.metrics.items()},
-                          critical_loss=out.loss)
-
-  return aux
-
-
-class AmftState(struct.PyTreeNode):
-  """AMFT's controller: the logit φ of μ = σ(φ), and the entropy target (NaN until the first
-  RL step measures the policy's mean token entropy after the warm-up, as the authors' code)."""
-  phi: jax.Array             # [] float32
-  target_entropy: jax.Array  # [] float32
-
-
-def make_amft_update(graphdef, rest, tx: optax.GradientTransformation, *,
-                     rl_loss_fn: Callable, chunk_size: int | None, lr: float,
-                     meta_lr: float, entropy_coef: float, val_at: str) -> Callable:
-  """Returns update(state, batch, sft_batch, val_batch) -> (state, metrics): one AMFT step.
-
-  `credit.losses.amft_step` on the whole rollout batch: the RL loss (`rl_loss_fn`, the
-  configured estimator's advantages in the configured policy loss), the SFT loss on a batch
-  of task demonstrations and a validation loss (the same NLL on correct demonstrations of
-  held-apart train examples), at the look-ahead θ' = θ − η∇L(θ, μ) with η = `lr`; the
-  controller's φ descends ∂L_val(θ')/∂φ plus `entropy_coef`·(H − H_target), H the policy's
-  mean token entropy on the rollout batch (no gradient); the optimiser then applies
-  (1 − μ)∇L_RL + μ∇L_SFT with the updated μ. One optimiser step per RL step (AMFT's
-  single-stage update; ppo_epochs = num_minibatches = 1).
-  """
-  from credit.losses.amft import amft_step  # pylint: disable=g-import-not-at-top
-  nll = sft_nll(graphdef, rest, chunk_size)
-
-  def update(state: TrainState, batch, sft_batch, val_batch):
-    model = merge_model(graphdef, state.params, rest)
-    _, ent = score_tokens(model, batch["tokens"], batch["attn_mask"], chunk_size=chunk_size)
-    h = jax.lax.stop_gradient(ops.masked_mean(ent, batch["response_mask"]))
-    ctl = state.amft
-    target = jnp.where(jnp.isnan(ctl.target_entropy), h, ctl.target_entropy)
-    out = amft_step(lambda p: rl_loss_fn(p, batch)[0], lambda p: nll(p, sft_batch),
-                    lambda p: nll(p, val_batch), state.params, ctl.phi, lr=lr,
-                    meta_lr=meta_lr, entropy=h, target_entropy=target,
-                    entropy_coef=entropy_coef, val_at=val_at)
-    updates, opt_state = tx.update(out.grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {f"amft_{k}": v for k, v in out.metrics.items()}
-    metrics.update(amft_mu=out.mu, loss=out.loss, grad_norm=optax.tree.norm(out.grads),
-                   entropy=h)
-    return state.replace(params=params, opt_state=opt_state, step=state.step + 1,
-                         amft=AmftState(out.phi, target)), metrics
-
-  return update
-
 
 def epoch_permutation(key: jax.Array, num_rows: int, *, num_minibatches: int,
                       group_size: int | None = None) -> jax.Array:
@@ -464,6 +516,38 @@ def make_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, e
   return sgd
 
 
+def make_row_sets_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *, epochs: int,
+                      num_minibatches: int, group_sizes: Mapping[str, int | None]) -> Callable:
+  """`make_minibatch_sgd` over a batch of row sets: sgd(params, opt_state, batch, key) with
+  batch = {set name: [B_set,...] arrays} (the sets, the keys of `group_sizes`, may differ in
+  rows and width) plus whole parts (any other key).
+
+  Each epoch shuffles every set's rows with its own key (`epoch_permutation`): the epoch's
+  key itself when there is one set, so that a one-set update shuffles as
+  `make_minibatch_sgd` does, else the epoch's key folded with the set's index in name order;
+  `group_sizes[set]` (None: rows one by one) keeps whole groups together. Optimiser step m
+  calls `loss_fn(params, {set: its m-th minibatch, part: the whole part})`, so every step sees
+  every set. Metrics, `loss` and `grad_norm` are averaged over the steps.
+  """
+  names = sorted(group_sizes)
+
+  def sgd(params, opt_state, batch, key):
+    whole = {k: v for k, v in batch.items() if k not in group_sizes}
+
+    def shuffle(epoch_key):  # every optimiser step gets a slice of every row set
+      keys = ([epoch_key] if len(names) == 1 else
+              [jax.random.fold_in(epoch_key, i) for i in range(len(names))])
+      return {n: _minibatches(batch[n], k, num_minibatches, group_sizes[n])
+              for n, k in zip(names, keys)}
+
+    if not whole:
+      return _epochs_of_minibatches(loss_fn, tx, params, opt_state, key, epochs, shuffle)
+    return _epochs_of_minibatches(lambda p, mb, parts: loss_fn(p, dict(mb, **parts)), tx,
+                                  params, opt_state, key, epochs, shuffle, whole)
+
+  return sgd
+
+
 def _minibatches(batch, key: jax.Array, num_minibatches: int, group_size: int | None):
   """`batch` ([B,...] arrays) shuffled by `epoch_permutation` and stacked into
   [num_minibatches, B / num_minibatches, ...]."""
@@ -512,91 +596,3 @@ def make_scorer(graphdef, rest, chunk_size: int | None, *,
     return (*out, sum_pi_squared_hidden(hidden, unembed, mask, chunk_size=chunk_size))
 
   return score
-
-
-# --------------------------------------------------------------------------
-# Several roles of one policy in one update (JOLT: student and teacher role).
-# --------------------------------------------------------------------------
-
-
-def make_roles_minibatch_sgd(loss_fn: Callable, tx: optax.GradientTransformation, *,
-                             epochs: int, num_minibatches: int,
-                             group_sizes: Mapping[str, int | None]) -> Callable:
-  """`make_minibatch_sgd` over a batch of roles: sgd(params, opt_state, batch, key) with
-  batch = {role: [B_role,...] arrays}; the roles may differ in rows and width.
-
-  Each epoch shuffles every role's rows with its own key (`epoch_permutation`, folded from
-  the epoch and the role's index in sorted order; `group_sizes[role]` keeps whole groups
-  together) and takes `num_minibatches` optimiser steps; step m gets the m-th slice of every
-  role, {role: [B_role / num_minibatches, ...]}, so every optimiser step sees every role.
-  `loss_fn(params, {role: minibatch}) -> (loss, metrics)`. Metrics, `loss` and `grad_norm`
-  are averaged over the steps.
-  """
-  def sgd(params, opt_state, batch, key):
-    roles = sorted(batch)
-
-    def shuffle(epoch_key):  # every optimiser step gets a slice of every role
-      return {role: _minibatches(batch[role], jax.random.fold_in(epoch_key, i),
-                                 num_minibatches, group_sizes.get(role))
-              for i, role in enumerate(roles)}
-
-    return _epochs_of_minibatches(loss_fn, tx, params, opt_state, key, epochs, shuffle)
-
-  return sgd
-
-
-def make_roles_rl_update(graphdef, rest, tx: optax.GradientTransformation, *,
-                         loss_spec: credit.PolicyLossSpec, loss_fields: tuple[str, ...],
-                         loss_kwargs: Mapping[str, Any], kl_coef: float, kl_kind: str,
-                         entropy_coef: float, ppo_epochs: int, num_minibatches: int,
-                         chunk_size: int | None, role_weights: Mapping[str, float],
-                         metric_prefixes: Mapping[str, str],
-                         group_sizes: Mapping[str, int | None] | None = None) -> Callable:
-  """Returns update(state, batch) -> (state, metrics) for a batch of several roles of the
-  one policy, batch = {role: that role's update batch} (each as `make_rl_update`'s: tokens,
-  attn_mask and the loss's batch fields, in the role's own prompt layout and old log-probs).
-
-  The loss of a minibatch is the weighted sum of the roles' `make_rl_loss` losses, each
-  aggregated over its own role's rows:
-
-      L(θ) = Σ_r w_r · L_r(θ; minibatch_r),
-
-  one gradient and one optimiser step for all roles (`make_roles_minibatch_sgd`). Every
-  batch field (advantages, old and cross-role log-probs) is a constant of the update, so
-  only each role's own re-scored `logprob` carries gradient. Metrics: `loss` (the sum),
-  `grad_norm`, `loss_<role>` (its unweighted loss) and each role's loss metrics under
-  `metric_prefixes[role]` (e.g. "" for the student role's, whose names stay those of a
-  one-role run). `group_sizes[role]`: G of contiguous groups for a `whole_groups` loss.
-  """
-  if set(role_weights) != set(metric_prefixes):
-    raise ValueError(f"roles differ: weights {sorted(role_weights)}, prefixes "
-                     f"{sorted(metric_prefixes)}")
-  group_sizes = dict(group_sizes or {})
-  if loss_spec.whole_groups and num_minibatches > 1 and any(
-      group_sizes.get(r) is None for r in role_weights):
-    raise ValueError(f"policy loss {loss_spec.name!r} needs whole prompt groups in every "
-                     "minibatch: pass group_sizes for every role or use num_minibatches=1")
-  role_loss = make_rl_loss(graphdef, rest, loss_spec=loss_spec, loss_fields=loss_fields,
-                           loss_kwargs=loss_kwargs, kl_coef=kl_coef, kl_kind=kl_kind,
-                           entropy_coef=entropy_coef, chunk_size=chunk_size)
-  roles = sorted(role_weights)
-
-  def loss_fn(params, mb):
-    total, metrics = 0.0, {}
-    for role in roles:
-      loss, m = role_loss(params, mb[role])
-      total = total + role_weights[role] * loss
-      metrics.update({metric_prefixes[role] + k: v for k, v in m.items()})
-      metrics[f"loss_{role}"] = loss
-    return total, metrics
-
-  sgd = make_roles_minibatch_sgd(
-      loss_fn, tx, epochs=ppo_epochs, num_minibatches=num_minibatches,
-      group_sizes=group_sizes if loss_spec.whole_groups else {})
-
-  def update(state: TrainState, batch: Mapping[str, Mapping[str, jax.Array]]):
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
-    params, opt_state, metrics = sgd(state.params, state.opt_state, batch, key)
-    return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
-
-  return update

@@ -17,8 +17,9 @@ from credit.losses import dpo_pair_loss, intervention_sft_mask
 from credit.tasks import chain
 from credit.tasks.chain import running_sums
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import loop, producers, train
+from experiments import loop, producers
 from experiments.producers import critical
+from experiments.extensions import critical as critical_term
 from experiments.configs import cso_chain, int_chain, propa_chain
 
 
@@ -255,8 +256,8 @@ def test_critical_loss_is_dpo_and_sft_of_the_scored_rows(runner):
   step = np.zeros((2 * M, T), bool)
   step[:, 6:9] = True
   ref = np.where(step, rng.normal(-2.0, 0.3, size=(2 * M, T)), 0.0).astype(np.float32)
-  dpo = jax.jit(train.make_critical_loss(s.graphdef, s.rest, objective="dpo", beta=0.1,
-                                         chunk_size=None))
+  dpo = jax.jit(critical_term.make_loss(s.graphdef, s.rest, objective="dpo", beta=0.1,
+                                        chunk_size=None))
   loss, metrics = dpo(rs.train.params, dict(tokens=toks, attn_mask=attn, step_mask=step,
                                             logprob_ref=ref))
   lp, _ = s.scorer(entropy=False)(rs.train.params, toks, attn)
@@ -266,8 +267,8 @@ def test_critical_loss_is_dpo_and_sft_of_the_scored_rows(runner):
                        logprob_rejected=lsum[M:], logprob_ref_rejected=rsum[M:], beta=0.1)
   np.testing.assert_allclose(float(loss), float(want.loss), rtol=1e-5)
   assert float(metrics["critical_dpo_num_pairs"]) == M
-  sft = jax.jit(train.make_critical_loss(s.graphdef, s.rest, objective="sft", beta=0.1,
-                                         chunk_size=None))
+  sft = jax.jit(critical_term.make_loss(s.graphdef, s.rest, objective="sft", beta=0.1,
+                                        chunk_size=None))
   mask = np.asarray(intervention_sft_mask(np.array([4, 5]), np.array([2, 3]), T))
   loss, _ = sft(rs.train.params, dict(tokens=toks[:2], attn_mask=attn[:2], loss_mask=mask))
   want = -np.sum(np.where(mask, np.asarray(lp)[:2], 0.0)) / mask.sum()

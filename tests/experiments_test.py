@@ -16,6 +16,7 @@ import pytest
 
 import credit
 from experiments import loop, producers, train
+from experiments.extensions import estimator_loss
 from experiments.configs import grpo_arithmetic
 from experiments.run import apply_method_overrides, check_overrides, split_method_overrides
 
@@ -271,10 +272,11 @@ def test_vimpo_value_loss_is_trained_with_the_policy(tmp_path):
              task_kwargs={}, **METHOD_RUN)
     m = loop.check_method(c)
     if coef is None:
-      assert m.estimator_loss.coef == 200.0 and "value_target" in m.update_fields
-      assert m.estimator_loss.kwargs == {"beta": 5e-4, "clip": None, "kl_estimate": "k3"}
+      term = m.extensions["estimator_loss"]
+      assert term.coef == 200.0 and "value_target" in m.update_fields
+      assert term.kwargs == {"beta": 5e-4, "clip": None, "kl_estimate": "k3"}
     else:
-      assert m.estimator_loss is None and "value_target" not in m.update_fields
+      assert "estimator_loss" not in m.extensions and "value_target" not in m.update_fields
     run, rs = loop.setup(c, str(tmp_path / f"w{coef}"))
     rs = loop.restore_or_warm_up(run, rs)
     moved[coef], rewards[coef] = [], []
@@ -313,7 +315,8 @@ def test_answer_likelihood_term_scores_the_answer_again_in_the_update(estimator,
            warmup_steps=0, debug_checks=True, **METHOD_RUN)
   m = loop.check_method(c)
   assert ANSWER_SEQUENCE | {"answer_weight", "answer_mask"} <= set(m.update_fields)
-  assert m.estimator_loss.scores == ("logprob_answer",) and m.estimator_loss.coef == 1.0
+  term = m.extensions["estimator_loss"]
+  assert term.scores == ("logprob_answer",) and term.coef == 1.0
   run, rs = loop.setup(c, str(tmp_path / "w"))
   rs = loop.restore_or_warm_up(run, rs)
   ctx = loop._context(run, rs)
@@ -329,11 +332,12 @@ def test_answer_likelihood_term_scores_the_answer_again_in_the_update(estimator,
   assert metrics["estimator_loss"] == pytest.approx(want, rel=1e-4)
   model = train.merge_model(run.setup.graphdef, rs.train.params, run.setup.rest)
   after = float(credit.advantages.implicit.answer_likelihood_loss(
-      logprob_answer=train.answer_scores(model, batch, None), answer_mask=batch["answer_mask"],
+      logprob_answer=estimator_loss.answer_scores(model, batch, None),
+      answer_mask=batch["answer_mask"],
       answer_weight=out.answer_weight))
   assert after < want
   off = loop.check_method(tiny(estimator=estimator, estimator_loss_coef=0.0, **METHOD_RUN))
-  assert off.estimator_loss is None and not ANSWER_SEQUENCE & set(off.update_fields)
+  assert "estimator_loss" not in off.extensions and not ANSWER_SEQUENCE & set(off.update_fields)
 
 
 def test_scheduled_estimator_and_oreal_loss_run_end_to_end(tmp_path):

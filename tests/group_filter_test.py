@@ -1,5 +1,6 @@
-"""The group filter (experiments/group_filter.py): which groups it keeps, how it empties the
-dropped groups' rows for everything after the reward, and the step it skips when none is left."""
+"""The group filter (experiments/extensions/group_filter.py): which groups it keeps, how it
+empties the dropped groups' rows for everything after the reward, and the step it skips when
+none is left."""
 import importlib
 
 import jax
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 from credit import parallel
-from experiments import group_filter, loop, producers
+from experiments import loop, producers
+from experiments.extensions import group_filter
 
 
 def test_kept_rows_by_accuracy_band_and_uniform_rewards():

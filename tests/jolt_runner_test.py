@@ -1,5 +1,6 @@
-"""JOLT's two roles in the runner (`experiments/jolt.py`, `--config.jolt.teacher_samples`): the
-teacher role's rows and their layouts, the combined update, the recipe end to end, refusals.
+"""JOLT's two roles in the runner (`experiments/extensions/jolt.py`,
+`--config.jolt.teacher_samples`): the teacher role's rows and their layouts, the combined
+update, the recipe end to end, refusals.
 
 One tiny setup (`jolt_arithmetic:tiny`, with a KL-to-reference term so that the teacher role's
 reference pass runs too) is built once per module and one step's producers are run on it."""
@@ -16,7 +17,8 @@ import pytest
 import credit
 from credit.scoring import score_tokens
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import jolt, loop, producers, train
+from experiments import loop, producers, train
+from experiments.extensions import Step, jolt
 from experiments.configs import jolt_arithmetic
 from tests.experiments_test import read_metrics, tiny
 
@@ -125,25 +127,30 @@ def test_combined_update_is_one_step_on_the_sum_of_the_roles_losses(one_step):
   c, m, s = run.c, run.method, run.setup
   w = 0.5
   student = dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask)
-  both = jolt.update_batch(student, batch, ctx, num_groups=c.prompts_per_step, validate=True)
-  assert set(both) == {"student", "teacher"}
-  assert both["teacher"]["tokens"].shape[1] > both["student"]["tokens"].shape[1]  # own layout
+  both = jolt.update_batch({train.MAIN: student}, Step(rs.train, batch, ctx, True),
+                           num_groups=c.prompts_per_step)
+  assert set(both) == {train.MAIN, jolt.ROLE}
+  assert both[jolt.ROLE]["tokens"].shape[1] > both[train.MAIN]["tokens"].shape[1]  # own layout
   kw = dict(loss_spec=m.loss, loss_fields=m.loss_fields, loss_kwargs=m.loss_kwargs,
             kl_coef=c.kl_coef, kl_kind=c.kl_kind, entropy_coef=c.entropy_coef,
             chunk_size=s.chunk_size)
   role_loss = train.make_rl_loss(s.graphdef, s.rest, **kw)
   params = rs.train.params
   grad_fn = jax.jit(jax.value_and_grad(role_loss, has_aux=True))
-  (l_s, m_s), g_s = grad_fn(params, both["student"])
-  (l_t, m_t), g_t = grad_fn(params, both["teacher"])
+  (l_s, m_s), g_s = grad_fn(params, both[train.MAIN])
+  (l_t, m_t), g_t = grad_fn(params, both[jolt.ROLE])
   assert abs(float(l_s)) > 0 and abs(float(l_t)) > 0 and "kl_loss" in m_t
   # Plain SGD with lr 1 (the run's schedule starts at lr 0, and Adam's first step is nearly
   # sign(g)): the parameters move by exactly −∇(L_S + w·L_T).
   tx = optax.sgd(1.0)
-  update = jax.jit(train.make_roles_rl_update(
-      s.graphdef, s.rest, tx, ppo_epochs=1, num_minibatches=1,
-      role_weights={"student": 1.0, "teacher": w},
-      metric_prefixes={"student": "", "teacher": "jolt_teacher_"}, **kw))
+  row_sets = [train.RowSet(train.MAIN, loss_metric="loss_student"),
+              train.RowSet(jolt.ROLE, weight=w, metric_prefix="jolt_teacher_",
+                           loss_metric="loss_teacher")]
+  terms = [t for r in row_sets for t in train.policy_terms(
+      rows=r.name, **{k: v for k, v in kw.items() if k != "chunk_size"})]
+  update = jax.jit(train.make_update(s.graphdef, s.rest, tx, row_sets=row_sets, terms=terms,
+                                     ppo_epochs=1, num_minibatches=1,
+                                     chunk_size=s.chunk_size))
   state = jax.tree.map(jnp.copy, rs.train).replace(opt_state=tx.init(params))
   new, metrics = update(state, both)
   np.testing.assert_allclose(metrics["loss"], l_s + w * l_t, rtol=1e-5, atol=1e-7)

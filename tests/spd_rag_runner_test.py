@@ -1,5 +1,6 @@
-"""SPD-RAG's document agents (credit/envs/subagents.py, experiments/subagents.py): contexts,
-observations, roles and masks, spd_rag credit on a produced batch, a tiny end-to-end run."""
+"""SPD-RAG's document agents (credit/envs/subagents.py, experiments/extensions/subagents.py):
+contexts, observations, roles and masks, spd_rag credit on a produced batch, a tiny end-to-end
+run."""
 from __future__ import annotations
 
 import functools
@@ -18,7 +19,7 @@ from credit.envs.rollout import TurnLayout
 from credit.envs.subagents import (EMPTY, AgentsMultiTurnSampler, MultiDocAgentsEnv,
                                    agent_prompt, oracle_answer)
 from credit.tasks import CharTokenizer, get_task
-from experiments import subagents
+from experiments.extensions import subagents
 from tests.tiny_decoder import scaled_tiny_decoder
 
 TOK = CharTokenizer()

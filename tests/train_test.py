@@ -144,20 +144,22 @@ def test_a2tgpo_on_group_aligned_minibatches_equals_its_full_batch_terms():
 
 def test_rl_update_passes_group_size_only_to_whole_group_losses(monkeypatch):
   seen = []
-  monkeypatch.setattr(train, "make_minibatch_sgd",
-                      lambda *a, **kw: seen.append(kw["group_size"]) or (lambda *x: None))
+  monkeypatch.setattr(train, "make_row_sets_sgd",
+                      lambda *a, **kw: seen.append(dict(kw["group_sizes"])) or (lambda *x: None))
 
-  def make(name, num_minibatches, **kw):
+  def make(name, num_minibatches, group_size=None):
     spec = credit.get_policy_loss(name)
-    return train.make_rl_update(None, None, optax.sgd(0.1), loss_spec=spec,
-                                loss_fields=tuple(sorted(spec.needs)), loss_kwargs={},
-                                kl_coef=0.0, kl_kind="k3", entropy_coef=0.0, ppo_epochs=1,
-                                num_minibatches=num_minibatches, chunk_size=None, **kw)
+    terms = train.policy_terms(loss_spec=spec, loss_fields=tuple(sorted(spec.needs)),
+                               loss_kwargs={}, kl_coef=0.0, kl_kind="k3", entropy_coef=0.0)
+    return train.make_update(None, None, optax.sgd(0.1),
+                             row_sets=[train.RowSet(train.MAIN, group_size=group_size)],
+                             terms=terms, ppo_epochs=1, num_minibatches=num_minibatches,
+                             chunk_size=None)
 
   make("a2tgpo", 2, group_size=4)
   make("ppo_clip", 2, group_size=4)
   make("a2tgpo", 1)                        # one minibatch is the whole batch
-  assert seen == [4, None, None]
+  assert seen == [{"main": 4}, {"main": None}, {"main": None}]
   with pytest.raises(ValueError, match="'a2tgpo' needs whole prompt groups"):
     make("a2tgpo", 2)
 

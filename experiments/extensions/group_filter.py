@@ -21,14 +21,21 @@ values are then unused.
 
 Config (`c.group_filter`): min_accuracy / max_accuracy (0 / 1: off), drop_uniform (False),
 success_threshold τ (1.0). PRIME: 0.2 / 0.8; DAPO: drop_uniform=True.
+
+As an extension (`EXTENSION`): a stage right after the stage that makes `reward`, and a step
+whose filter kept no group is skipped.
 """
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import ml_collections
 import numpy as np
 
 from credit import parallel
-from experiments import jolt, producers, subagents
+from experiments import producers
+from experiments.extensions import jolt, subagents
+from experiments.extensions.base import Built, Extension, Placed
 
 NAME = "group_filter"
 
@@ -87,9 +94,19 @@ def build_stage(s: producers.Setup) -> producers.Stage:
   return producers.Stage(NAME, "reward", frozenset({"response_mask"}), produce)
 
 
-def insert(stages: list[producers.Stage], s: producers.Setup) -> list[producers.Stage]:
-  """`stages` with the filter right after the stage that makes `reward`."""
-  for i, st in enumerate(stages):
-    if "reward" in st.wanted:
-      return stages[:i + 1] + [build_stage(s)] + stages[i + 1:]
-  raise producers.SetupError("group_filter needs the step's reward, which no stage makes")
+def nothing_kept(batch: Mapping[str, Any], ctx: producers.StepContext) -> bool:
+  """The filter kept no group this step (no response token left): the step makes no update,
+  as PRIME and DAPO skip such batches."""
+  del batch
+  return not ctx.host["response_mask"].any()
+
+
+def build(s: producers.Setup, method: Any) -> Built:
+  del method
+  return Built(stages=(Placed(build_stage(s), after="reward"),), skip=nothing_kept)
+
+
+EXTENSION = Extension(
+    name=NAME, on=on, check=check, build=build,
+    doc="PRIME's / DAPO's prompt-group filter: groups outside the accuracy band (or with "
+        "uniform rewards) dropped right after the reward; a step that keeps none is skipped")

@@ -13,17 +13,18 @@ abstract) trains one model in two roles:
   `logprob_alt`, the student role's view of the same tokens); estimator `jolt_teacher`,
   A^T = GRPO(r^T) − β·(ℓ_{T|T} − ℓ_{S|T}).
 
-Both roles' rows go into one update (`train.make_roles_rl_update`): L = L_S + w·L_T, each
-the configured policy loss over its own rows, prompt layout and old log-probs; one gradient,
-one optimiser step per minibatch. Cross-role log-probs are batch constants (stop-gradient).
+Both roles' rows go into one update (`train.make_update` with a second row set, `ROLE`):
+L = L_S + w·L_T, each the configured policy loss over its own rows, prompt layout and old
+log-probs; one gradient, one optimiser step per minibatch. Cross-role log-probs are batch
+constants (stop-gradient).
 
 The teacher role is a producer stage with no contract field (its rows are a second batch,
 not columns of the student's): it runs after the student's producers and leaves its update
 batch in `ctx.extras[EXTRA]` and its metrics (`jolt_teacher_*`, `jolt_kl_*`) in `ctx.metrics`;
-`update_batch` joins the two roles for the update. The teacher role's rows are laid out with
-the privileged prompt left-padded to a fixed width W and the response from column W
-(`left_align_prompts`; the sampler returns prompt-then-response rows, right-padded), so that
-the student-context re-score can cut every row at W.
+`update_batch` puts it into the update batch next to the student's rows (`EXTENSION`'s rows).
+The teacher role's rows are laid out with the privileged prompt left-padded to a fixed width W
+and the response from column W (`left_align_prompts`; the sampler returns prompt-then-response
+rows, right-padded), so that the student-context re-score can cut every row at W.
 
 Confidence: inferred. Neither JOLT's equations nor its code were found (see the estimators'
 docstrings); the spec's "two estimator calls, one combined loss" is built as follows, each a
@@ -47,6 +48,7 @@ import credit
 from credit import parallel
 from credit import tasks as tasks_lib
 from experiments import producers, train
+from experiments.extensions.base import Built, Extension, Placed, Step
 
 SetupError = producers.SetupError
 
@@ -55,6 +57,7 @@ ROWS = "jolt_teacher_rows"      # ctx.extras key of all its fields (device array
 HOST = "jolt_teacher_host"      # ctx.extras key of its host copies (tokens, masks, texts)
 STUDENT_ESTIMATOR = "jolt"
 TEACHER_ESTIMATOR = "jolt_teacher"
+ROLE = "teacher"                # the teacher role's row set in the update batch
 # The fields the teacher role's rows have (besides the update's own logprob / entropy).
 TEACHER_ROLE_FIELDS = frozenset({"tokens", "response_mask", "group_id", "prompt_id", "reward",
                                  "logprob_old", "logprob_sampler", "logprob_alt", "logprob_ref",
@@ -72,6 +75,13 @@ def check(c: ml_collections.ConfigDict) -> None:
   """SetupError, before any file is written, for a JOLT setting the runner cannot run, with
   the reason."""
   j = c.jolt
+  if c.estimator == TEACHER_ESTIMATOR:
+    raise SetupError(f"estimator {c.estimator!r} is JOLT's teacher role, run by the JOLT step "
+                     f"on the teacher role's own rows (estimator {STUDENT_ESTIMATOR!r}, "
+                     "jolt.teacher_samples > 0, teacher.context). On ordinary rows its "
+                     "logprob_alt is the score under a context the policy never sampled in, "
+                     "2-7 nats below logprob_old, so it only pushes tokens down (on pivotal: "
+                     "every response the stop token by step 30)")
   if int(j.teacher_samples) < 0:
     raise SetupError(f"jolt.teacher_samples={j.teacher_samples} must be >= 0 (0 = off)")
   if not 0.0 <= float(j.sft_privileged) <= 1.0:
@@ -98,7 +108,7 @@ def check(c: ml_collections.ConfigDict) -> None:
     raise SetupError(f"{what}: single-turn tasks only — the teacher role samples one response "
                      "after the privileged prompt; privileged multi-turn episodes (the context "
                      "in every turn's prompt, observations re-scored without it) are not built")
-  if producers.tree_on(c) or producers.slate_on(c):
+  if producers.rollout_kind(c) in ("tree", "slate"):
     raise SetupError(f"{what}: tree and step-level sampling (tree.branches, slate.candidates) "
                      "are not built for the teacher role, whose rows are G_T contiguous samples "
                      "per prompt; set them to 0")
@@ -151,7 +161,7 @@ def sft_prompter(c: ml_collections.ConfigDict, data) -> Any:
   if not on(c) or q <= 0:
     return None
   tok, task, kind = data.tokenizer, data.task, c.teacher.context
-  width = producers._prompt_width(  # pylint: disable=protected-access
+  width = producers.prompt_width(
       tok, (producers.privileged_prompt(c, task, e, kind) for e in data.train),
       f"a prompt with its teacher context {c.teacher.prefix!r}")
   rng = np.random.default_rng([c.seed, _KEY_FOLD])
@@ -166,8 +176,9 @@ def sft_prompter(c: ml_collections.ConfigDict, data) -> Any:
   return privileged
 
 
-def check_rows(c: ml_collections.ConfigDict, batch_divisor: int) -> None:
+def check_rows(c: ml_collections.ConfigDict, *, data: Any = None, batch_divisor: int) -> None:
   """The teacher role's N·G_T rows split into the update's minibatches on the mesh."""
+  del data
   if not on(c):
     return
   rows = c.prompts_per_step * int(c.jolt.teacher_samples)
@@ -224,7 +235,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
   c, tok, task, mesh = s.c, s.data.tokenizer, s.data.task, s.mesh
   N, G_T, P = s.num_groups, int(c.jolt.teacher_samples), s.data.max_prompt_len
   kind = c.teacher.context
-  width = producers._prompt_width(  # pylint: disable=protected-access
+  width = producers.prompt_width(
       tok, (producers.privileged_prompt(c, task, e, kind) for e in s.data.train),
       f"a prompt with its teacher context {c.teacher.prefix!r}")
   est = credit.get_estimator(TEACHER_ESTIMATOR)
@@ -250,7 +261,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
   stats = jax.jit(_role_stats)
 
   def produce(state, batch, ctx: producers.StepContext) -> dict:
-    examples = producers._examples_rows(ctx.examples)  # pylint: disable=protected-access
+    examples = producers.examples_rows(ctx.examples)
     prompts = [producers.privileged_prompt(c, task, e, kind) for e in examples]
     toks, pmask = tasks_lib.encode_prompts(tok, prompts, width)
     out = s.sampler(s.model_state(state.params), prompt_tokens=toks, prompt_mask=pmask,
@@ -260,7 +271,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
         "tokens": out.tokens, "response_mask": out.response_mask, "prompt_mask": out.prompt_mask,
         "logprob_sampler": out.logprob_sampler, "logprob_raw": out.logprob_raw}), width)
     resp = host["response_mask"]
-    texts, reward = producers._verify(  # pylint: disable=protected-access
+    texts, reward = producers.verify_rows(
         s, ctx.examples, host["tokens"], resp, group_id)
     ctx.extras[HOST] = dict(host, texts=texts, reward=np.asarray(reward), group_id=group_id)
     attn = parallel.shard_batch(host["prompt_mask"] | resp, mesh)
@@ -304,34 +315,42 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
   return producers.Stage("jolt_teacher_role", "jolt_teacher", frozenset(), produce)
 
 
-def update_batch(student: dict, batch: Mapping[str, Any], ctx: producers.StepContext, *,
-                 num_groups: int, validate: bool) -> dict:
-  """{"student": `student` (the loop's update batch), "teacher": the teacher role's}, after
-  the student role's advantage metrics (`jolt_student_adv_*`) are added to `ctx.metrics`; with
-  `validate` the teacher role's rows are checked against `credit.CONTRACT` first."""
+def update_batch(parts: dict, step: Step, *, num_groups: int) -> dict:
+  """`parts` (the update batch, the student role's rows under `train.MAIN`) with the teacher
+  role's under `ROLE`, after the student role's advantage metrics (`jolt_student_adv_*`) are
+  added to `ctx.metrics`; with `step.validate` the teacher role's rows are checked against
+  `credit.CONTRACT` first."""
+  batch, ctx = step.batch, step.ctx
   teacher = ctx.extras[EXTRA]
-  if validate:
+  if step.validate:
     host = parallel.to_host({k: v for k, v in teacher.items() if k in credit.CONTRACT})
     credit.validate_fields(host, num_groups=num_groups, where="JOLT teacher-role batch")
   m = _role_stats(batch["advantages"], jnp.zeros_like(batch["advantages"]),
                   batch["response_mask"])
   ctx.metrics.update(jolt_student_adv_mean=float(m["adv_mean"]),
                      jolt_student_adv_abs_mean=float(m["adv_abs_mean"]))
-  return {"student": student, "teacher": teacher}
+  return dict(parts, **{ROLE: teacher})
 
 
-def make_update(c: ml_collections.ConfigDict, graphdef, rest, tx, *, loss_spec,
-                loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any],
-                chunk_size: int | None, out_shardings) -> Any:
-  """The jitted two-role update (`train.make_roles_rl_update`): student weight 1, teacher
-  `c.jolt.loss_coef`; the student's metrics keep their names, the teacher's get `jolt_teacher_`;
-  group-aligned minibatches (G for the student, G_T for the teacher) for whole-group losses."""
-  return jax.jit(train.make_roles_rl_update(
-      graphdef, rest, tx, loss_spec=loss_spec, loss_fields=loss_fields,
-      loss_kwargs=loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
-      entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
-      num_minibatches=c.num_minibatches, chunk_size=chunk_size,
-      role_weights={"student": 1.0, "teacher": float(c.jolt.loss_coef)},
-      metric_prefixes={"student": "", "teacher": "jolt_teacher_"},
-      group_sizes={"student": c.group_size, "teacher": int(c.jolt.teacher_samples)}),
-      out_shardings=out_shardings, donate_argnums=(0,))
+def row_sets(c: ml_collections.ConfigDict) -> tuple[train.RowSet, ...]:
+  """The teacher role's rows: weight `c.jolt.loss_coef`, metrics prefixed `jolt_teacher_`,
+  loss `loss_teacher`, groups of G_T (for whole-group losses)."""
+  if not on(c):
+    return ()
+  return (train.RowSet(ROLE, weight=float(c.jolt.loss_coef),
+                       group_size=int(c.jolt.teacher_samples), metric_prefix="jolt_teacher_",
+                       loss_metric="loss_teacher"),)
+
+
+def build(s: producers.Setup, method: Any) -> Built:
+  """The teacher role's stage after the student's producers; its rows join the update."""
+  n = s.c.prompts_per_step
+  return Built(stages=(Placed(build_stage(s, method.update_fields)),),
+               rows=lambda parts, step: update_batch(parts, step, num_groups=n))
+
+
+EXTENSION = Extension(
+    name="jolt", on=on, check=check, check_run=check_rows, row_sets=row_sets,
+    main_role="student", build=build, sft_prompts=sft_prompter,
+    doc="JOLT's teacher role: G_T samples per prompt after the privileged context, trained "
+        "with the student role's rows in one update (L = L_S + w·L_T)")

@@ -23,8 +23,9 @@ this module turns the agents' generations into rows of their own:
   the episode's policy tokens (GRPO's constant row advantage: one trajectory, one credit, the
   role-blind baseline); `auto` = `estimator` for `spd_rag`, else `episode`.
 
-Both sets of rows go into one update (`train.make_roles_rl_update`, as JOLT's two roles):
-L = L_episodes + w·L_agents (w = `c.subagents.loss_coef`), one gradient per minibatch.
+Both sets of rows go into one update (`train.make_update` with a second row set, `ROLE`, as
+JOLT's two roles): L = L_episodes + w·L_agents (w = `c.subagents.loss_coef`), one gradient per
+minibatch.
 Metrics: `agent_calls` (per episode), `agent_accuracy` (answers equal to the oracle's),
 `agent_response_length`, `agent_adv_mean` / `agent_adv_abs_mean`, and the agents' loss
 metrics prefixed `agent_`.
@@ -35,7 +36,7 @@ agents' reward, the `episode` baseline, one loss weight.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,15 +46,18 @@ import numpy as np
 import credit
 from credit import parallel
 from credit import tasks as tasks_lib
+from credit.envs.subagents import AgentsMultiTurnSampler
 from credit.tasks.char_tokenizer import prompt_ids
 from experiments import producers, train
+from experiments.extensions import estimator_loss
+from experiments.extensions.base import Built, Extension, Placed, Step, TurnSampler
 
 SetupError = producers.SetupError
 
 EXTRA = "subagent_rows"     # ctx.extras key of the agents' update batch
 ROWS = "subagent_fields"    # ctx.extras key of all their fields (device arrays)
 HOST = "subagent_host"      # ctx.extras key of their host copies and texts
-ROLES = ("episodes", "agents")
+ROLE = "agents"            # the agent rows' row set in the update batch
 CREDITS = ("auto", "estimator", "episode")
 # The fields the agent rows have (besides the update's own logprob / entropy).
 AGENT_FIELDS = frozenset({"tokens", "response_mask", "group_id", "prompt_id", "reward",
@@ -109,9 +113,14 @@ def check(c: ml_collections.ConfigDict) -> None:
                     "critical (its objective is not carried by the two-row-set update)"),
                    (c.obs_ce_coef, "obs_ce_coef (not carried by the two-row-set update)"),
                    (int(c.jolt.teacher_samples) > 0, "jolt.teacher_samples"),
-                   (producers.tree_on(c) or producers.slate_on(c), "tree / slate sampling")):
+                   (producers.rollout_kind(c) in ("tree", "slate"), "tree / slate sampling")):
     if bad:
       raise SetupError(f"{what}: {why} is not built with document agents; turn it off")
+  est = credit.get_estimator(c.estimator)
+  if estimator_loss.coef(c, est):
+    raise SetupError(f"estimator {est.name!r} adds a loss term over the episodes' rows "
+                     "(estimator_loss_coef); sub-agent rows have no targets for it: set "
+                     "estimator_loss_coef=0 or run without subagents")
   loss = credit.get_policy_loss(c.policy_loss)
   need = (set(loss.needs) - train.UPDATE_FIELDS) | ({"logprob_sampler"}
                                                     if c.importance_correction else set())
@@ -128,8 +137,9 @@ def check(c: ml_collections.ConfigDict) -> None:
                        "subagents.credit=episode")
 
 
-def check_rows(c: ml_collections.ConfigDict, batch_divisor: int) -> None:
+def check_rows(c: ml_collections.ConfigDict, *, data: Any = None, batch_divisor: int) -> None:
   """The agents' B·M rows split into the update's minibatches on the mesh."""
+  del data
   if not on(c):
     return
   rows = c.prompts_per_step * c.group_size * slots(c)
@@ -261,38 +271,55 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
   return producers.Stage("subagent_rows", "scoring", frozenset(), produce)
 
 
-def update_batch(main: dict, batch: Mapping[str, Any], ctx: producers.StepContext, *,
-                 update_fields: tuple[str, ...], num_groups: int, validate: bool) -> dict:
-  """{"episodes": `main` (the loop's update batch), "agents": the agent rows'}, their
-  advantages made here under credit `episode` (from the episodes' `batch["advantages"]`);
-  with `validate` the agent rows are checked against `credit.CONTRACT` first."""
+def update_batch(parts: dict, step: Step, *, update_fields: tuple[str, ...],
+                 num_groups: int) -> dict:
+  """`parts` (the update batch, the episodes' rows under `train.MAIN`) with the agent rows'
+  under `ROLE`, their advantages made here under credit `episode` (from the episodes'
+  `batch["advantages"]`); with `step.validate` the agent rows are checked against
+  `credit.CONTRACT` first."""
+  batch, ctx = step.batch, step.ctx
   rows = ctx.extras[ROWS]
   if "advantages" not in rows:  # credit episode
     rows["advantages"] = episode_advantages(batch["advantages"], batch["response_mask"],
                                             jnp.asarray(ctx.extras[HOST]["episode"]),
                                             rows["response_mask"])
-  if validate and ctx.extras[HOST]["response_mask"].any():  # none: no call this step
+  if step.validate and ctx.extras[HOST]["response_mask"].any():  # none: no call this step
     host = parallel.to_host({k: v for k, v in rows.items() if k in credit.CONTRACT})
     credit.validate_fields(host, num_groups=num_groups, where="document-agent rows")
   m = _stats(rows["advantages"], rows["response_mask"])
   ctx.metrics.update(agent_adv_mean=float(m["adv_mean"]),
                      agent_adv_abs_mean=float(m["adv_abs_mean"]))
   agents = dict({f: rows[f] for f in update_fields}, attn_mask=rows["attn_mask"])
-  return {"episodes": main, "agents": agents}
+  return dict(parts, **{ROLE: agents})
 
 
-def make_update(c: ml_collections.ConfigDict, graphdef, rest, tx, *, loss_spec,
-                loss_fields: tuple[str, ...], loss_kwargs: Mapping[str, Any],
-                chunk_size: int | None, out_shardings) -> Any:
-  """The jitted update of both row sets (`train.make_roles_rl_update`): episodes weight 1,
-  agents `c.subagents.loss_coef`; the episodes' metrics keep their names, the agents' get
-  `agent_`; whole groups are G episodes and G·M agent rows."""
-  return jax.jit(train.make_roles_rl_update(
-      graphdef, rest, tx, loss_spec=loss_spec, loss_fields=loss_fields,
-      loss_kwargs=loss_kwargs, kl_coef=c.kl_coef, kl_kind=c.kl_kind,
-      entropy_coef=c.entropy_coef, ppo_epochs=c.ppo_epochs,
-      num_minibatches=c.num_minibatches, chunk_size=chunk_size,
-      role_weights={"episodes": 1.0, "agents": float(settings(c).loss_coef)},
-      metric_prefixes={"episodes": "", "agents": "agent_"},
-      group_sizes={"episodes": c.group_size, "agents": c.group_size * slots(c)}),
-      out_shardings=out_shardings, donate_argnums=(0,))
+def row_sets(c: ml_collections.ConfigDict) -> tuple[train.RowSet, ...]:
+  """The agent rows: weight `c.subagents.loss_coef`, metrics prefixed `agent_`, loss
+  `loss_agents`, groups of G·M rows (for whole-group losses)."""
+  if not on(c):
+    return ()
+  return (train.RowSet(ROLE, weight=float(settings(c).loss_coef),
+                       group_size=c.group_size * slots(c), metric_prefix="agent_",
+                       loss_metric="loss_agents"),)
+
+
+def turn_sampler(data) -> TurnSampler:
+  """The policy answers the coordinator's asks as document agents (`AgentsMultiTurnSampler`);
+  the turn layout's prompt columns hold the longest agent prompt."""
+  return TurnSampler(AgentsMultiTurnSampler, sampler_kwargs(data.task),
+                     agent_prompt_width(data.task, data.tokenizer))
+
+
+def build(s: producers.Setup, method: Any) -> Built:
+  """The agent rows' stage after the rollout's producers; the rows join the update."""
+  fields, n = method.update_fields, s.c.prompts_per_step
+  return Built(stages=(Placed(build_stage(s, fields)),),
+               rows=lambda parts, step: update_batch(parts, step, update_fields=fields,
+                                                     num_groups=n))
+
+
+EXTENSION = Extension(
+    name="subagents", on=on, check=check, check_run=check_rows, row_sets=row_sets,
+    main_role="episodes", build=build, turn_sampler=turn_sampler,
+    doc="SPD-RAG's document agents: the policy's answers to the coordinator's asks as rows "
+        "of their own, trained with the episodes' rows in one update")
