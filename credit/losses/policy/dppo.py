@@ -85,9 +85,8 @@ def dppo_tv_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Arra
   c = 20 (the code's default when unset; the script sets 10⁴, i.e. no truncation); the
   script aggregates with ``seq-mean-token-sum-norm`` and Dr.GRPO advantages, here
   ``token-mean`` is the function's default as in the code. The paper's bypass mode
-  (trust region against the sampler's log-probs) is `logprob_old` = the sampler's.
-
-  Confidence: code-verified (verl `core_algos.py` `compute_policy_loss_dppo_tv`).
+  (trust region against the sampler's log-probs) is `logprob_old` = the sampler's. As
+  verl's `compute_policy_loss_dppo_tv`.
 
   Args:
     logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.
@@ -131,9 +130,8 @@ def dppo_kl_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Arra
   Paper: "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv 2602.04879
   (DPPO, Binary-KL approximation). Defaults: δ = 0.05 (the released DPPO run script),
   c = 20 (the code's default when unset). Deviation: where verl's binary KL is NaN (a
-  log-prob above 0) it is +inf here, with the same mask (see `binary_kl`).
-
-  Confidence: code-verified (verl `core_algos.py` `compute_policy_loss_dppo_kl`).
+  log-prob above 0) it is +inf here, with the same mask (see `binary_kl`). Otherwise as
+  verl's `compute_policy_loss_dppo_kl`.
 
   Args:
     logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool.

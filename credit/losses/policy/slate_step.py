@@ -20,7 +20,7 @@ Array = jax.Array
 
 _NAME = "slate_step"
 _PAPER = ("Truncated Step-Level Sampling with Process Rewards for Retrieval-Augmented "
-          "Reasoning (SLATE); arXiv id not given in the seeds; code "
+          "Reasoning (SLATE), arXiv preprint; code "
           "https://github.com/algoprog/SLATE")
 _TREE_FIELDS = ("parent_id", "prefix_len", "group_id")
 
@@ -76,8 +76,6 @@ def slate_step_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: A
   GSPO's sequence-ratio objective with ε = 0.2 averaged per prompt. The weights depend on
   the whole batch (P and the step counts), so the loss is registered batch-coupled and
   with whole groups: a minibatch is averaged over its own prompts.
-
-  Confidence: code-verified (algoprog/SLATE `aggregate_step_objectives`).
 
   Args:
     logprob, logprob_old, advantages: [B,T] float32; response_mask: [B,T] bool, the
