@@ -172,13 +172,16 @@ def test_token_budget_truncates_episodes():
     assert len(out.trajectories[b].actions) == 2 + b % 3
 
 
-def test_empty_observation_of_a_continuing_episode_is_refused():
+def test_empty_observation_of_a_continuing_episode_is_a_flagged_tool_error():
   class Mute(ScriptEnv):
     def step(self, action):
       return SimpleNamespace(observation="", done=False, reward=0.0, progress=0.0, role=0)
 
-  with pytest.raises(ValueError, match="empty observation"):
-    _sampler()(_model(), [Mute(i) for i in range(6)], key=jax.random.key(0))
+  out = _sampler()(_model(), [Mute(i) for i in range(6)], key=jax.random.key(0))
+  assert out.tool_status[:, 0].tolist() == [1] * 6  # TOOL_ERROR on every row's first turn
+  assert out.timings["tool_errors"] >= 6
+  res = out.trajectories[0].results[0]
+  assert res.observation == "error: tool failed" and "empty observation" in res.info["tool_error"]
 
 
 def test_encode_episode_layout():

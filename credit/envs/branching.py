@@ -183,7 +183,7 @@ def local_rollouts(sampler: MultiTurnSampler, model_state, episodes: MultiTurnOu
       "turn_role": np.zeros((PL, K), np.int32), "step_mask": np.zeros((PL, K), bool),
       "reward": np.zeros(PL, np.float32),
       "lengths": np.full(PL, int(episodes.prompt_mask[0].sum()), np.int32),
-      "truncated": np.zeros(PL, bool)}
+      "truncated": np.zeros(PL, bool), "tool_status": np.zeros((PL, K), np.int8)}
   trajs = [Trajectory(episodes.trajectories[0].prompt, [], [], [], 0.0, False)] * PL
   if cont is not None:
     for name in loc:

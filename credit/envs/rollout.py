@@ -57,6 +57,9 @@ from flax import nnx
 
 from credit import sampling
 from credit.contract import Rollout
+from credit.envs.base import StepResult
+from credit.envs.calls import Call, call_all
+from credit.envs.chat import turn_template
 
 Array = jax.Array
 
@@ -64,6 +67,13 @@ __all__ = ["MultiTurnOutput", "MultiTurnSampler", "TurnLayout", "Trajectory"]
 
 # Column kinds of the internal buffer.
 _PAD, _PROMPT, _ACTION, _OBS = 0, 1, 2, 3
+# `MultiTurnOutput.tool_status` values: the turn's environment step went well, raised or gave a
+# malformed result, or ran past its time limit.
+TOOL_OK, TOOL_ERROR, TOOL_TIMEOUT = 0, 1, 2
+# Observations shown to the policy after a failed step (characters every built-in tokenizer
+# has); the details are in the turn's `info["tool_error"]`.
+ERROR_OBSERVATION = "error: tool failed"
+TIMEOUT_OBSERVATION = "error: tool timed out"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +163,11 @@ class MultiTurnOutput(NamedTuple):
     snapshots: with `keep_snapshots=True`, per row the environment's `snapshot()` after each
       turn that did not end the episode (`snapshots[b][k]`: the state after turns 0..k), the
       saved states `continue_episodes` re-rolls from; else None.
+    tool_status: [B,K] int8, how turn k's environment step went: `TOOL_OK`, `TOOL_ERROR` (it
+      raised, returned a malformed result or an observation the tokenizer cannot encode;
+      the policy saw `ERROR_OBSERVATION` and the episode went on) or `TOOL_TIMEOUT` (it ran
+      past `step_timeout_s`; the episode ended there, with reward 0). Counts in `timings`
+      (`tool_errors`, `tool_timeouts`).
   """
   tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -172,6 +187,7 @@ class MultiTurnOutput(NamedTuple):
   trajectories: list
   timings: dict
   snapshots: list | None = None
+  tool_status: np.ndarray | None = None
 
   def rollout(self) -> Rollout:
     """The contract `Rollout` (extras: prompt_mask, logprob_raw)."""
@@ -268,13 +284,35 @@ class MultiTurnSampler:
   `keep_snapshots=True` records the environments' snapshots after each continuing turn
   (`MultiTurnOutput.snapshots`; environments with `snapshot()`); `continue_episodes` re-rolls
   from them.
+
+  Turns become tokens through the tokenizer's `credit.envs.chat.turn_template`: with a chat
+  template, the prompt, each observation (in the template's tool role) and the generation
+  prompt before every policy turn are the template's; the character tokenizer keeps the
+  plain layout (bos + prompt, action + eos, observation text).
+
+  The B environments of a turn are stepped concurrently (`credit.envs.calls.call_all`): at
+  most `max_concurrent_steps` at a time, each allowed `step_timeout_s` seconds. A step that
+  raises or returns a malformed result gives the policy `ERROR_OBSERVATION` and the episode
+  goes on; one that runs past its time ends its episode (the environment is not called
+  again); either way the row is flagged in `MultiTurnOutput.tool_status` and the run goes on.
+  Results are laid out by row, so they do not depend on which step finished first.
+  Environments with `parallel_steps = False` (e.g. ones that call the policy themselves) are
+  stepped one after another in row order on the calling thread, with no time limit.
   """
 
   def __init__(self, model: nnx.Module, *, tokenizer, layout: TurnLayout,
                stop_tokens: Sequence[int] | None = None, pad_id: int | None = None,
-               cache_dtype=None):
+               cache_dtype=None, max_concurrent_steps: int = 16,
+               step_timeout_s: float | None = 60.0):
+    if max_concurrent_steps < 1:
+      raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps}")
+    if step_timeout_s is not None and not step_timeout_s > 0:
+      raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
     self.graphdef, _ = nnx.split(model)
     self.tokenizer = tokenizer
+    self.turns = turn_template(tokenizer)
+    self.max_concurrent_steps = max_concurrent_steps
+    self.step_timeout_s = step_timeout_s
     self.layout = layout
     self.vocab_size = sampling._vocab_size(model)
     self.pad_id = int(tokenizer.pad_id if pad_id is None else pad_id)
@@ -293,10 +331,9 @@ class MultiTurnSampler:
 
   def _encode_prompts(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     P = self.layout.prompt_width
-    tok = self.tokenizer
     ids = []
     for p in prompts:
-      row = list(tok.encode(p, add_bos=getattr(tok, "bos_id", None) is not None))
+      row = self.turns.prompt_ids(p)
       if len(row) > P:
         raise ValueError(f"a prompt of {len(row)} tokens does not fit prompt_width={P}: {p!r}")
       ids.append(row)
@@ -309,21 +346,37 @@ class MultiTurnSampler:
     return tokens, mask
 
   def _encode_observations(self, texts: Sequence[str | None], room_B: np.ndarray
-                           ) -> tuple[np.ndarray, np.ndarray, list]:
+                           ) -> tuple[np.ndarray, np.ndarray, list, list]:
+    """The observation blocks [B, W_o] of a turn (each cut to its row's room), the kept ids,
+    and the rows whose observation the tokenizer could not encode (they get
+    `ERROR_OBSERVATION` instead)."""
     O = self.layout.max_observation_tokens
     B = len(texts)
     tokens = np.full((B, O), self.pad_id, np.int32)
     mask = np.zeros((B, O), bool)
-    kept = []
+    kept, unreadable = [], []
     for b, text in enumerate(texts):
       if text is None:
         kept.append(None)
         continue
-      ids = list(self.tokenizer.encode(text))[:max(0, min(O, int(room_B[b])))]
+      room = max(0, min(O, int(room_B[b])))
+      try:
+        ids = self.turns.observation_ids(text, room)
+      except ValueError:  # a character the tokenizer lacks: the step's result is malformed
+        unreadable.append(b)
+        ids = self.turns.observation_ids(ERROR_OBSERVATION, room)
       tokens[b, :len(ids)] = ids
       mask[b, :len(ids)] = True
       kept.append(ids)
-    return tokens, mask, kept
+    return tokens, mask, kept, unreadable
+
+  def _step_envs(self, envs: Sequence[Any], texts: Sequence[str]) -> list[Call]:
+    """`env.step(text)` for each pair, concurrently (see the class docstring), each result
+    checked (`_checked_result`)."""
+    fns = [functools.partial(_checked_step, env, text) for env, text in zip(envs, texts)]
+    if not all(getattr(env, "parallel_steps", True) for env in envs):
+      return call_all(fns, max_workers=1, timeout_s=None)
+    return call_all(fns, max_workers=self.max_concurrent_steps, timeout_s=self.step_timeout_s)
 
   # -- one call ----------------------------------------------------------------
 
@@ -423,7 +476,8 @@ class MultiTurnSampler:
         turn_id=np.where(out.turn_id >= 0, out.turn_id + first[:, None].astype(np.int32),
                          -1).astype(np.int32),
         step_reward=shift(out.step_reward, 0.0), turn_progress=shift(out.turn_progress, 0.0),
-        turn_role=shift(out.turn_role, 0), step_mask=shift(out.step_mask, False))
+        turn_role=shift(out.turn_role, 0), step_mask=shift(out.step_mask, False),
+        tool_status=shift(out.tool_status, TOOL_OK))
 
   def _play(self, model_state, envs, prompts, p_tok, p_mask, lay: TurnLayout, *, key,
             group_id, sampling_kw, budget_B, turns_B, width, refresh, keep_snapshots,
@@ -450,6 +504,7 @@ class MultiTurnSampler:
     progress = np.zeros((B, K), np.float32)
     role = np.zeros((B, K), np.int32)
     step_mask = np.zeros((B, K), bool)
+    tool_status = np.full((B, K), TOOL_OK, np.int8)
     active = np.ones(B, bool)
     truncated = np.zeros(B, bool)
     actions: list[list[str]] = [[] for _ in range(B)]
@@ -473,16 +528,21 @@ class MultiTurnSampler:
       t_dev += time.perf_counter() - t1
       t1 = time.perf_counter()
       texts: list[str | None] = [None] * B
-      for b in np.flatnonzero(active):
+      live = np.flatnonzero(active)
+      for b in live:
         n = int(num_new[b])
         kinds[b, a0:a0 + n] = _ACTION
         turn_of[b, a0:a0 + n] = k
         used_B[b] += n
         n_action_tokens += n
         step_mask[b, k] = True
-        text = self.tokenizer.decode(block[b, :n].tolist())
-        actions[b].append(text)
-        res = envs[b].step(text)
+        actions[b].append(self.tokenizer.decode(block[b, :n].tolist()))
+      calls = self._step_envs([envs[b] for b in live], [actions[b][-1] for b in live])
+      for b, call in zip(live, calls):
+        before = float(progress[b, k - 1]) if k else 0.0
+        res = call.value if call.error is None else _failed_step(call, before)
+        tool_status[b, k] = (TOOL_OK if call.error is None else
+                             TOOL_TIMEOUT if call.timed_out else TOOL_ERROR)
         results[b].append(res)
         step_reward[b, k] = float(res.reward)
         progress[b, k] = float(getattr(res, "progress", 0.0))
@@ -495,15 +555,20 @@ class MultiTurnSampler:
         if used_B[b] >= budget_B[b]:
           active[b], truncated[b] = False, True
           continue
-        if not res.observation:
-          raise ValueError(
+        if not res.observation:  # the next turn needs a context token: a malformed result
+          tool_status[b, k] = TOOL_ERROR
+          res = results[b][-1] = _failed_step(Call(None, (
               f"environment {type(envs[b]).__name__} returned an empty observation for a "
-              f"continuing episode (row {b}, turn {k}); the next turn needs a context token")
+              "continuing episode"), False, 0.0), progress[b, k])
         texts[b] = res.observation
       t_env += time.perf_counter() - t1
       if not active.any():
         break
-      obs, obs_mask, kept = self._encode_observations(texts, budget_B - used_B)
+      obs, obs_mask, kept, unreadable = self._encode_observations(texts, budget_B - used_B)
+      for b in unreadable:
+        tool_status[b, k] = TOOL_ERROR
+        results[b][-1] = _failed_step(Call(None, "the observation has characters the tokenizer "
+                                            "cannot encode", False, 0.0), progress[b, k])
       o0 = lay.observation_column(k)
       for b in np.flatnonzero(active):
         n = len(kept[b])
@@ -513,7 +578,7 @@ class MultiTurnSampler:
         kinds[b, o0:o0 + n] = _OBS
         used_B[b] += n
         n_obs_tokens += n
-        observations[b].append(self.tokenizer.decode(kept[b]))
+        observations[b].append(self.turns.observation_text(kept[b]))
       if not active.any():
         break
       max_new_B = np.minimum(W_a, np.maximum(budget_B - used_B, 0)).astype(np.int32)
@@ -527,7 +592,9 @@ class MultiTurnSampler:
                             jnp.asarray(k, jnp.int32), params, layout=lay.device())
       t_dev += time.perf_counter() - t1
     t1 = time.perf_counter()
-    outcome = np.asarray([float(env.outcome()) for env in envs], np.float32)
+    # A row whose step timed out is abandoned (its environment may still be running): 0.
+    outcome = np.asarray([0.0 if (tool_status[b] == TOOL_TIMEOUT).any() else
+                          float(envs[b].outcome()) for b in range(B)], np.float32)
     t_env += time.perf_counter() - t1
     tokens_BL = np.asarray(state.tokens_BL)
     lp_s = np.asarray(state.logprob_sampler_BL)
@@ -536,11 +603,46 @@ class MultiTurnSampler:
                         bool(truncated[b])) for b in range(B)]
     out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, width, self.pad_id)
     timings = {"device_s": t_dev, "env_s": t_env, "action_tokens": n_action_tokens,
-               "observation_tokens": n_obs_tokens}
+               "observation_tokens": n_obs_tokens,
+               "tool_errors": int((tool_status == TOOL_ERROR).sum()),
+               "tool_timeouts": int((tool_status == TOOL_TIMEOUT).sum())}
     return MultiTurnOutput(**out, group_id=gid, step_reward=step_reward, turn_progress=progress,
                            turn_role=role, step_mask=step_mask, reward=outcome,
                            truncated=truncated, trajectories=trajs, timings=timings,
-                           snapshots=snaps)
+                           snapshots=snaps, tool_status=tool_status)
+
+
+class MalformedResult(ValueError):
+  """An environment's `step` returned something that is not a step result."""
+
+
+def _checked_step(env: Any, action: str) -> Any:
+  """`env.step(action)`, refused (`MalformedResult`) unless it has a str `observation`, a
+  bool `done`, a finite `reward` and finite `progress` / int `role` when present."""
+  res = env.step(action)
+  try:
+    obs, done = res.observation, res.done
+    numbers = [float(res.reward), float(getattr(res, "progress", 0.0))]
+    int(getattr(res, "role", 0))
+  except (AttributeError, TypeError, ValueError) as e:
+    raise MalformedResult(f"{type(res).__name__} is not a step result ({e})") from None
+  if not isinstance(obs, str):
+    raise MalformedResult(f"observation is a {type(obs).__name__}, not a str")
+  if not isinstance(done, (bool, np.bool_)):
+    raise MalformedResult(f"done is a {type(done).__name__}, not a bool")
+  if not np.isfinite(numbers).all():
+    raise MalformedResult(f"reward / progress not finite: {numbers}")
+  return res
+
+
+def _failed_step(call: Call, progress: float) -> StepResult:
+  """The result recorded for a failed step: `ERROR_OBSERVATION` (the episode goes on) or, for a
+  step that timed out, `TIMEOUT_OBSERVATION` and the end of the episode; no reward, progress
+  unchanged, the error in `info["tool_error"]`."""
+  obs = TIMEOUT_OBSERVATION if call.timed_out else ERROR_OBSERVATION
+  return StepResult(obs, bool(call.timed_out), 0.0, float(progress), 0,
+                    {"valid": False, "error": call.error, "tool_error": call.error,
+                     "timed_out": bool(call.timed_out)})
 
 
 def _compact(kinds, turn_of, tokens_BL, lp_s_BL, lp_r_BL, width: int, pad_id: int) -> dict:
@@ -566,15 +668,17 @@ def _compact(kinds, turn_of, tokens_BL, lp_s_BL, lp_r_BL, width: int, pad_id: in
 def encode_episode(tokenizer, layout: TurnLayout, prompt: str, actions: Sequence[str],
                    observations: Sequence[str]) -> dict[str, np.ndarray]:
   """One episode's texts in the layout `MultiTurnSampler` returns (compacted, right-padded to
-  `layout.output_width`): prompt (with bos), each action + eos, each observation truncated to
-  `max_observation_tokens`, all within the token budget. For supervised warm-ups on
+  `layout.output_width`), rendered by the tokenizer's `credit.envs.chat.turn_template`:
+  the prompt, each action with its stop token, each observation block cut to
+  `max_observation_tokens`, all within the token budget (the character tokenizer: bos +
+  prompt, action + eos, observation text). For supervised warm-ups on
   demonstration episodes and for tests.
 
   Returns tokens [T] int32, prompt_mask / response_mask / obs_mask [T] bool, turn_id [T] int32.
   """
   T = layout.output_width
-  bos = getattr(tokenizer, "bos_id", None) is not None
-  ids = list(tokenizer.encode(prompt, add_bos=bos))
+  turns = turn_template(tokenizer)
+  ids = turns.prompt_ids(prompt)
   if len(ids) > layout.prompt_width:
     raise ValueError(f"a prompt of {len(ids)} tokens does not fit prompt_width="
                      f"{layout.prompt_width}: {prompt!r}")
@@ -582,13 +686,13 @@ def encode_episode(tokenizer, layout: TurnLayout, prompt: str, actions: Sequence
   turn = [-1] * len(ids)
   left = layout.budget
   for k, a in enumerate(actions[:layout.max_turns]):
-    a_ids = (list(tokenizer.encode(a)) + [tokenizer.eos_id])[:min(layout.max_action_tokens, left)]
+    a_ids = turns.action_ids(a)[:min(layout.max_action_tokens, left)]
     ids += a_ids
     kind += [_ACTION] * len(a_ids)
     turn += [k] * len(a_ids)
     left -= len(a_ids)
     if k < len(observations) and k < layout.max_turns - 1 and left > 0:
-      o_ids = list(tokenizer.encode(observations[k]))[:min(layout.max_observation_tokens, left)]
+      o_ids = turns.observation_ids(observations[k], min(layout.max_observation_tokens, left))
       ids += o_ids
       kind += [_OBS] * len(o_ids)
       turn += [-1] * len(o_ids)

@@ -176,6 +176,9 @@ class MultiDocAgents(MultiDoc):
 class MultiDocAgentsEnv(MultiDocEnv):
   """One `multidoc_agents` episode: the coordinator's view; documents are read by agents."""
   tools = {"ask": 2}
+  # Its `ask` calls sample from the policy with keys drawn in call order: stepped one after
+  # another, in row order, by the multi-turn engine.
+  parallel_steps = False
 
   def __init__(self, prompt, world, docs, where, limits: Limits, fmt, *, doc_chars: int):
     super().__init__(prompt, world, docs, where, limits, fmt)

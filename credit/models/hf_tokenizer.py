@@ -207,9 +207,15 @@ class TaskTokenizer:
     return self.tokenizer.encode(self.prompt_text(prompt),
                                  add_special_tokens=not self.chat_template)
 
-  def encode(self, text: str) -> list[int]:
-    """Ids of plain text (a response), no specials added."""
-    return self.tokenizer.encode(text, add_special_tokens=False)
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    """Ids of plain text (a response), no specials added; the character tokenizer's signature.
+
+    `add_bos` adds nothing (bos_id is None: `encode_prompt` writes a prompt's own specials);
+    `add_eos` appends `eos_id`.
+    """
+    del add_bos
+    ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+    return ids + [self.eos_id] if add_eos else ids
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text up to the first stop id, special tokens skipped."""
