@@ -1,0 +1,69 @@
+"""SPD-RAG's document agents as an extension (`experiments/extensions/subagents.py`): the row
+set, the rows hook (the `episode` credit) and the multi-turn sampler it brings. The agent rows
+end to end are `tests/spd_rag_runner_test.py`."""
+import importlib
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from credit.envs.subagents import AgentsMultiTurnSampler
+from experiments import extensions, producers, train
+from experiments.extensions import subagents
+
+
+def _config(recipe="spd_rag_multidoc"):
+  return importlib.import_module(f"experiments.configs.{recipe}").get_config("tiny")
+
+
+def test_row_set_of_the_agents():
+  c = _config()
+  (rows,) = subagents.row_sets(c)
+  assert rows.name == subagents.ROLE and rows.metric_prefix == "agent_"
+  assert rows.loss_metric == "loss_agents" and rows.weight == float(c.subagents.loss_coef)
+  assert rows.group_size == c.group_size * (c.max_turns - 1)
+  assert subagents.EXTENSION.main_role == "episodes"
+  assert subagents.row_sets(_config("grpo_arithmetic")) == ()
+
+
+def test_estimator_loss_term_is_refused_with_agents():
+  c = _config()
+  c.estimator_loss_coef = 1.0
+  c.estimator = "vimpo"
+  with pytest.raises(producers.SetupError, match="sub-agent rows have no targets"):
+    subagents.check(c)
+
+
+def test_rows_hook_gives_agents_their_episodes_mean_advantage():
+  """Credit `episode`: an agent row's advantage is its episode's mean over the episode's
+  policy tokens, on the agent's response tokens."""
+  adv = jnp.asarray([[1.0, 3.0, 0.0], [-2.0, 0.0, 0.0]])
+  resp = np.array([[True, True, False], [True, False, False]])
+  agent_resp = np.array([[True, True], [False, False], [True, False], [False, False]])
+  rows = {"tokens": np.ones((4, 2), np.int32), "response_mask": agent_resp,
+          "attn_mask": np.ones((4, 2), bool)}
+  ctx = types.SimpleNamespace(
+      extras={subagents.ROWS: rows, subagents.HOST: {"episode": np.array([0, 0, 1, 1]),
+                                                     "response_mask": agent_resp}},
+      metrics={})
+  step = extensions.Step(None, {"advantages": adv, "response_mask": resp}, ctx, False)
+  main = {"tokens": np.zeros((2, 3), np.int32)}
+  parts = subagents.update_batch({train.MAIN: main}, step,
+                                 update_fields=("tokens", "advantages"), num_groups=1)
+  assert parts[train.MAIN] is main and set(parts[subagents.ROLE]) == {"tokens", "advantages",
+                                                                       "attn_mask"}
+  np.testing.assert_allclose(parts[subagents.ROLE]["advantages"],
+                             [[2.0, 2.0], [0, 0], [-2.0, 0.0], [0, 0]])
+  np.testing.assert_allclose(ctx.metrics["agent_adv_mean"], 2 / 3, rtol=1e-6)
+
+
+def test_turn_sampler_is_the_agents_sampler_with_their_prompt_width():
+  from credit.tasks import CharTokenizer, get_task
+  c = _config()
+  task = get_task(c.task, **dict(c.task_kwargs))
+  data = types.SimpleNamespace(task=task, tokenizer=CharTokenizer())
+  own = subagents.turn_sampler(data)
+  assert own.cls is AgentsMultiTurnSampler
+  assert own.kwargs == {"agent_max_tokens": int(task.agent_max_tokens)}
+  assert own.prompt_width == subagents.agent_prompt_width(task, data.tokenizer) > 0
