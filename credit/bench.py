@@ -2,7 +2,7 @@
 metrics that score an estimator's advantages against them.
 
 Motivation: the survey "From Reasoning to Agentic: Credit Assignment in Reinforcement Learning
-for Large Language Models" (C. Zhang, arXiv:2604.09459; ../shared/seeds) asks for a benchmark
+for Large Language Models" (C. Zhang, arXiv:2604.09459) asks for a benchmark
 protocol with controlled bifurcation tasks, where the decisions that matter are known; no
 paper scores estimators side by side on whether their credit lands there.
 `benchmarks/credit_bench.py` does, with these functions.

@@ -3,7 +3,7 @@
 Memory-R2 (arXiv 2605.21768, https://github.com/ahmedehabb/Memory-R2) compares full episodes
 of a prompt (global groups) and, to compare continuations fairly, several continuations
 re-rolled from one saved intermediate state (local groups); see
-`credit.advantages.turn.logo` and spec outcome_and_clipping.md §20. This module makes the
+`credit.advantages.turn.logo` and its docs page. This module makes the
 local rows in the multi-turn engine:
 
 1. the B episodes are played with `MultiTurnSampler(..., keep_snapshots=True)`, which keeps
@@ -27,10 +27,10 @@ than P episodes have a boundary (episodes of one turn), the remaining slots are 
 the first episode's prompt, no response token, parent_id −1, reward 0 — invalid rows that
 every estimator zeroes and no group statistic counts.
 
-Confidence: the local-group structure (siblings re-rolled from one saved state, their own
-outcomes, the parent's prompt group, local rows outside the global statistics) follows the
-spec (§20, inferred from the abstract; the local normalisation code-verified there). Ours, not
-from the paper or its code (the spec does not say how Memory-R2 picks the states): the choice
+The local-group structure (siblings re-rolled from one saved state, their own outcomes, the
+parent's prompt group, local rows outside the global statistics) follows the paper's abstract
+and the authors' local normalisation. Ours, not from the paper or its code (neither says how
+Memory-R2 picks the states): the choice
 of states (uniform over episodes with a boundary, then uniform over their boundaries), P and
 L, the padding rows, and the re-prefill of the prefix (the first rollout's KV cache is not
 kept; the continuation's log-probs equal one forward pass over the whole row, tested).

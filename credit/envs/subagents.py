@@ -1,7 +1,7 @@
 """`multidoc_agents`: SPD-RAG's per-document sub-agents on the `multidoc` task.
 
-SPD-RAG (arXiv 2603.08329; spec distill_and_structure.md C2, an inference-time architecture
-whose abstract only was read) answers a question over many documents with three kinds of
+SPD-RAG (arXiv 2603.08329, an inference-time architecture) answers a question over many
+documents with three kinds of
 call of one model: a coordinator that dispatches sub-questions, one agent per document that
 answers a sub-question from its document alone, and a token-bounded synthesis that merges the
 partial answers. Here all three are the same policy under different contexts:

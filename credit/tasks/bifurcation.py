@@ -1,6 +1,6 @@
 """Bifurcation tasks: response positions that decide the reward are known exactly.
 
-Controlled bifurcation tasks, as the credit-assignment survey among the seeds asks for ("From
+Controlled bifurcation tasks, as a survey of credit assignment asks for ("From
 Reasoning to Agentic: Credit Assignment in Reinforcement Learning for Large Language Models":
 a benchmark protocol with controlled bifurcation tasks). Each task here, like `pivotal`, gives
 its ground truth to `credit.bench`:

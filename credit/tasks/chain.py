@@ -8,8 +8,8 @@ reasoning z, comma-separated), the marker "=", then the answer (the last running
 
 The example's `answer` is the final answer alone ("41"), as in GSM8K-style data (the gold
 value after "####"); `demonstration` writes the whole response. It is the built-in task for
-the likelihood rewards (VeriFree, RLPR, JEPO, log-prob reward; `shared/methods/
-token_and_implicit.md` §17), which score π(answer | prompt, reasoning): the `answer_pass`
+the likelihood rewards (VeriFree, RLPR, JEPO, log-prob reward), which score
+π(answer | prompt, reasoning): the `answer_pass`
 producer cuts each sampled response right after its first `answer_marker` and
 teacher-forces the gold answer there. On the single-answer tasks (arithmetic) there is no
 reasoning for them to credit.

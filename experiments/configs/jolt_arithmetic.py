@@ -6,7 +6,7 @@ Several methods from one warm-up: export it once (`--config.steps=0`, this recip
 the privileged warm-up below), then `--config.warm_start_from=runs/<warm-up>/hf_policy
 --config.sft_steps=0` for this recipe and for `grpo_arithmetic.py`.
 Variants: `:tiny` (2 steps, seconds; used by tests); `:student_reward` (ρ = 1: the student role
-also gets its own GRPO advantage, the spec's "with student rewards"); `:plain_warm_up` (the
+also gets its own GRPO advantage, "with student rewards"); `:plain_warm_up` (the
 warm-up of `grpo_arithmetic.py`, no privileged demonstration).
 Time: 2 min 30 s per 50-step run (2.1 s per step; GRPO 55 s), 2 CPU cores shared with other
   work.

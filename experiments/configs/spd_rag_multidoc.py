@@ -10,8 +10,8 @@ advantage: `subagents.credit=episode`).
 Time: ~30 s per RL step on 2 CPU cores at load 11-14, 30 steps after a 300-step warm-up.
 Score: held-out greedy accuracy 0.367 -> 0.500 at step 30 (seed 0; `:grpo` 0.477).
 
-The setting (`credit.envs.subagents`; SPD-RAG, arXiv 2603.08329, spec distill_and_structure.md
-C2). A 1- or 2-hop question over 3 hidden documents ("3 docs. city of boss of ann?"). The
+The setting (`credit.envs.subagents`; SPD-RAG, arXiv 2603.08329). A 1- or 2-hop question
+over 3 hidden documents ("3 docs. city of boss of ann?"). The
 coordinator never reads a document: each turn it sends a sub-question to one document's agent,
 `ask(2, ann boss)`, and observes that agent's answer ("bob", or "none"); then the synthesis turn
 writes `answer(kim)`. A document agent is the same policy under another context: the document's

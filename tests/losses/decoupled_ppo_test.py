@@ -1,4 +1,4 @@
-"""Decoupled PPO (credit/losses/policy/decoupled_ppo.py): the spec's worked example, the
+"""Decoupled PPO (credit/losses/policy/decoupled_ppo.py): the worked example, the
 reduction to PPO clip on-policy, the behaviour-weight cap (mask / truncate) and its
 denominators, stop-gradients and argument checks.
 

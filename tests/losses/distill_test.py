@@ -2,7 +2,7 @@
 
 The registry-wide properties (numpy reference, stop-gradients, degenerate inputs,
 micro-batches, importance weights) run them in tests/losses/policy_test.py and friends with
-the bucket fields of `helpers.with_needs`; here: the spec's worked example, the k = V limit,
+the bucket fields of `helpers.with_needs`; here: the worked example, the k = V limit,
 the pure-distillation and query-only cases, and the errors.
 """
 import jax
@@ -20,7 +20,7 @@ _Q = np.log(np.array([0.2, 0.5, 0.3], np.float32))
 
 
 def _row(n=1, query=None, adv=0.0):
-  """A [1,n] batch on policy (ratio 1) with the spec's p (student) and q (teacher) buckets."""
+  """A [1,n] batch on policy (ratio 1) with the example's p (student) and q (teacher) buckets."""
   lp = np.full((1, n), -1.0, np.float32)
   return dict(logprob=lp, logprob_old=lp.copy(), advantages=np.full((1, n), adv, np.float32),
               response_mask=np.ones((1, n), bool),

@@ -38,7 +38,7 @@ logps = hnp.arrays(np.float32, (B, T), elements=st.floats(-30, 0, width=32))
 class KLPenaltyTest(parameterized.TestCase):
 
   def test_spec_k3_example(self):
-    # Spec §1: log π = −0.7, log π_ref = −1.0 → x = −0.3 → k3 = e^x − x − 1 = 0.040818.
+    # Worked example: log π = −0.7, log π_ref = −1.0 → x = −0.3 → k3 = e^x − x − 1 = 0.040818.
     np.testing.assert_allclose(kl.kl_penalty(jnp.array(-0.7), jnp.array(-1.0), "k3"),
                                0.040818, atol=1e-6)
     np.testing.assert_allclose(kl.kl_penalty(jnp.array(-0.7), jnp.array(-1.0), "k1"), 0.3,

@@ -21,7 +21,7 @@ from tests.losses.helpers import (B, DISTILL, EXPECTED, NAMES, ROW_LOCAL, T, bat
                                   one_row, run, with_needs)
 
 # --------------------------------------------------------------------------
-# Spec worked examples (outcome_and_clipping.md).
+# Worked examples.
 # --------------------------------------------------------------------------
 
 

@@ -1,5 +1,4 @@
-"""CSO step-DPO and InT intervention SFT (credit/losses/preference.py); spec
-distill_and_structure.md B6, B7."""
+"""CSO step-DPO and InT intervention SFT (credit/losses/preference.py)."""
 from __future__ import annotations
 
 import doctest

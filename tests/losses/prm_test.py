@@ -1,7 +1,7 @@
 """Tests for the implicit-PRM training objectives (credit/losses/prm.py).
 
-Spec: shared/methods/token_and_implicit.md §1 (PRM CE loss), §2 and "Corrections". The
-numpy references are float64 loops written from the formulas.
+The numpy references are float64 loops written from the formulas (PRIME's CE loss, the
+ImplicitPRM losses).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from credit.ops.baselines import GROUP_STDS, sequence_advantage
 
 Array = jax.Array
 
-# Teacher log-probs below this are clamped before differencing (spec A1: a teacher giving a
+# Teacher log-probs below this are clamped before differencing (a teacher giving a
 # token probability 0, ℓᵀ = −inf, would otherwise give an infinite advantage).
 TEACHER_FLOOR = -20.0
 

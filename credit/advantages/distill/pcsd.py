@@ -65,7 +65,7 @@ def pcsd_persistence(*, response_mask: ArrayLike, logprob_old: ArrayLike,
     [0.880797, 0.660756, 0.318233, 0.119203, 0.716785]
   """
   check_int("pcsd_persistence", "window", window)
-  # Log-probs are ≤ 0; the doctest's teacher values above 0 are the spec's s directly.
+  # Log-probs are ≤ 0; the doctest's teacher values above 0 stand for the support s directly.
   mask_BT, ls_BT, lt_BT = clean_logprobs(response_mask, logprob_old, logprob_teacher)
   sid_BT = jnp.asarray(step_id)
   chex.assert_type(sid_BT, int)

@@ -36,7 +36,7 @@ def _check_gate(fn: str, gate: str, vocab_size: int | None) -> None:
           f"{fn}: gate='log_vocab' (the paper's H_t / log|V|, the default) needs `vocab_size`, "
           "the policy's vocabulary size (the model config's vocab_size, i.e. the number of "
           "logits the entropy is taken over); set it (e.g. --config.estimator_kwargs."
-          "vocab_size=<V>), or pass gate='row_mean' for the spec's per-response mean gate")
+          "vocab_size=<V>), or pass gate='row_mean' for the per-response mean gate")
     check_int(fn, "vocab_size", vocab_size, minimum=2)
   elif vocab_size is not None:
     check_int(fn, "vocab_size", vocab_size, minimum=2)

@@ -1,7 +1,7 @@
 """Float64 loop references of the SIPO and OPID/SEED estimators, and a batch strategy.
 
-Written from `shared/methods/distill_and_structure.md` A7/A8 (and, for OPID, from the
-behaviour of jinyangwu/OPID `gigpo/core_gigpo.py` as described there), not from the JAX
+Written from the formulas (and, for OPID, from the behaviour of jinyangwu/OPID
+`gigpo/core_gigpo.py`), not from the JAX
 code. Shapes are fixed (N=4 groups x G=4 samples, T=6) so each configuration compiles once.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Float64 loop references of the step-level distillation estimators (SOD, SSPO, PCSD, PBSD,
 VERPO) and a batch generator carrying every field they read.
 
-Written from the formulas in shared/methods/distill_and_structure.md (A4, A5, A6, A10) and
-token_and_implicit.md §16, independently of the JAX code. Shapes are fixed (N=2 groups x
+Written from the formulas (see each method's docs page), independently of the JAX code.
+Shapes are fixed (N=2 groups x
 G=4 samples, T=7 tokens, K=3 turns) so each static configuration compiles once.
 """
 from __future__ import annotations

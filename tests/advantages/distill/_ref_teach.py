@@ -1,6 +1,6 @@
 """Float64 loop references (numpy) of the OPD / SCOPE / DiffGate / HyperEyes / JOLT / SOLID
-estimators (credit/advantages/distill/), written from the spec `distill_and_structure.md`
-(A1, A2, A3, A9, A12, A14 and its corrections), and a batch generator.
+estimators (credit/advantages/distill/), written from the formulas (HyperEyes from the
+authors' code), and a batch generator.
 
 Shapes are fixed (N=3 groups x G=4 samples, T=5) so that each static configuration compiles
 once per test module.

@@ -1,4 +1,4 @@
-"""DiffGate (credit/advantages/distill/diffgate.py); spec distill_and_structure.md A3."""
+"""DiffGate (credit/advantages/distill/diffgate.py)."""
 from __future__ import annotations
 
 import doctest

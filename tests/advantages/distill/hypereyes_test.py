@@ -1,5 +1,5 @@
-"""HyperEyes (credit/advantages/distill/hypereyes.py); spec distill_and_structure.md A14 and
-its "Corrections from the authors' code" (the code's behaviour is the default)."""
+"""HyperEyes (credit/advantages/distill/hypereyes.py); the authors' code's behaviour is the
+default."""
 from __future__ import annotations
 
 import doctest

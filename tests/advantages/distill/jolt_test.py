@@ -1,5 +1,5 @@
 """JOLT (credit/advantages/distill/jolt.py: `jolt` student role, `jolt_teacher` teacher
-role); spec distill_and_structure.md A9."""
+role)."""
 from __future__ import annotations
 
 import doctest

@@ -1,4 +1,4 @@
-"""OPD (credit/advantages/distill/opd.py); spec distill_and_structure.md A1.
+"""OPD (credit/advantages/distill/opd.py).
 
 Registry-wide properties (jit/eager, masking, padding, degenerate batches) live in
 tests/registry_common_test.py.

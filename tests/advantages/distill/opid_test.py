@@ -1,8 +1,8 @@
 """Tests for the OPID estimator (credit/advantages/distill/opid.py) and its SEED alias
 (credit/advantages/distill/seed.py).
 
-Spec: shared/methods/distill_and_structure.md A8 and its corrections (code-verified against
-jinyangwu/OPID `gigpo/core_gigpo.py`). The numpy reference (`_ref_ctx.ref_opid`) follows the
+Code-verified against jinyangwu/OPID `gigpo/core_gigpo.py`. The numpy reference
+(`_ref_ctx.ref_opid`) follows the
 code's loops. Registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations

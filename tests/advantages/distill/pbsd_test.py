@@ -1,4 +1,4 @@
-"""PBSD (credit/advantages/distill/pbsd.py); spec token_and_implicit.md §16.
+"""PBSD (credit/advantages/distill/pbsd.py).
 
 Registry-wide properties live in tests/registry_common_test.py.
 """

@@ -1,4 +1,4 @@
-"""PCSD (credit/advantages/distill/pcsd.py); spec distill_and_structure.md A6.
+"""PCSD (credit/advantages/distill/pcsd.py).
 
 Registry-wide properties live in tests/registry_common_test.py.
 """

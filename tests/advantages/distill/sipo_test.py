@@ -1,6 +1,6 @@
 """Tests for the SIPO estimator (credit/advantages/distill/sipo.py).
 
-Spec: shared/methods/distill_and_structure.md A7 (inferred from the abstract). The numpy
+The formula is inferred from the abstract (see the docs page). The numpy
 reference (`_ref_ctx.ref_sipo`) is written from the formula. Registry-wide properties
 (jit/eager, masking, padding, permutation, degenerate batches) live in
 tests/registry_common_test.py.

@@ -1,4 +1,4 @@
-"""SOD (credit/advantages/distill/sod.py); spec distill_and_structure.md A4 + Corrections.
+"""SOD (credit/advantages/distill/sod.py).
 
 Registry-wide properties (jit, masking, padding, permutations, degenerate batches) live in
 tests/registry_common_test.py.

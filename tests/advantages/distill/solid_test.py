@@ -1,4 +1,4 @@
-"""SOLID (credit/advantages/distill/solid.py); spec distill_and_structure.md A12."""
+"""SOLID (credit/advantages/distill/solid.py)."""
 from __future__ import annotations
 
 import doctest
@@ -76,7 +76,7 @@ def test_tied_clusters_and_no_majority_give_zero():
   kw = dict(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 1), bool), num_groups=1)
   labels = jax.jit(solid.solid_pseudo_labels, static_argnames="num_groups")
   lab = labels(answer_value=np.array([5., 2., 2., 5.], np.float32), **kw)
-  # Two clusters of equal support: no majority (the spec's lowest-index tie-break would make
+  # Two clusters of equal support: no majority (the lowest-index tie-break would make
   # the labels depend on the row order).
   assert not np.asarray(lab.majority).any() and not np.asarray(lab.label).any()
   lab = labels(answer_value=np.array([5., 2., 2., 2.], np.float32), **kw)

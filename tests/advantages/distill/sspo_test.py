@@ -1,4 +1,4 @@
-"""SSPO (credit/advantages/distill/sspo.py); spec distill_and_structure.md A5.
+"""SSPO (credit/advantages/distill/sspo.py).
 
 Registry-wide properties live in tests/registry_common_test.py.
 """

@@ -1,4 +1,4 @@
-"""VERPO (credit/advantages/distill/verpo.py); spec distill_and_structure.md A10.
+"""VERPO (credit/advantages/distill/verpo.py).
 
 Registry-wide properties live in tests/registry_common_test.py.
 """

@@ -1,4 +1,4 @@
-"""Tests for FLR (credit/advantages/implicit/flr.py); spec §18. Float64 loop reference from
+"""Tests for FLR (credit/advantages/implicit/flr.py). Float64 loop reference from
 the formulas; registry-wide properties in tests/registry_common_test.py."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tests for the implicit-PRM step rewards and scores (credit/advantages/implicit/implicit_prm.py).
 
-Spec: shared/methods/token_and_implicit.md §2 and "Corrections" (coefficient 0.001,
-aggregations min and sum). Float64 loop reference from the formulas.
+As the authors' evaluation code (coefficient 0.001, aggregations min and sum). Float64 loop
+reference from the formulas.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for multi-sample JEPO (credit/advantages/implicit/jepo.py); spec §17. Float64 loop
+"""Tests for multi-sample JEPO (credit/advantages/implicit/jepo.py). Float64 loop
 reference from the formulas; registry-wide properties in tests/registry_common_test.py."""
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_registered():
 
 
 def test_worked_example():
-  # Spec answers: ℓ = [−0.35, −4.2]; L_2 = log((e^−0.35 + e^−4.2)/2); L_{−i} = the other ℓ.
+  # Expected: ℓ = [−0.35, −4.2]; L_2 = log((e^−0.35 + e^−4.2)/2); L_{−i} = the other ℓ.
   ans = np.array([[-0.2, -0.1, -0.05], [-1.5, -2.0, -0.7]], np.float32)
   out = jepo.jepo_advantages(group_id=np.zeros(2, np.int32),
                              response_mask=np.ones((2, 1), bool), logprob_answer=ans,

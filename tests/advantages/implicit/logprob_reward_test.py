@@ -1,6 +1,6 @@
 """Tests for the log-prob reward estimator (credit/advantages/implicit/logprob_reward.py).
 
-Spec: shared/methods/token_and_implicit.md §17. Float64 loop reference from the formulas;
+Float64 loop reference from the formulas;
 registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from credit.advantages.implicit import logprob_reward as lr
 from tests.advantages.implicit._lik import (B, G, N, T, answer_rows, batches, ref_baseline,
                                             to_tokens, valid_rows)
 
-# Spec example (§17): two answers of three tokens.
+# Worked example: two answers of three tokens.
 ANS = np.array([[-0.2, -0.1, -0.05], [-1.5, -2.0, -0.7]], np.float32)
 
 CONFIGS = {"default": dict(), "mean_grpo": dict(length_normalize=True, baseline="grpo"),

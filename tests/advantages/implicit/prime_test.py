@@ -1,6 +1,5 @@
 """Tests for the PRIME estimator (credit/advantages/implicit/prime.py).
 
-Spec: shared/methods/token_and_implicit.md §1 and "Corrections from the authors' code".
 The numpy reference is a float64 loop written from the formulas (paper and code
 conventions), not from the implementation. Registry-wide properties (jit == eager,
 masking == slicing, padding, permutation, degenerate inputs, sharding) live in
@@ -26,7 +25,7 @@ from credit.advantages.implicit import prime as pr
 N, G, T = 4, 4, 6
 B = N * G
 
-# The spec's worked example (§1): β = 0.05, one group of K = 3, row 1 has length 2.
+# The worked example: β = 0.05, one group of K = 3, row 1 has length 2.
 Q = np.array([[0.2, -0.1, 0.3], [0.0, 0.1, 0.0], [-0.2, -0.2, 0.1]], np.float32)
 MASK = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
 R_O = np.array([1.0, 0.0, 1.0], np.float32)
@@ -174,7 +173,7 @@ def test_spec_example_paper_convention(group_size):
   np.testing.assert_allclose(np.asarray(g), SPEC_G, atol=1e-3)
   a = pr.prime_advantages(**kw)
   np.testing.assert_allclose(np.asarray(a), SPEC_A, atol=1e-3)
-  # The reference reproduces the spec too.
+  # The reference reproduces the worked example too.
   np.testing.assert_allclose(ref_prime(R_O, np.zeros(3), MASK, Q, np.zeros_like(Q),
                                        num_groups=1, **PAPER), SPEC_A, atol=1e-3)
 

@@ -1,4 +1,4 @@
-"""Tests for ReDiPPO (credit/advantages/implicit/redippo.py); spec outcome_and_clipping.md §24.
+"""Tests for ReDiPPO (credit/advantages/implicit/redippo.py).
 Float64 loop reference from the formulas; registry-wide properties in
 tests/registry_common_test.py."""
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_spec_example_weights():
                          values_ref=np.array([[.5, .9, .1]], np.float32),
                          response_mask=np.ones((1, 3), bool))
   np.testing.assert_allclose(np.asarray(w), [[1.0, 2.125, 1.375]], atol=1e-5)
-  adv_hat = np.array([[0.4, 0.2, -0.1]], np.float32)   # the spec feeds Â directly
+  adv_hat = np.array([[0.4, 0.2, -0.1]], np.float32)   # the worked example feeds Â directly
   np.testing.assert_allclose(np.asarray(w) * adv_hat, [[0.4, 0.425, -0.1375]], atol=1e-5)
 
 

@@ -1,4 +1,4 @@
-"""Tests for RLPR (credit/advantages/implicit/rlpr.py); spec §17. Float64 loop reference
+"""Tests for RLPR (credit/advantages/implicit/rlpr.py). Float64 loop reference
 from the formulas; registry-wide properties in tests/registry_common_test.py."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for VeriFree (credit/advantages/implicit/verifree.py); spec §17. Float64 loop
+"""Tests for VeriFree (credit/advantages/implicit/verifree.py). Float64 loop
 reference from the formulas; registry-wide properties in tests/registry_common_test.py."""
 from __future__ import annotations
 

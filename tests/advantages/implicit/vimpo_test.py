@@ -1,4 +1,4 @@
-"""Tests for VIMPO (credit/advantages/implicit/vimpo.py); spec §14.
+"""Tests for VIMPO (credit/advantages/implicit/vimpo.py).
 
 Source: the HF TRL port `trl/experimental/vimpo/vimpo_trainer.py` (arXiv 2606.20008). The
 float64 loop reference is written from its formulas (terminal value loss, reverse λ-sum of

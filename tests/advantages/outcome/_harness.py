@@ -33,7 +33,7 @@ __all__ = ["B", "G", "N", "NUM_PROMPTS", "T", "BASE", "ONE_GROUP", "Case", "asse
            "whiten_np"]
 
 BASE = ("reward", "group_id", "response_mask")
-# One group of four rows of three tokens (the spec's worked examples).
+# One group of four rows of three tokens (the worked examples).
 ONE_GROUP = dict(group_id=np.zeros(4, np.int32), response_mask=np.ones((4, 3), bool),
                  num_groups=1)
 

@@ -1,4 +1,4 @@
-"""DAPO (credit/advantages/outcome/dapo.py); spec outcome_and_clipping.md §7."""
+"""DAPO (credit/advantages/outcome/dapo.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""DCPO smooth advantage standardisation (credit/advantages/outcome/dcpo.py);
-spec outcome_and_clipping.md §8."""
+"""DCPO smooth advantage standardisation (credit/advantages/outcome/dcpo.py)."""
 from __future__ import annotations
 
 import math

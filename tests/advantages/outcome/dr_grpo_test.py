@@ -1,4 +1,4 @@
-"""Dr.GRPO (credit/advantages/outcome/dr_grpo.py); spec outcome_and_clipping.md §2."""
+"""Dr.GRPO (credit/advantages/outcome/dr_grpo.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""GAE (credit/advantages/outcome/gae.py); spec outcome_and_clipping.md §5."""
+"""GAE (credit/advantages/outcome/gae.py)."""
 from __future__ import annotations
 
 import jax

@@ -1,4 +1,4 @@
-"""GRPO (credit/advantages/outcome/grpo.py); spec outcome_and_clipping.md §1."""
+"""GRPO (credit/advantages/outcome/grpo.py)."""
 from __future__ import annotations
 
 import numpy as np

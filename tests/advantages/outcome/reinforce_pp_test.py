@@ -1,5 +1,4 @@
-"""REINFORCE++ and REINFORCE++-baseline (credit/advantages/outcome/reinforce_pp.py);
-spec outcome_and_clipping.md §4."""
+"""REINFORCE++ and REINFORCE++-baseline (credit/advantages/outcome/reinforce_pp.py)."""
 from __future__ import annotations
 
 import jax

@@ -1,4 +1,4 @@
-"""RLOO (credit/advantages/outcome/rloo.py); spec outcome_and_clipping.md §3."""
+"""RLOO (credit/advantages/outcome/rloo.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -40,7 +40,7 @@ test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_worked_example():
-  # Spec §17: λ at steps 0/50/100 of 100 = 0.5/0.25/0; thought mean 0.8 with outcome 0.4 at
+  # Worked example: λ at steps 0/50/100 of 100 = 0.5/0.25/0; thought mean 0.8 with outcome 0.4 at
   # step 50 -> R = 0.5. Past total_steps λ stays 0.
   lam = atom_searcher_weight(jnp.asarray([0, 50, 100, 150]), 100)
   np.testing.assert_allclose(np.asarray(lam), [0.5, 0.25, 0.0, 0.0], atol=1e-6)

@@ -58,7 +58,7 @@ def _call(o, rubric, rubric_mask=None, **kw):
 
 
 def test_worked_example():
-  # Spec §19: o=[1,1,0,0], r=[0.5,1.0,0.75,0] -> R=[0.85,1,0,0]. r is a rubric fraction:
+  # Worked example: o=[1,1,0,0], r=[0.5,1.0,0.75,0] -> R=[0.85,1,0,0]. r is a rubric fraction:
   # row 0 identifies 1 of 2 items, row 2 3 of 4 (the fourth column absent for rows 0, 1).
   rubric = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]]
   mask = np.array([[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]], bool)

@@ -41,7 +41,7 @@ CASES = [
 test_matches_numpy_reference = reference_test(CASES)
 
 
-# Spec §9: 3 rollouts, J=2, r=[[1,1],[1,0],[0,0]]. Tokens: reasoning, span 0, reasoning,
+# Worked example: 3 rollouts, J=2, r=[[1,1],[1,0],[0,0]]. Tokens: reasoning, span 0, reasoning,
 # span 1, trailing text.
 SPAN = np.array([[-1, 0, -1, 1, -1]] * 3, np.int32)
 R = np.array([[1., 1.], [1., 0.], [0., 0.]], np.float32)

@@ -37,7 +37,7 @@ test_matches_numpy_reference = reference_test(CASES)
 
 
 def test_worked_example():
-  # Spec §16: gates [[1,1],[1,0]] (τ=1), obj [[0.8,0.6],[0.9,0.9]], w=[0.5,0.5] -> R=[0.7, 0];
+  # Worked example: gates [[1,1],[1,0]] (τ=1), obj [[0.8,0.6],[0.9,0.9]], w=[0.5,0.5] -> R=[0.7, 0];
   # a two-row group gives ±0.707107.
   comps = np.array([[1, 1, 0.8, 0.6], [1, 0, 0.9, 0.9]], np.float32)
   a = row0(jcall(searchllm_advantages, reward_components=comps, num_gates=2, weights=[0.5, 0.5],

@@ -58,7 +58,7 @@ CASES = [
 
 test_matches_numpy_reference = reference_test(CASES)
 
-# Spec §13: 4 rollouts, 3 tests.
+# Worked example: 4 rollouts, 3 tests.
 PASS = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)
 
 

@@ -1,6 +1,6 @@
 """Tests for the CSCR estimator (credit/advantages/token/cscr.py).
 
-Spec: shared/methods/token_and_implicit.md §11. The numpy reference is written from the
+The numpy reference is written from the
 formula. Registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_spec_example():
   w = cs.cscr_weights(response_mask=np.ones((1, 4), bool), logprob_old=LP,
                       logprob_alt_pos=POS, logprob_alt_neg=NEG)
   np.testing.assert_allclose(np.asarray(w[0]), SPEC_W, atol=1e-3)
-  # The spec's Â = 0.8: rewards ±0.8 with group_std="none" give Â = ±0.8 exactly.
+  # Â = 0.8: rewards ±0.8 with group_std="none" give Â = ±0.8 exactly.
   a = cs.cscr_advantages(reward=np.array([0.8, -0.8]), group_id=np.zeros(2, np.int32),
                          response_mask=np.ones((2, 4), bool), logprob_old=np.tile(LP, (2, 1)),
                          logprob_alt_pos=np.tile(POS, (2, 1)),

@@ -1,6 +1,6 @@
 """Tests for the DGPO estimator (credit/advantages/token/dgpo.py).
 
-Spec: shared/methods/token_and_implicit.md §8. Fixed shapes N=4 groups x G=4 samples,
+Fixed shapes N=4 groups x G=4 samples,
 T=6 tokens (tests/advantages/token/_ref.py), so each static configuration compiles once
 (tests/advantages/token/_harness.py). The numpy loop reference is written from the
 formulas (float64), not from the code. Generic registry-wide properties
@@ -25,7 +25,7 @@ from tests.advantages.token._harness import (Case, assert_budget_kept, assert_re
                                              assert_sign_kept, grpo_of, reference_test)
 from tests.advantages.token._ref import B, EPS, G, N, T
 
-# The spec's worked example (§8): one response of L = 4 tokens.
+# The worked example: one response of L = 4 tokens.
 PI = np.array([0.9, 0.3, 0.6, 0.05])
 PI_REF = np.array([0.9, 0.6, 0.3, 0.05])
 H = np.array([0.1, 1.2, 0.8, 2.0])
@@ -36,7 +36,7 @@ SPEC_W = [0.5, 1.7, 1.3, 0.5]
 
 # Vocabulary size for the paper's gate H/log|V| (required by the default gate="log_vocab").
 V = 50
-ROW_MEAN = dict(gate="row_mean")   # the spec's gate (ours), used by its worked example
+ROW_MEAN = dict(gate="row_mean")   # the row-mean gate (ours), used by the worked example
 
 # Configurations compared with the reference (static and hyperparameter kwargs).
 CONFIGS = {
@@ -195,7 +195,7 @@ def test_doctests():
 
 
 # --------------------------------------------------------------------------
-# The spec's worked example.
+# The worked example.
 # --------------------------------------------------------------------------
 
 
@@ -228,7 +228,7 @@ def test_spec_example_advantages_plus_minus_w(group_size):
 
 
 def test_spec_example_softmax_weights():
-  # Softmax with the spec's row-mean gate: w = 4·softmax(s/0.5), s = SPEC_S (hand-checked:
+  # Softmax with the row-mean gate: w = 4·softmax(s/0.5), s = SPEC_S (hand-checked:
   # exp(2s) = [1, 1.1282, 1.0837, 1], sum 4.2119).
   w = dg.dgpo_weights(**ROW_MEAN, **example_row())
   np.testing.assert_allclose(np.asarray(w[0]), [0.9497, 1.0714, 1.0292, 0.9497], atol=1e-3)

@@ -1,7 +1,7 @@
 """Tests for the EAPO estimator (credit/advantages/token/eapo.py).
 
-Source: the authors' code wgcyeo/EAPO `src/trainers/eapo_trainer.py` (arXiv 2609.33781);
-spec shared/methods/token_and_implicit.md §9. The numpy reference is written from the
+Source: the authors' code wgcyeo/EAPO `src/trainers/eapo_trainer.py` (arXiv 2609.33781).
+The numpy reference is written from the
 formulas (float64 loops, numpy's linear quantiles). Registry-wide properties (jit == eager, masking, padding,
 permutation, degenerate groups, sharding) live in tests/registry_common_test.py.
 """

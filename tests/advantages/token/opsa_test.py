@@ -1,8 +1,8 @@
 """Tests for the OPSA estimator (credit/advantages/token/opsa.py).
 
 Source: the authors' code DripNowhy/On-Policy-Self-Adaptation, `slime/tests/test_opsa.py`
-(the unit tests of `compute_opsa`; arXiv 2608.31046 §4.2); spec
-shared/methods/token_and_implicit.md §10. The worked examples below are that file's cases;
+(the unit tests of `compute_opsa`; arXiv 2608.31046 §4.2). The worked examples below are
+that file's cases;
 the numpy reference is written from the formula (float64 loops, a stable sort).
 Registry-wide properties live in tests/registry_common_test.py.
 """

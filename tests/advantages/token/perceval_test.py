@@ -1,7 +1,7 @@
 """Tests for the Perceval estimator (credit/advantages/token/perceval.py).
 
-Spec: shared/methods/token_and_implicit.md §3 (code-verified against RUCAIBox/Perceval
-`compute_TRM_outcome_advantage`). The numpy reference is written from the formula.
+Code-verified against RUCAIBox/Perceval `compute_TRM_outcome_advantage`. The numpy
+reference is written from the formula.
 Registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tests for the SCAPO estimator (credit/advantages/token/scapo.py).
 
-Spec: shared/methods/token_and_implicit.md §12. The numpy reference is written from the
+The numpy reference is written from the
 formula. Registry-wide properties (including the state passing through jit and sharding)
 live in tests/registry_common_test.py.
 """

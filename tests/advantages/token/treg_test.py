@@ -1,7 +1,7 @@
 """Tests for the T-REG estimator and regulariser (credit/advantages/token/treg.py).
 
-Source: the paper's §Method equations (arXiv 2412.02685, via a full-paper digest; no code);
-spec shared/methods/token_and_implicit.md §13. The numpy reference is written from the
+Source: the paper's method-section equations (arXiv 2412.02685). The numpy reference is
+written from the
 formulas. Registry-wide properties live in tests/registry_common_test.py.
 """
 from __future__ import annotations

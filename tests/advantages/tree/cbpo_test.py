@@ -1,4 +1,4 @@
-"""CBPO (credit/advantages/tree/cbpo.py); spec distill_and_structure.md B2.
+"""CBPO (credit/advantages/tree/cbpo.py).
 
 Also holds the random tree batches and the row-slicing helper the other tree tests share.
 Registry-wide properties (flat batches) live in tests/registry_common_test.py.

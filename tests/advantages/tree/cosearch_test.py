@@ -1,4 +1,4 @@
-"""CoSearch (credit/advantages/tree/cosearch.py); spec outcome_and_clipping.md §23.
+"""CoSearch (credit/advantages/tree/cosearch.py).
 
 Registry-wide properties (jit, masking, padding, permutations, degenerate batches) also run in
 tests/registry_common_test.py.

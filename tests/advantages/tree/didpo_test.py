@@ -1,4 +1,4 @@
-"""DiDPO (credit/advantages/tree/didpo.py); spec distill_and_structure.md B5.
+"""DiDPO (credit/advantages/tree/didpo.py).
 
 Registry-wide properties (jit, masking, padding, permutations, degenerate batches) also run in
 tests/registry_common_test.py.

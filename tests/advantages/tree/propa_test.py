@@ -1,5 +1,5 @@
 """PROPA (credit/advantages/tree/propa.py); default = the authors' code (per-node GRPO on
-log-boosted values), option `step_value_form=True` = spec distill_and_structure.md B9.
+log-boosted values), option `step_value_form=True` = ProRAG's form with MCTS step values.
 
 Registry-wide properties (flat batches) also run in tests/registry_common_test.py.
 """
@@ -191,7 +191,7 @@ def test_jit_eager_degenerate_and_validation():
                            num_groups=tr.NG)
 
 
-# ---- option: the spec's step-value form ---------------------------------------------------------
+# ---- option: the step-value form ---------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)

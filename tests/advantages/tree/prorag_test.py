@@ -1,4 +1,4 @@
-"""ProRAG (credit/advantages/tree/prorag.py); spec distill_and_structure.md B8 + Corrections.
+"""ProRAG (credit/advantages/tree/prorag.py).
 
 Registry-wide properties (jit, masking, padding, permutations, degenerate batches) also run in
 tests/registry_common_test.py.

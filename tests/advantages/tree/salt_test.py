@@ -1,4 +1,4 @@
-"""SALT (credit/advantages/tree/salt.py); spec distill_and_structure.md B1.
+"""SALT (credit/advantages/tree/salt.py).
 
 Registry-wide properties (jit, masking, padding, permutations, degenerate batches) live in
 tests/registry_common_test.py.

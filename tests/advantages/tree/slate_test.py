@@ -1,4 +1,4 @@
-"""SLATE (credit/advantages/tree/slate.py); spec distill_and_structure.md B3 + Corrections."""
+"""SLATE (credit/advantages/tree/slate.py)."""
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,4 @@
-"""SPARK (credit/advantages/tree/spark.py); spec distill_and_structure.md B16.
+"""SPARK (credit/advantages/tree/spark.py).
 
 Registry-wide properties (jit, masking, padding, permutations, degenerate batches) also run in
 tests/registry_common_test.py.

@@ -1,4 +1,4 @@
-"""TP-GRPO (credit/advantages/tree/tp_grpo.py); spec distill_and_structure.md B4 + Corrections.
+"""TP-GRPO (credit/advantages/tree/tp_grpo.py).
 
 The numpy reference follows the authors' per-step loop (`my_train_flux_fast_with_op3.py`,
 "Process Reward Computation") with the flags of `common_op3.sh`.

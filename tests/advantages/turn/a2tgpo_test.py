@@ -1,4 +1,4 @@
-"""A2TGPO estimator (credit/advantages/turn/a2tgpo.py); spec token_and_implicit.md §5."""
+"""A2TGPO estimator (credit/advantages/turn/a2tgpo.py)."""
 from __future__ import annotations
 
 import numpy as np

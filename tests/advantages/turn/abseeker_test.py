@@ -1,4 +1,4 @@
-"""ABSeeker ABC-GRPO / ABC-SFT (credit/advantages/turn/abseeker.py); spec B14."""
+"""ABSeeker ABC-GRPO / ABC-SFT (credit/advantages/turn/abseeker.py)."""
 from __future__ import annotations
 
 import doctest

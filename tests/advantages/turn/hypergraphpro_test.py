@@ -1,4 +1,4 @@
-"""HyperGraphPro (credit/advantages/turn/hypergraphpro.py); spec distill_and_structure.md B15."""
+"""HyperGraphPro (credit/advantages/turn/hypergraphpro.py)."""
 from __future__ import annotations
 
 import doctest

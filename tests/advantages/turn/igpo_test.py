@@ -1,4 +1,4 @@
-"""IGPO (credit/advantages/turn/igpo.py); spec token_and_implicit.md §4 + Corrections."""
+"""IGPO (credit/advantages/turn/igpo.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Lean4AgenticRL (credit/advantages/turn/lean4agentic.py); spec outcome_and_clipping.md §10."""
+"""Lean4AgenticRL (credit/advantages/turn/lean4agentic.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Lean first-error credit (credit/advantages/turn/lean_first_error.py); spec B12."""
+"""Lean first-error credit (credit/advantages/turn/lean_first_error.py)."""
 from __future__ import annotations
 
 import numpy as np

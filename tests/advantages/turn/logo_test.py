@@ -1,4 +1,4 @@
-"""Memory-R2 LoGo-GRPO (credit/advantages/turn/logo.py); spec outcome_and_clipping.md §20."""
+"""Memory-R2 LoGo-GRPO (credit/advantages/turn/logo.py)."""
 from __future__ import annotations
 
 import numpy as np

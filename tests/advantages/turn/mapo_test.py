@@ -1,4 +1,4 @@
-"""MAPO (credit/advantages/turn/mapo.py); spec outcome_and_clipping.md §11."""
+"""MAPO (credit/advantages/turn/mapo.py)."""
 from __future__ import annotations
 
 import doctest

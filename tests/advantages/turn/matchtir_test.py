@@ -1,4 +1,4 @@
-"""MatchTIR (credit/advantages/turn/matchtir.py); spec distill_and_structure.md B13."""
+"""MatchTIR (credit/advantages/turn/matchtir.py)."""
 from __future__ import annotations
 
 import numpy as np

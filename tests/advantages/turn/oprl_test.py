@@ -1,4 +1,4 @@
-"""OPRL / iStar (credit/advantages/turn/oprl.py); spec token_and_implicit.md §19."""
+"""OPRL / iStar (credit/advantages/turn/oprl.py)."""
 from __future__ import annotations
 
 import doctest

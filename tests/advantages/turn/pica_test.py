@@ -1,4 +1,4 @@
-"""PiCA (credit/advantages/turn/pica.py); spec token_and_implicit.md §7 + Corrections."""
+"""PiCA (credit/advantages/turn/pica.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +54,7 @@ def np_gae(x, values, m, gamma=1.0, lam=1.0):
 
 
 def test_spec_example_step_rewards():
-  # The spec's ρ is the served PRM score h, the probability that the step is wrong; the
+  # The authors' PRM serves h, the probability that the step is wrong; the
   # estimator takes the library's step_reward, the probability that it is right: 1 − h.
   h = np.array([[0.3, 0.2, 0.6, 0.1, 0.4]])
   r = 0.3 * np.asarray(pica.pica_step_rewards(1.0 - h, np.ones((1, 5), bool)))

@@ -1,4 +1,4 @@
-"""ProCredit (credit/advantages/turn/procredit.py); spec distill_and_structure.md B10."""
+"""ProCredit (credit/advantages/turn/procredit.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""IterSynth RDPO (credit/advantages/turn/rdpo.py); spec outcome_and_clipping.md §21."""
+"""IterSynth RDPO (credit/advantages/turn/rdpo.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""SCOUT UPS-GRPO (credit/advantages/turn/scout.py); spec outcome_and_clipping.md §22."""
+"""SCOUT UPS-GRPO (credit/advantages/turn/scout.py)."""
 from __future__ import annotations
 
 import numpy as np

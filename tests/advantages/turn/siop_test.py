@@ -1,4 +1,4 @@
-"""SIOP (credit/advantages/turn/siop.py); spec token_and_implicit.md §6 + Corrections."""
+"""SIOP (credit/advantages/turn/siop.py)."""
 from __future__ import annotations
 
 import numpy as np

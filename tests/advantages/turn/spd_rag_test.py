@@ -1,4 +1,4 @@
-"""SPD-RAG role credit (credit/advantages/turn/spd_rag.py); spec distill_and_structure.md C2."""
+"""SPD-RAG role credit (credit/advantages/turn/spd_rag.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""TRACE (credit/advantages/turn/trace.py); spec token_and_implicit.md §15."""
+"""TRACE (credit/advantages/turn/trace.py)."""
 from __future__ import annotations
 
 import numpy as np

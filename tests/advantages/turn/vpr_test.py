@@ -1,4 +1,4 @@
-"""VPR (credit/advantages/turn/vpr.py); spec distill_and_structure.md B11."""
+"""VPR (credit/advantages/turn/vpr.py)."""
 from __future__ import annotations
 
 import numpy as np
