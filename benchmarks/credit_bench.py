@@ -143,12 +143,12 @@ class Settings:
   learn_sft_steps: int = 0
   # Per task, the learning warm-up's SFT steps where `learn_sft_steps` would not fit (used only
   # when `learn_sft_steps` > 0). Calibrated like pivotal's 90 (held-out 0.27-0.39 over seeds
-  # 0-2, 2026-12-06): distractor 90 / 150 / 170 / 200 / 300 steps give 0.13-0.22 / 0.11-0.28
+  # 0-2): distractor 90 / 150 / 170 / 200 / 300 steps give 0.13-0.22 / 0.11-0.28
   # / 0.28-0.47 / 0.58-0.73 / 1.00; delayed 90 / 120 / 150 give 0.17-0.23 / 0.20-0.41 /
   # 0.73-0.86; pivotal_and 90 / 105 / 120 / 150 give 0.08-0.20 / 0.27-0.44 / 0.33-0.44 /
   # 0.38-0.55; pivotal_or 60 / 75 / 90 / 150 give 0.22-0.41 / 0.48-0.59 / 0.52-0.67 /
-  # 0.88-0.94 (2026-12-06); pivot_turn 60 / 90 give 0.28 / 0.20 / 0.33 and 1.00 on every
-  # seed (2026-12-06, so its learning starts from the credit part's 60-step warm-up).
+  # 0.88-0.94; pivot_turn 60 / 90 give 0.28 / 0.20 / 0.33 and 1.00 on every
+  # seed (so its learning starts from the credit part's 60-step warm-up).
   # Tasks not listed take `learn_sft_steps`.
   learn_sft_by_task: tuple[tuple[str, int], ...] = LEARN_SFT_BY_TASK
   # > 0: estimators that need branch fields are scored on tree batches (`tree_config`):
@@ -170,7 +170,7 @@ QUICK = Settings(tasks=("pivotal",), estimators=("grpo", "rloo", "dr_grpo", "gae
                  num_snapshots=2, batches=2, num_rollouts=8, learn_steps=4, eval_every=2,
                  threshold=0.5, prompts_per_step=4, group_size=8, hidden_size=32, num_layers=1,
                  multi_turn_estimators=("igpo", "a2tgpo", "procredit", "mapo"))
-# The learning part (measured on pivotal, GRPO, 3 seeds, 2026-12-05): from the 60-step warm-up
+# The learning part (measured on pivotal, GRPO, 3 seeds): from the 60-step warm-up
 # (0.02-0.05 held-out) RL does not move the policy (0.08 after 300 steps); from 115+ SFT steps
 # the warm-up alone is at 0.95-1.0; from 90 steps (0.27-0.39) GRPO climbs to 0.53-0.64 in 750
 # steps (no gain yet at 150). Hence its own 90-step warm-up, 750 steps and threshold 0.5.

@@ -26,7 +26,7 @@ recompiles), and the format gate with r_fail = −1 (DeepResearcher's format pen
 paper builds on), both from the paper's description. The outcome is the chain verifier's 0/1
 (the paper's is F1).
 
-Measured (2-core CPU, 2026-12-05; from the shared warm-up, seed 0, and two more made the same
+Measured (2-core CPU; from the shared warm-up, seed 0, and two more made the same
 way with --config.seed=1|2; 100 steps, held-out greedy accuracy on 256 prompts): seeds
 0 / 1 / 2: 0.875 / 0.891 / 0.926 (mean 0.897; means 0.858 / 0.884 at steps 25 / 50); GRPO from
 the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par (seeds spread

@@ -39,7 +39,7 @@ Defaults and why:
     (step 0 included; best.json gives the step), since the paper's best checkpoint is an
     intermediate one; summary.md lists the best eval_accuracy and its step.
 
-Measured (2026-12-05, seed 0, one run, 2 CPU cores shared with other runs, `nice -n 10`):
+Measured (seed 0, one run, 2 CPU cores shared with other runs, `nice -n 10`):
 the base is `sft_teacher_arithmetic.py` shortened to 800 SFT steps (`--config.sft_steps=800`;
 final loss 0.387, held-out greedy accuracy 0.430; 871 s, 7.0 min CPU). From it, 150 steps of
 this recipe (LoRA r=8 on q/v: 15,360 trained weights, 0.93% of the 1.64M): held-out greedy

@@ -21,7 +21,7 @@ training_run_4b-C-GRPO-rubric0.3.sh). So among right answers a response whose re
 also right (the same answer reached without a slip: "14,9=9" against "=9" or a slipped
 field that happens to land on the right answer) ranks higher; wrong answers all get 0.
 
-Measured (2-core CPU, 2026-12-05; from the shared warm-up, seed 0, and two more made the same
+Measured (2-core CPU; from the shared warm-up, seed 0, and two more made the same
 way with --config.seed=1|2; 100 steps, held-out greedy accuracy on 256 prompts): seeds
 0 / 1 / 2: 0.871 / 0.895 / 0.949 (mean 0.905; means 0.862 / 0.891 at steps 25 / 50); GRPO from
 the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par (seeds spread

@@ -21,7 +21,7 @@ only after its branch point). `cbpo` gives roots their GRPO advantage, a branch 
 κ·std (the contrastive branch value), and each row's tokens the advantage of the segment they
 lie in (a shared prefix is a loss token once, in its parent row).
 
-Measured (2-core CPU, 2026-12-04; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
+Measured (2-core CPU; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
 accuracy 0.887 / 0.887 / 0.891 after 100 steps (GRPO with 8 samples: 0.879 / 0.930 / 0.891);
 3.6-8 min per run, two runs at a time. The tree samples 18% fewer tokens than GRPO's 256 rows
 and its sampling takes 1.4x as long (two rounds and an entropy pass). README trees table.

@@ -22,7 +22,7 @@ context; β = 0.1, the warm-up policy as reference). By default the update is th
 (the paper's CSO: preference learning on the verified steps only); `:rl` adds it to the GRPO
 loss.
 
-Measured (2-core CPU shared with other jobs, 2026-12-05; from each seed's 1500-step warm-up at
+Measured (2-core CPU shared with other jobs; from each seed's 1500-step warm-up at
 0.434 / 0.375 / 0.449, 100 steps): held-out greedy accuracy 0.898 / 0.770 / 0.844 (mean 0.837)
 with the DPO term alone, 0.898 / 0.875 / 0.930 (0.901) with `:rl`; GRPO 0.879 / 0.898 / 0.930
 (0.902). 3.5-5.7 verified pairs per step; the pipeline takes 0.03-0.05 s of a 0.5-0.7 s step.

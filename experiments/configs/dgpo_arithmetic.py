@@ -19,7 +19,7 @@ over positions so no [B,T,V] array exists). The entropy gate divides by log|V|; 
 `vocab_size` from the model. Other estimators of the family run on the same recipe by name
 (`--config.estimator=eapo|opsa|cscr|scapo|perceval|treg`), each planning its own producers.
 
-Measured (2026-12-03, 2 CPU cores; each seed's RL from the same warm-up as GRPO's via
+Measured (2 CPU cores; each seed's RL from the same warm-up as GRPO's via
 `--config.warm_start_from`), held-out greedy accuracy after 150 steps, seeds 0 / 1 / 2: DGPO
 0.934 / 0.867 / 0.980 (mean 0.927), GRPO 0.941 / 0.859 / 0.973 (0.924), from 0.453 / 0.500 /
 0.484; at step 25 0.842 against 0.850. On this task the two are indistinguishable with 3

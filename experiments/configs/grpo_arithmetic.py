@@ -17,7 +17,7 @@ the verifier is exact, so only the reward can take the policy beyond its demonst
 the regime RL fine-tuning is used in (SFT on a weaker model's traces, then RL on verifiable
 rewards), and the error sits on a few digits of the answer, so token-level credit matters.
 
-Measured (README table; 3 seeds, 2 CPU cores, 2026-12-03):
+Measured (README table; 3 seeds, 2 CPU cores):
   * warm-up, 2500 SFT steps (~200 s): held-out greedy accuracy 0.453 / 0.500 / 0.484; the
     model has learnt both the right and the slipped answers (seed 0: pass@8 0.88, mean@8 0.54);
   * RL, 150 GRPO steps (32 prompts x 8 samples, lr 3e-4; 0.37-0.42 s per step, ~74 s):

@@ -27,7 +27,7 @@ only the answer's tokens scored) under the behaviour policy (`gold_pass`, one ba
 the K+1 prefixes of every episode). A turn that reveals the answer raises its log-probability,
 so it earns the largest turn reward; the final turn carries the outcome.
 
-Measured (2026-12-03, seed 0, 2 CPU cores shared by four runs; both from the same warm-up via
+Measured (seed 0, 2 CPU cores shared by four runs; both from the same warm-up via
 `--config.warm_start_from`): the 300-step warm-up (~4 min) reaches held-out greedy accuracy
 0.562 (the 1-hop questions; the 2-hop ones are answered early, as demonstrated); GRPO 0.992 at
 step 25 and 1.000 at step 50, IGPO 0.984 and 1.000 (5-16 s per RL step on the loaded machine,

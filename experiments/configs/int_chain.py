@@ -24,7 +24,7 @@ garbage under it (measured, seed 0: 0.1 verified interventions per step against 
 it, and 0.816 held-out accuracy after 100 steps against GRPO's 0.879), so the recipe lets the
 policy propose in its own context, as a model that does not follow instructions must.
 
-Measured (2-core CPU shared with other jobs, 2026-12-05; from each seed's 1500-step warm-up at
+Measured (2-core CPU shared with other jobs; from each seed's 1500-step warm-up at
 0.434 / 0.375 / 0.449, 100 steps): held-out greedy accuracy 0.871 / 0.852 / 0.863 (mean
 0.862) against GRPO's 0.879 / 0.898 / 0.930 (0.902) for all 100 steps: the 20 InT steps (3.5-5.6
 interventions each) do not pay back the RL steps they take here. README, "Critical steps of

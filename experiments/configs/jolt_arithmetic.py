@@ -28,7 +28,7 @@ LLM reads a hint. A from-scratch model that never saw the prefix cannot: from th
 its teacher role answers 1% of the train prompts (the student role 29%), ℓ_T − ℓ_S is about −6
 nats per token, and the student role is distilled toward that (table below).
 
-Measured (2026-12-05, 2 CPU cores shared with other work, load 5-9; seed 0; 50 RL steps, lr
+Measured (2 CPU cores shared with other work, load 5-9; seed 0; 50 RL steps, lr
 3e-4 cosine over the 50 steps, eval every 10; held-out greedy accuracy on 256 problems; GRPO and
 JOLT from the same exported warm-up each):
   * privileged warm-up (2500 SFT steps, q = 0.5; step 0: 0.441): GRPO 0.809 / 0.820 / 0.855 /

@@ -22,7 +22,7 @@ estimator `logo` (`credit.advantages.turn.logo`) normalises the episodes within 
 group (GRPO) and each parent's 4 continuations among themselves (local_coef λ = 1); a
 continuation's loss tokens are its own turns only.
 
-Measured (seed 0, 2-core CPU at load ~12, 2026-12-05; LoGo and GRPO from the same 300-step
+Measured (seed 0, 2-core CPU at load ~12; LoGo and GRPO from the same 300-step
 warm-up at held-out greedy accuracy 0.562, `--config.warm_start_from`; held-out greedy accuracy
 on 128 questions): LoGo (8 parents x 4 siblings) 0.977 / 0.984 at steps 25 / 50, 18 s per step
 (the re-rollouts ~0.9 s); GRPO 0.992 / 1.000, 13 s per step. One seed cannot tell them apart.

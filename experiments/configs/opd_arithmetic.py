@@ -18,7 +18,7 @@ are the same), so OPD and GRPO compare at equal steps. The student samples; the 
 (a larger model, `sft_teacher_arithmetic.py`) scores every sampled token in one pass
 (`teacher_pass`), and the per-token advantage is its log-ratio ℓ_teacher − ℓ_student
 (`credit.advantages.distill.opd`: the reverse KL's sampled-token estimate, no discount, no group
-baseline). The verifier's reward is reported but not used. Measured (2026-12-03, 2 CPU cores; RL
+baseline). The verifier's reward is reported but not used. Measured (2 CPU cores; RL
 from the same per-seed warm-ups as GRPO's via `--config.warm_start_from`, 150 steps; held-out
 greedy accuracy, seeds 0 / 1 / 2; the teacher of `sft_teacher_arithmetic.py` at accuracy 1.000):
 OPD 0.922 / 0.840 / 0.984 (mean 0.915; step 25 mean 0.832), `:topk` 0.934 / 0.824 / 0.988

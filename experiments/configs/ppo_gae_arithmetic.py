@@ -23,7 +23,7 @@ after "answer <gold>: " ⊕ prompt (`critic.ref_context`); GAE runs on its value
 0.95, and each token's advantage is weighted by 1 + β·|V_ref − V|/mean|V_ref − V| clipped to
 [0, 3]. Both critics regress on the same returns.
 
-Measured (seed 0 only, 2026-12-03, 2 CPU cores, RL from the same warm-up as GRPO's via
+Measured (seed 0 only, 2 CPU cores, RL from the same warm-up as GRPO's via
 `--config.warm_start_from`), held-out greedy accuracy at steps 0 / 25 / 50 / 75 / 100 / 125 /
 150: PPO-GAE 0.453 / 0.871 / 0.891 / 0.922 / 0.930 / 0.934 / 0.926; `:redippo` 0.453 / 0.883 /
 0.891 / 0.926 / 0.934 / 0.941 / 0.934; GRPO on the same seed 0.941 at 150. Critic value MSE at

@@ -21,7 +21,7 @@ per-group step normalisation are from the abstract's description; per-step value
 than step returns (the default; `--config.estimator_kwargs.step_returns=True` accumulates
 them backwards).
 
-Measured (2-core CPU, 2026-12-05; from the shared warm-up, seed 0, and two more made the same
+Measured (2-core CPU; from the shared warm-up, seed 0, and two more made the same
 way with --config.seed=1|2; 100 steps, held-out greedy accuracy on 256 prompts): seeds
 0 / 1 / 2: 0.871 / 0.895 / 0.945 (mean 0.904; means 0.841 / 0.888 at steps 25 / 50); GRPO from
 the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par at 100, behind at

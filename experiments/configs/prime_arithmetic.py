@@ -25,7 +25,7 @@ from the paper, see `credit.advantages.implicit.prime`):
 The PRM learning rate is 2x the policy's, PRIME's ratio (1e-6 vs 5e-7 at 7B). The runner
 reports `prm_loss`, `prm_accuracy` (sign of β·Σq against the label) and `time_prm`.
 
-Measured (2026-12-03, 2 CPU cores; each seed's RL from the same warm-up as GRPO's via
+Measured (2 CPU cores; each seed's RL from the same warm-up as GRPO's via
 `--config.warm_start_from`, which reproduces the full GRPO runs exactly), held-out greedy
 accuracy after 150 steps, seeds 0 / 1 / 2: PRIME 0.930 / 0.777 / 0.953 (mean 0.887), GRPO
 0.941 / 0.859 / 0.973 (0.924), from 0.453 / 0.500 / 0.484. At step 25 PRIME is at 0.788 on

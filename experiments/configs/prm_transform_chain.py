@@ -23,7 +23,7 @@ clip_delta, η = 0.5 (the middle of a 0/1 judge), α = 1, γ = 1. The paper trai
 critic; this recipe has none, so the returns are baselined by the mean whole-response return
 of the prompt group (`group_baseline=True`, ours) rather than used raw as REINFORCE returns.
 
-Measured (2-core CPU, 2026-12-05; from the shared warm-up, seed 0, and two more made the same
+Measured (2-core CPU; from the shared warm-up, seed 0, and two more made the same
 way with --config.seed=1|2; 100 steps, held-out greedy accuracy on 256 prompts): seeds
 0 / 1 / 2: 0.891 / 0.891 / 0.934 (mean 0.905; means 0.841 / 0.897 at steps 25 / 50); GRPO from
 the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par at 100, behind at

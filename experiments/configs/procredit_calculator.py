@@ -28,7 +28,7 @@ verified progress over each turn, group-normalised over the turns of the prompt'
 added to the GRPO outcome advantage, so a failed episode still credits its correct steps and
 blames the turn that went wrong.
 
-Measured (2026-12-05, 2-core CPU shared with 2-4 other runs, ~6-15 s per RL step; both
+Measured (2-core CPU shared with 2-4 other runs, ~6-15 s per RL step; both
 methods from the same warm-up, `--config.warm_start_from`; held-out greedy accuracy on 128
 problems). The 1500-step warm-up (SFT loss 0.014, 44 min on the loaded machine) reaches 0.578 /
 0.562 / 0.531 on the eval sets of seeds 0 / 1 / 2 (`--config.seed`; one warm-up, three RL
@@ -40,7 +40,7 @@ seeds):
   | ProCredit | 0.930 / 0.969 / 0.969 | 0.961 / 0.969 | 0.969 / 0.961 | 0.966 |
 
 Both learn to carry the whole multi-digit operand within 25 steps; the seeds do not separate
-them. The earlier 300-step warm-up (2026-12-03) left the policy too weak to learn from (0.336,
+them. The earlier 300-step warm-up left the policy too weak to learn from (0.336,
 sampled train reward 0.10-0.16; neither method moved it in 50 steps), hence `sft_steps =
 1500` here.
 """

@@ -23,7 +23,7 @@ ProCredit (`credit.advantages.turn.procredit`; distill_and_structure.md B10): th
 verified progress (gold facts revealed / h) over each turn, group-normalised over the turns of
 the prompt's episodes, added to the GRPO outcome advantage.
 
-Measured (2026-12-05, seed 0, 2-core CPU shared with 3-4 other runs, ~16 s per RL step; all
+Measured (seed 0, 2-core CPU shared with 3-4 other runs, ~16 s per RL step; all
 from one warm-up, `--config.warm_start_from`; held-out greedy accuracy on 128 questions at
 steps 0 / 25 / 50). The recipe's 300-step warm-up leaves the policy at 0.180 (sampled train
 reward ~0.05; GRPO 0.078 / 0.102 and ProCredit 0.062 / 0.070 at 25 / 50: no signal to learn

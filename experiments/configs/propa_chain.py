@@ -21,7 +21,7 @@ common token prefix), or on the question's ground-truth chain of thought when th
 correct leaf. The code runs the SFT as a separate step (lr 1e-4 against GRPO's 1e-6, LoRA); here
 it is added to the same update, L = L_RL + weight·L_SFT with weight 1 (a choice).
 
-Measured (2-core CPU shared with other jobs, 2026-12-05; from each seed's 1500-step warm-up at
+Measured (2-core CPU shared with other jobs; from each seed's 1500-step warm-up at
 0.434 / 0.375 / 0.449, 100 steps): held-out greedy accuracy 0.953 / 0.961 / 0.973 (mean
 0.962); `:nosft` 0.930 / 0.891 / 0.941 (0.921); GRPO with 8 samples 0.879 / 0.898 / 0.930
 (0.902). ~62 SFT rows per step, of which ~0.9 demonstrations; 0.74 s per step (`:nosft` 0.53 s).

@@ -26,7 +26,7 @@ drops the process reward. The verifier's metrics (`verifier_step_acc`,
 `verifier_wrong_step_recall`) score its step verdicts against that judge, and
 `verifier_step_acc_outcome_copy` gives the baseline of copying the outcome onto every step.
 
-Measured (seed 0, 2 CPU cores, 2026-12-05, after the fix of single-turn step ids; held-out
+Measured (seed 0, 2 CPU cores, after the fix of single-turn step ids; held-out
 greedy accuracy at steps 25 / 50 / 75 / 100 from the warm-up's 0.434): this recipe 0.828 /
 0.875 / 0.887 / 0.887 (1.77 s per step, 1.56 of them the verifier; its warm-up 91 s); with the
 task's exact judge 0.836 / 0.859 / 0.867 / 0.871 (0.21 s); GRPO 0.820 / 0.863 / 0.867 / 0.879

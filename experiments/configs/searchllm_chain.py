@@ -25,7 +25,7 @@ the weights are ours — 0.7 / 0.3 match C-GRPO's α = 0.3 so the two recipes di
 how the rubric enters (gated weighted sum for every formatted response here, a bonus on
 right answers only there).
 
-Measured (2-core CPU, 2026-12-05; from the shared warm-up, seed 0, and two more made the same
+Measured (2-core CPU; from the shared warm-up, seed 0, and two more made the same
 way with --config.seed=1|2; 100 steps, held-out greedy accuracy on 256 prompts): seeds
 0 / 1 / 2: 0.867 / 0.895 / 0.922 (mean 0.895; means 0.862 / 0.884 at steps 25 / 50); GRPO from
 the same warm-ups 0.879 / 0.898 / 0.930 (mean 0.902; 0.857 / 0.888): on par (seeds spread

@@ -14,7 +14,7 @@ produced (`alt_context_neg = "answer {answer}, not {mistake}: "`). SIPO's token 
 log-probs: what the model, shown the answer, finds more likely once it is also shown the
 mistake, is pushed down. It gives a signal in all-wrong groups, where GRPO's is zero.
 
-Measured (2026-12-03, 2 CPU cores, from the same per-seed warm-ups as GRPO's, 150 steps; seeds
+Measured (2 CPU cores, from the same per-seed warm-ups as GRPO's, 150 steps; seeds
 0 / 1 / 2): 0.902 / 0.797 / 0.969 (mean 0.889; step 25 mean 0.790), against GRPO's 0.941 / 0.859
 / 0.973 (0.924). The two re-scoring passes cost 0.55 s of a 1.1 s step on a loaded machine.
 """

@@ -21,7 +21,7 @@ step objective: the candidate's ratio exp(mean token log-ratio) clipped at 0.2 (
 reference with β = 0.001. Up to `slate.max_steps` = 3 steps: 4·3 = 12 rows per prompt (16
 prompts per step).
 
-Measured (2-core CPU, 2026-12-04; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
+Measured (2-core CPU; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
 accuracy 0.828 / 0.863 / 0.848 after 100 steps (GRPO with 32 prompts x 8 samples: 0.879 /
 0.930 / 0.891); the judge-guided paths of the rollouts reach 0.88; 2.5 min per run. With the
 token-level `ppo_clip` instead of the step objective: 0.824 / 0.863 (seeds 0 / 1). README

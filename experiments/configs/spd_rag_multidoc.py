@@ -30,7 +30,7 @@ runner's experiments/subagents.py) against the group's agent answers, the synthe
 (the synthesis "answer(kim)" + eos) loses budget_coef·(excess / budget) (the dispatch turns,
 16-17 tokens, all pay about the same, which the per-role normalisation removes).
 
-Measured (2026-12-05, seed 0, 2-core CPU at load 11-14; one 300-step warm-up at held-out
+Measured (seed 0, 2-core CPU at load 11-14; one 300-step warm-up at held-out
 greedy accuracy 0.367, then 30 steps of 8 prompts x 8 episodes, `--config.prompts_per_step=8
 --config.steps=30 --config.eval_every=10`): spd_rag 0.477 / 0.500 / 0.500 at steps 10 / 20 /
 30, GRPO (`:grpo`) 0.453 / 0.469 / 0.477 — 3 of 128 questions apart, one seed. ~30 s per step

@@ -20,7 +20,7 @@ toward the final outcome), with the aggregated long-term reward R − V_{k−1};
 normalised per (prompt, step index) and broadcast to the step's tokens. Costs B·(K−1) + N greedy
 rollouts per step (`time_baseline`).
 
-Measured (2-core CPU, 2026-12-04; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
+Measured (2-core CPU; from the shared warm-up, seeds 0 / 1 / 2): held-out greedy
 accuracy 0.875 / 0.930 / 0.879 after 100 steps (GRPO: 0.879 / 0.930 / 0.891); the completions
 cost 0.84 s of a 2.25 s step (two runs at a time). README trees table.
 """

@@ -20,7 +20,7 @@ sets a reference (its cache update is skipped, so every correct episode is "bad"
 sets it from the group's cheapest correct episode and keeps the best one seen
 (`init_missing_ref=True`, `update_ref=True`, ours), so the bonus can reward staying within it.
 
-Measured (seed 0, 2-core CPU, 2026-12-05; both from the same 300-step warm-up at held-out greedy
+Measured (seed 0, 2-core CPU; both from the same 300-step warm-up at held-out greedy
 accuracy 0.562): held-out accuracy 0.992 / 0.992 at steps 25 / 50 (GRPO 0.992 / 1.000); turns
 per episode 2.42 over steps 1-10 and 2.57 over steps 41-50 (GRPO 2.42 and 2.57): the policy
 learns the second lookup of 2-hop questions under both, and makes no redundant call for the

@@ -29,7 +29,7 @@ where a likelihood reward has to put the credit. Demonstrations are right on 58%
 problems; a policy that always slips gets 45% (the problems without a carry or borrow);
 the verifier is exact, so only the reward can take the policy beyond its demonstrator.
 
-Measured (seed 0, one run each, 2 CPU cores, 2026-12-03; the two runs side by side on a
+Measured (seed 0, one run each, 2 CPU cores; the two runs side by side on a
 machine shared with other jobs, load average ~11):
   * warm-up, 1500 SFT steps (533 s under that load): held-out greedy accuracy 0.441, the
     always-slip level; the format is learnt (every sampled response has the marker);
@@ -40,7 +40,7 @@ machine shared with other jobs, load average ~11):
   * wall time 14 min 24 s start to exit (GRPO 14 min 1 s) under that load; process CPU
     time 5 min 41 s (user 4:36 + sys 1:05); not measured on an idle machine. The answer
     pass costs ~0.26 s of a VeriFree step (`time_likelihood`).
-The runs above predate the answer-token loss. With it (2026-12-06, seed 0, one pinned core
+The runs above predate the answer-token loss. With it (seed 0, one pinned core
 each, the same fresh warm-up at 0.434 for all four runs):
   * VeriFree 0.805 / 0.859 / 0.867 / 0.867 at steps 25 / 50 / 75 / 100; without the term
     (`estimator_loss_coef=0`) 0.797 / 0.859 / 0.848 / 0.844;
@@ -49,7 +49,7 @@ each, the same fresh warm-up at 0.434 for all four runs):
     reasoning after the warm-up, so −log π(a* | x, z) is small (VeriFree's term 2e-4 at step
     100, JEPO's 0.20). The term's second pass over prompt ⊕ reasoning ⊕ answer doubles the
     update (0.30 → 0.61 s; step 0.55 → 0.85 s).
-Since 2026-12-07 VeriFree's format gate is on, as in its port (R = 0, and no answer term,
+VeriFree's format gate is on, as in its port (R = 0, and no answer term,
 for a response without the answer tag or stopped by the length limit): here a response
 that fails the chain task's `format_ok` (running sums, "=", an integer answer) gets R = 0
 (`--config.estimator_kwargs.format_gate=False` turns it off). The runs above predate it

@@ -22,7 +22,7 @@ fraction, α = 0.5) and normalises R like GRPO. Held-out functions: `eval_functi
 warm-up and RL prompts) and 14 held-out ones (6 linear, 8 quadratic; the eval split asks each
 about 18 times in its 256 prompts), so held-out accuracy means functions never trained on.
 
-Measured (2-core CPU shared with other jobs, 2026-12-05; function split on): one warm-up on
+Measured (2-core CPU shared with other jobs; function split on): one warm-up on
 the train functions (seed 0, exported with `--config.steps=0`, then `--config.warm_start_from=
 <dir>/hf_policy --config.sft_steps=0`), 60 RL steps at lr 1e-4, seeds 0 / 1 / 2 (the seed picks
 the RL samples and the eval draw, not the warm-up), `--config.eval_samples=8`; held-out greedy

@@ -141,7 +141,7 @@ def turns_are_steps(c: ml_collections.ConfigDict) -> bool:
   takes `step_mask[b,k]` as "turn k of row b exists" and credits the tokens of `turn_id == k`,
   while single-turn `step_mask` comes from the step producers (the delimiter steps). With one
   turn the two disagree: a row whose response holds a delimiter gets turns 1.. with no tokens,
-  whose rewards still enter the group statistics and the returns of turn 0 (found 2026-12-06
+  whose rewards still enter the group statistics and the returns of turn 0 (seen
   on `pivotal`; a row of one step is one turn either way). Multi-turn runs: False (their turns
   are the episode's)."""
   if is_multi_turn(c):
