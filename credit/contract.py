@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from flax import struct
 
+from credit._checks import unknown
+
 
 class Field(NamedTuple):
   """One row of the contract table.
@@ -254,20 +256,39 @@ def _kind_ok(arr: np.ndarray, kind: str) -> bool:
   return True
 
 
-def validate_fields(fields: Mapping[str, Any], *, num_groups: int | None = None,
-                    where: str = "input", require_nonempty_mask: bool = True,
-                    dims: Mapping[str, int] | None = None) -> dict[str, int]:
+def validate_fields(fields: Mapping[str, Any] | None = None, /, *,
+                    num_groups: int | None = None, where: str = "input",
+                    require_nonempty_mask: bool = True,
+                    dims: Mapping[str, int] | None = None, **named: Any) -> dict[str, int]:
   """Checks contract fields eagerly; returns the resolved dimensions (letters -> sizes).
+
+  The fields come as keyword arguments, as an estimator takes them
+  (``validate_fields(reward=r, group_id=g, response_mask=m, num_groups=2)``), or as one
+  mapping (``validate_fields(batch, num_groups=2)``), or both.
 
   Checks: rank and shape agreement across fields (B, T, K, ...), dtype kinds, 0/1
   masks, finite floats (only where `response_mask` selects, for [B,T] fields),
   group ids in [0, num_groups), and that `response_mask` selects at least one
-  token. Unknown names are ignored (estimator-specific extras are checked by
-  their estimator's own validator).
+  token. In the mapping, names that are not contract fields are ignored (a batch may
+  carry extras; estimator-specific ones are checked by their estimator's own
+  validator); a keyword argument that is not a contract field is refused, naming the
+  closest fields.
 
   Raises:
     ContractError naming the argument, the expected and the actual shape/dtype.
+    UnknownNameError: a keyword argument that is not a contract field.
+    TypeError: `fields` is not a mapping, or a field is given twice.
   """
+  if fields is not None and not isinstance(fields, Mapping):
+    raise TypeError(f"{where}: validate_fields takes a mapping of fields or keyword "
+                    f"arguments, got {type(fields).__name__}")
+  for name in named:
+    if name not in CONTRACT:
+      raise unknown("contract field", name, CONTRACT)
+  twice = sorted(set(fields or {}) & set(named))
+  if twice:
+    raise TypeError(f"{where}: field(s) {twice} given both in the mapping and as keywords")
+  fields = {**(fields or {}), **named}
   d: dict[str, int] = dict(dims or {})
   arrays = {}
   for name, val in fields.items():

@@ -33,8 +33,8 @@ import inspect
 import re
 from typing import Any, Callable, Iterable, Mapping
 
-from credit._checks import UnknownNameError, unknown
-from credit.contract import CONTRACT
+from credit._checks import UnknownNameError, check_hyperparameters, unknown
+from credit.contract import CONTRACT, validate_fields
 
 __all__ = [
     "FAMILIES", "CONFIDENCE_TAGS", "EstimatorSpec", "PolicyLossSpec", "TrainedLoss",
@@ -78,6 +78,25 @@ def _check_needs(kind: str, name: str, fn: Callable, needs: Iterable[str],
   if missing:
     raise ValueError(f"{kind} {name!r}: {fn.__qualname__} takes no argument(s) {missing} "
                      "that it declares in `needs`")
+
+
+def _check_call(kind: str, name: str, fn: Callable, params: tuple[str, ...],
+                hyperparameters: tuple[str, ...], needs: Iterable[str],
+                kwargs: Mapping[str, Any], hint_fns: tuple = ()) -> None:
+  """The eager checks of a `validate=True` call: argument names, the needed fields, the
+  hyperparameters' types and string choices, and the contract fields' shapes, dtypes,
+  finiteness and group ids (`validate_fields`). Errors name the argument."""
+  what = f"{kind} {name!r}"
+  for k in kwargs:
+    if k not in params:
+      raise unknown(f"{what} argument", k, params)
+  missing = sorted(set(needs) - set(kwargs))
+  if missing:
+    raise TypeError(f"{what}: missing field(s) {missing}")
+  check_hyperparameters(what, fn, {k: v for k, v in kwargs.items() if k in hyperparameters},
+                        hint_fns=hint_fns)
+  validate_fields({k: v for k, v in kwargs.items() if k in CONTRACT},
+                  num_groups=kwargs.get("num_groups"), where=what)
 
 
 _CODE_REF = re.compile(r"\bcode: [\w.-]+/[\w.-]+")
@@ -260,6 +279,27 @@ class EstimatorSpec:
     """The [B,T] advantages of whatever `fn` returned."""
     return out.advantages if (self.returns_output or self.stateful) else out
 
+  def __call__(self, *, validate: bool = False, **kwargs: Any) -> Any:
+    """`fn(**kwargs)`: the estimator called by its registry name.
+
+    With `validate=True` (research code, eager inputs only) the call is checked first and
+    refused in one line naming the argument: an argument `fn` does not take (with close
+    matches), a missing field of `needs`, a hyperparameter of the wrong type or not one of
+    its string choices (from the signature), and the contract fields' shapes, dtypes,
+    NaN/inf and group ids in [0, num_groups) (`credit.validate_fields`). Under jit leave it
+    False (the checks need concrete arrays).
+
+    Example::
+
+      spec = credit.get_estimator("grpo")
+      adv = spec(reward=r, group_id=g, response_mask=m, num_groups=2, validate=True)
+    """
+    if validate:
+      _check_call("estimator", self.name, self.fn, self.params, self.hyperparameters,
+                  self.needs_for({k: v for k, v in kwargs.items()
+                                  if k in self.hyperparameters}), kwargs)
+    return self.fn(**kwargs)
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossSpec:
@@ -302,6 +342,14 @@ class PolicyLossSpec:
   @property
   def hyperparameters(self) -> tuple[str, ...]:
     return tuple(p for p in self.params if p not in CONTRACT)
+
+  def __call__(self, *, validate: bool = False, **kwargs: Any) -> Any:
+    """`fn(**kwargs)`: the loss called by its registry name; `validate=True` checks the
+    call first, as `EstimatorSpec.__call__` does."""
+    if validate:
+      _check_call("policy loss", self.name, self.fn, self.params, self.hyperparameters,
+                  self.needs, kwargs, hint_fns=(self.token_fn,))
+    return self.fn(**kwargs)
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
