@@ -2,16 +2,31 @@
 
 Every field is commented here once; recipes override what they change.
 """
+import difflib
+
 import ml_collections
 
 
+class UnknownVariantError(ValueError):
+  """A recipe variant (`recipe.py:<variant>`) the recipe does not declare."""
+
+  def __init__(self, key: str, known):
+    self.key, self.known = key, sorted(known)
+    close = difflib.get_close_matches(key, self.known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    super().__init__(f"unknown variant {key!r}; {hint}this recipe's variants: {self.known}")
+
+
 def parse_arg(arg: str | None, **defaults):
-  """'tiny,seed=3' -> ConfigDict(tiny=True, seed=3) over `defaults` (big_vision style)."""
+  """'tiny,sft_only' -> ConfigDict(tiny=True, sft_only=True) over `defaults` (big_vision
+  style); a key not in `defaults` raises UnknownVariantError (a typo never runs silently)."""
   out = ml_collections.ConfigDict(defaults)
   for part in (arg or "").split(","):
     part = part.strip()
     if not part:
       continue
+    if part.split("=", 1)[0] not in defaults:
+      raise UnknownVariantError(part.split("=", 1)[0], defaults)
     if "=" in part:
       k, v = part.split("=", 1)
       typ = type(out[k]) if k in out else str

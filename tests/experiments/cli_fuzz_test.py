@@ -50,7 +50,8 @@ CASES = [
     ("estimator_kwargs.eps a string", ARITH + ":tiny", ["--config.estimator_kwargs.eps=tiny"],
      r"estimator_kwargs\.eps='tiny' is refused by estimator 'grpo': it must be a number"),
     ("estimator_kwargs name typo", ARITH + ":tiny", ["--config.estimator_kwargs.scal=batch"],
-     r"estimator_kwargs\.scal is not an argument of estimator 'grpo'; did you mean 'scale'\?"),
+     r"estimator_kwargs\.scal is refused: estimator 'grpo' has no hyperparameter 'scal'; did "
+     r"you mean 'scale'\?"),
     ("loss_kwargs bad agg mode", ARITH + ":tiny", ["--config.loss_kwargs.loss_agg_mode=tokenmean"],
      r"loss_kwargs\.loss_agg_mode='tokenmean' is refused by policy loss 'ppo_clip'.*did you "
      r"mean 'token-mean'\?"),
@@ -76,8 +77,8 @@ CASES = [
     ("heads not a multiple", ARITH + ":tiny", ["--config.model.num_kv_heads=3"],
      r"num_heads=4 is not a multiple of model\.num_kv_heads=3"),
     ("task option typo", ARITH + ":tiny", ["--config.task_kwargs.max_digit=3"],
-     r"task_kwargs\.max_digit is not an argument of task 'arithmetic'; did you mean "
-     r"'max_digits'\?"),
+     r"task_kwargs\.max_digit is refused: task 'arithmetic' has no option 'max_digit'; did "
+     r"you mean 'max_digits'\?"),
     ("NaN reward option", COUNTDOWN + ":tiny", ["--config.task_kwargs.format_reward=nan"],
      r"--config\.task_kwargs\.format_reward=nan is not a number"),
     ("unknown config key", ARITH + ":tiny", ["--config.stepz=3"],
@@ -182,7 +183,7 @@ LIBRARY_CASES = [
     ("reward of the wrong rank", dict(_OK, reward=np.ones((4, 1), np.float32)),
      credit.ContractError, r"`reward` must have shape \[B\]"),
     ("mask of the wrong dtype", dict(_OK, response_mask=np.full((4, 3), 0.5, np.float32)),
-     credit.ContractError, r"`response_mask` must have bool"),
+     credit.ContractError, r"mask `response_mask` must be bool or contain only 0/1"),
     ("string choice typo", dict(_OK, scale="grop"), ValueError,
      r"scale='grop' must be one of \['group', 'batch', 'none'\] \(did you mean 'group'\?\)"),
     ("argument typo", dict(_OK, scal="batch"), KeyError, r"'scal'. Did you mean \['scale'\]"),
