@@ -316,6 +316,10 @@ EQUAL_GROUP_NOT_ZERO = {
     "trace_cost": "the tool-cost bonus ranks the correct rows of an equal-accuracy group",
     "ppr_renorm": "step scores contrast the steps of equal-outcome rows",
     "rl_tango": "verifier step judgments contrast the steps of equal-outcome rows",
+    # Behaviour diversity: responses differ where their rewards do not.
+    "satisdive": "every row clears the cutoff, so the diversity term alone contrasts them",
+    "novelty_search": "the novelty bonus contrasts responses of equal reward",
+    "serene": "the exploration phase's advantage is the novelty, not the reward",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {

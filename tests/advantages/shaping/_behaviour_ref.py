@@ -58,15 +58,17 @@ def novelty_ref(b, archive, inserted, k=15):
 
 
 def insert_ref(archive, inserted, phi, nov, groups, pid, add=1):
-  """The archive after the `add` most novel rows of each group were written (the order of
-  ties does not matter to the test batches: tied rows have equal descriptors or differ)."""
+  """The archive after the `add` most novel rows of each group were written; ties in novelty
+  go to the larger content key φ·w, w_d = cos(1.618034·d + 0.5), then to the earlier row."""
   archive, inserted = archive.copy(), inserted.copy()
   a = archive.shape[1]
+  key = phi @ np.cos(np.arange(phi.shape[1]) * 1.618034 + 0.5)
+  nov = np.asarray(nov, np.float32)   # ties as the float32 estimator sees them
   for rows in groups:
     p = int(pid[rows[0]])
     if not 0 <= p < archive.shape[0]:
       continue
-    best = sorted(rows, key=lambda i: -nov[i])[:add]
+    best = sorted(rows, key=lambda i: (-nov[i], -key[i], i))[:add]
     for r, i in enumerate(best):
       archive[p, (inserted[p] + r) % a] = phi[i]
     inserted[p] += len(best)
