@@ -196,7 +196,6 @@ def test_credit_imports_have_no_circles():
   assert not circles, _describe(circles)
 
 
-@pytest.mark.xfail(strict=False, reason="experiments/ restructuring in progress")
 def test_experiments_imports_have_no_circles():
   circles = _circles_touching("experiments")
   assert not circles, _describe(circles)
