@@ -14,12 +14,14 @@ and renames it to ``<step>`` only when all items are written, so a process
 killed during a save leaves a tmp directory that is never listed as a step.
 On top of that, once a save has finished this module writes
 ``<step>/credit_manifest.json`` (atomically, tmp + `os.replace`) with the
-relative path and size of every file in the step (and a CRC-32 of the content
-when ``checksum=True``). `Checkpointer.restore_latest` tries steps newest
-first and skips, with a logged warning naming the step and the reason:
+relative path, size and CRC-32 of the content of every file in the step
+(``checksum=False`` leaves the CRC out). `Checkpointer.restore_latest` tries
+steps newest first and skips, with a logged warning naming the step and the
+reason:
 
-* a step whose files do not match its manifest (missing, truncated, or — with
-  ``checksum=True`` — changed content);
+* a step whose files do not match its manifest (missing, truncated, or changed
+  in place: same size, other bytes, caught by the CRC-32, which orbax would
+  otherwise read back as numbers, e.g. NaN parameters);
 * a step orbax fails to read (garbage, empty directory, missing item);
 * a ``meta`` item that is not a JSON object.
 
@@ -173,15 +175,16 @@ class Checkpointer:
       next `save`, or `close`) before relying on the checkpoint. If False
       (default), `save` returns only when the checkpoint is complete on disk,
       so a SIGKILL after `save` returns still leaves it restorable.
-    checksum: also store and verify a CRC-32 of every file (reads the whole
-      checkpoint once at save and once per restore candidate). Without it the
-      manifest checks presence and sizes only, and content damage is caught
-      when orbax/tensorstore fails to decode the data.
+    checksum: store a CRC-32 of every file in the manifest (reads the whole
+      checkpoint once more at save; zlib's CRC runs at about a GB/s). A CRC in a
+      manifest is always verified at restore, whatever this flag. False: the
+      manifest holds presence and sizes only, and damage that keeps a file's
+      size is caught only when orbax/tensorstore fails to decode the data.
   """
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
                save_interval_steps: int = 1, async_save: bool = False,
-               checksum: bool = False):
+               checksum: bool = True):
     self.directory = os.path.abspath(os.fspath(directory))
     self.checksum = checksum
     self.async_save = async_save

@@ -163,7 +163,7 @@ def _meta_not_object_no_manifest(step_dir):
 @pytest.mark.parametrize("corrupt, reason", [
     (_delete_data_files, "is missing"),
     (_truncate_data_files, "truncated"),
-    (_garbage_meta_same_size, "orbax could not read it"),
+    (_garbage_meta_same_size, "fails its CRC-32 check"),  # same size: the manifest CRC
     (_empty_step_dir, "orbax could not read it"),
     (_garbage_manifest, "unreadable manifest"),
     (_meta_not_object_no_manifest, "not a JSON object"),
