@@ -165,6 +165,13 @@ def check_method(c: ml_collections.ConfigDict) -> Method:
   stale = {"policy_version"} if loss_kwargs.get("max_staleness") is not None else set()
   loss_fields = tuple(sorted(loss.needs | stale | ({"logprob_sampler"}
                                                    if c.importance_correction else set())))
+  if "logprob_sampler" in loss_fields and producers.truncated_sampling(c):
+    raise SetupError(
+        f"top_k={c.top_k} / top_p={c.top_p} truncate the sampling distribution, but "
+        f"{'importance_correction' if c.importance_correction else f'policy loss {loss.name!r}'}"
+        " weighs rows by pi_old / pi_sampler, and the recomputed pi_old is the tempered policy "
+        "over the whole vocabulary (not renormalised over each position's kept tokens), so the "
+        "weight would be biased; sample with top_k=0 and top_p=1, or drop the correction")
   if c.obs_ce_mode not in credit.losses.OBS_CE_MODES:
     raise SetupError(f"obs_ce_mode={c.obs_ce_mode!r}; valid: {list(credit.losses.OBS_CE_MODES)}")
   resolved = {ext.name: ext.resolve(c, est, hyper) for ext in extensions.enabled(c)
@@ -681,7 +688,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   row_sets, terms = update_objective(c, method, exts, built)
   update = jax.jit(train.make_update(
       graphdef, rest, tx, row_sets=row_sets, terms=terms, ppo_epochs=c.ppo_epochs,
-      num_minibatches=c.num_minibatches, chunk_size=chunk, controller=controller),
+      num_minibatches=c.num_minibatches, chunk_size=chunk, controller=controller,
+      temperature=producers.scoring_temperature(c)),
       out_shardings=(st_sh, rep), donate_argnums=(0,))
   stages = [p.build(prod_setup) for p in method.plan]
   for ext, b in zip(exts, built):  # the extensions' stages, where each says

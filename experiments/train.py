@@ -304,11 +304,12 @@ def _add(total, weight, loss):
 
 
 def row_set_loss(graphdef, rest, terms: Sequence[LossTerm],
-                 chunk_size: int | None) -> Callable:
+                 chunk_size: int | None, temperature: float = 1.0) -> Callable:
   """loss(params, rows) -> (L, metrics): one model pass over `rows` (tokens, attn_mask; with a
   term that needs `logprob_topk`, the sampled tokens and `rows["teacher_topk_ids"]` in one
   chunked pass), then L = Σ_t w_t·ℓ_t over `terms` in order (each `fn(scores, rows)`), their
-  metrics merged."""
+  metrics merged. Scores are taken at the sampling `temperature` (softmax(z/τ)), the
+  distribution the rows were drawn from, so that π_θ / π_old is 1 before the first step."""
   need = frozenset().union(*(t.needs for t in terms))
   need_entropy, need_topk = "entropy" in need, "logprob_topk" in need
   for t in terms:
@@ -321,10 +322,11 @@ def row_set_loss(graphdef, rest, terms: Sequence[LossTerm],
       hidden, unembed, mask = model_hidden(model, mb["tokens"], mb["attn_mask"])
       (logprob, entropy), logprob_topk = candidate_scores_hidden(
           hidden, unembed, mb["tokens"], mask, mb["teacher_topk_ids"], chunk_size=chunk_size,
-          return_entropy=need_entropy)
+          return_entropy=need_entropy, temperature=temperature)
     else:
       logprob, entropy = score_tokens(model, mb["tokens"], mb["attn_mask"],
-                                      chunk_size=chunk_size, return_entropy=need_entropy)
+                                      chunk_size=chunk_size, return_entropy=need_entropy,
+                                      temperature=temperature)
       logprob_topk = None
     scores = {"model": model, "logprob": logprob, "entropy": entropy,
               "logprob_topk": logprob_topk}
@@ -359,7 +361,7 @@ def _weight(weight, mb):
 def make_update(graphdef, rest, tx: optax.GradientTransformation, *,
                 row_sets: Sequence[RowSet], terms: Sequence[LossTerm], ppo_epochs: int,
                 num_minibatches: int, chunk_size: int | None,
-                controller: Controller | None = None) -> Callable:
+                controller: Controller | None = None, temperature: float = 1.0) -> Callable:
   """Returns update(state, batch) -> (state, metrics): the RL update of a weighted objective
 
       L(θ) = Σ_r w_r · L_r(θ; minibatch_r) + Σ_t w_t · ℓ_t(θ; minibatch),
@@ -378,7 +380,8 @@ def make_update(graphdef, rest, tx: optax.GradientTransformation, *,
   set's under its `metric_prefix`) and each row set's `loss_metric`.
 
   With `controller` (`Controller`) the weights are the controller's: one step on the whole
-  batch (ppo_epochs = num_minibatches = 1), the state's `controller` updated.
+  batch (ppo_epochs = num_minibatches = 1), the state's `controller` updated. Row sets are
+  scored at the sampling `temperature` (`row_set_loss`); own-pass terms score themselves.
 
   Raises ValueError, before tracing, for a term with `whole_groups` on a row set without
   `group_size` when num_minibatches > 1, and for unknown or repeated row set names.
@@ -403,7 +406,7 @@ def make_update(graphdef, rest, tx: optax.GradientTransformation, *,
     raise ValueError("a controller takes one step on the whole batch: ppo_epochs and "
                      f"num_minibatches must be 1 (got {ppo_epochs}, {num_minibatches})")
   per_set = {r.name: row_set_loss(graphdef, rest, [t for t in terms if t.rows == r.name],
-                                  chunk_size) for r in row_sets}
+                                  chunk_size, temperature) for r in row_sets}
   own = [t for t in terms if t.rows is None]
   ordered = sorted(row_sets, key=lambda r: r.name)
 
@@ -581,18 +584,21 @@ def _epochs_of_minibatches(loss_fn: Callable, tx: optax.GradientTransformation, 
 
 
 def make_scorer(graphdef, rest, chunk_size: int | None, *,
-                sum_pi_squared: bool = False, entropy: bool = True) -> Callable:
+                sum_pi_squared: bool = False, entropy: bool = True,
+                temperature: float = 1.0) -> Callable:
   """score(params, tokens, attn_mask) -> (logprob [B,T], entropy [B,T]) without gradients; with
   `sum_pi_squared`, (logprob, entropy, Σπ² [B,T]) from the same model pass; with
-  `entropy=False` the entropy is not computed (None in its place)."""
+  `entropy=False` the entropy is not computed (None in its place). All under softmax(z/τ),
+  τ = `temperature` (1: the raw model)."""
 
   def score(params, tokens, attn_mask):
     model = merge_model(graphdef, params, rest)
     hidden, unembed, mask = model_hidden(model, tokens, attn_mask)
     out = score_hidden(hidden, unembed, tokens, mask, chunk_size=chunk_size,
-                       return_entropy=entropy)
+                       return_entropy=entropy, temperature=temperature)
     if not sum_pi_squared:
       return out
-    return (*out, sum_pi_squared_hidden(hidden, unembed, mask, chunk_size=chunk_size))
+    return (*out, sum_pi_squared_hidden(hidden, unembed, mask, chunk_size=chunk_size,
+                                        temperature=temperature))
 
   return score

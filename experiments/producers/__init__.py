@@ -30,6 +30,7 @@ from experiments.producers.base import (RUNNER_INPUTS, MissingFieldsError, Produ
                                         examples_rows, prompt_width, task_has, verify_rows,
                                         Setup, SetupError, StepContext, delimiter_ids,
                                         from_rollout, is_multi_turn, producer, register,
+                                        scoring_temperature, truncated_sampling,
                                         response_starts, step_splitter, table, to_rollout)
 from experiments.producers.likelihood import ANSWER_SEQUENCE, append_answer, gold_scorer
 from experiments.producers.passes import DIVERGENCE_FIELDS, LOGPROB_OLD_SOURCES

@@ -73,20 +73,40 @@ class Setup:
   def model_state(self, params) -> Any:
     return nnx.merge_state(params, self.rest)
 
-  def scorer(self, *, sum_pi_squared: bool = False, entropy: bool = True) -> Callable:
+  def scorer(self, *, sum_pi_squared: bool = False, entropy: bool = True,
+             tempered: bool = True) -> Callable:
     """The jitted no-gradient scoring pass (`train.make_scorer`), built once per variant;
-    `entropy=False` for the passes that only need log-probs (its slot is None)."""
-    key = (sum_pi_squared, entropy)
+    `entropy=False` for the passes that only need log-probs (its slot is None). `tempered`:
+    scores under the sampling temperature (`scoring_temperature`), as every pass over the
+    sampled rows whose log-probs meet the update's (old, reference, re-scoring); False: the
+    raw model (teacher-forced gold texts, the verifier's and DPO's own objectives)."""
+    temperature = scoring_temperature(self.c) if tempered else 1.0
+    key = (sum_pi_squared, entropy, temperature)
     if key not in self._scorers:
       self._scorers[key] = jax.jit(train.make_scorer(
           self.graphdef, self.rest, self.chunk_size, sum_pi_squared=sum_pi_squared,
-          entropy=entropy))
+          entropy=entropy, temperature=temperature))
     return self._scorers[key]
 
   def repeat_groups(self, per_prompt: np.ndarray) -> Any:
     """[N] host values -> [B=N*G] row-sharded array (each prompt's value for its G samples)."""
     return parallel.shard_batch(np.repeat(np.asarray(per_prompt), self.group_size), self.mesh)
 
+
+
+def scoring_temperature(c: ml_collections.ConfigDict) -> float:
+  """The temperature τ the rows were sampled at, under which the passes over them score
+  (softmax(z/τ)), so the recomputed old log-probs are the behaviour policy's: π_old/π_behav = 1.
+  Greedy sampling (τ = 0) scores the raw model (τ = 1). A Python float: τ = 1 compiles no
+  rescaling at all."""
+  t = float(c.temperature)
+  return t if t > 0 else 1.0
+
+
+def truncated_sampling(c: ml_collections.ConfigDict) -> bool:
+  """The sampler truncates its distribution (top-k or top-p), so the sampled tokens' log-probs
+  (`logprob_sampler`) are renormalised over a kept set the scoring passes do not form."""
+  return c.top_k > 0 or c.top_p < 1.0
 
 @dataclasses.dataclass
 class StepContext:

@@ -305,7 +305,7 @@ class _Corrections:
     div = parallel.batch_divisor(s.mesh)
     self.M = -(-self.cap // div) * div  # rows per side, padded so the batch shards over the mesh
     self.rows_out = 2 * self.M if k.objective == "dpo" else self.M
-    self.ref_score = s.scorer(entropy=False) if k.objective == "dpo" else None
+    self.ref_score = s.scorer(entropy=False, tempered=False) if k.objective == "dpo" else None
     self.expert = _expert(s) if k.proposer == "teacher" else None
     self.priv_width = 0
     if k.context:

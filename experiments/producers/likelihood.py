@@ -91,7 +91,7 @@ def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
   rows = [_gold_template_ids(tok, c.gold_template, tasks_lib.as_example(e)["answer"])
           for e in s.data.train]
   A = max(len(r[0]) for r in rows)
-  score = s.scorer(entropy=False)
+  score = s.scorer(entropy=False, tempered=False)
   use_ref = gold_scorer(c) == "reference"
 
   @jax.jit
@@ -230,7 +230,7 @@ def _build_answer_pass(s: Setup, wanted: frozenset, prior_from_reference: bool =
   P = s.data.max_prompt_len
   marker = getattr(s.data.task, "answer_marker", None) or ""
   marker_ids = np.asarray(tok.encode(marker) if marker else [], np.int32)
-  score = s.scorer(entropy=False)
+  score = s.scorer(entropy=False, tempered=False)
 
   @jax.jit
   def answer_logprobs(params, tokens, attn_mask, pos, answer_mask):
@@ -412,7 +412,7 @@ def _build_followup_pass(s: Setup, wanted: frozenset) -> Produce:
   fu_FW, attend_FW = tasks_lib.pad_rows([sep_ids + answer_ids(tok, t) for t in texts], None,
                                         pad_id=tok.pad_id, pad_left=False)
   scored_FW = attend_FW & (np.arange(fu_FW.shape[1]) >= len(sep_ids))[None, :]
-  score = s.scorer(entropy=False)
+  score = s.scorer(entropy=False, tempered=False)
   use_reference = s.c.followup_scorer == "reference"
 
   @jax.jit

@@ -11,19 +11,36 @@ import numpy as np
 from credit import parallel, scoring
 from credit import divergences as divergences_lib
 from experiments import train
-from experiments.producers.base import (Produce, Setup, StepContext, verify_rows, producer)
+from experiments.producers.base import (Produce, Setup, SetupError, StepContext, producer,
+                                        scoring_temperature, truncated_sampling, verify_rows)
+
+
+def _check_sampler_logprob_old(c) -> None:
+  if scoring_temperature(c) != 1.0 and truncated_sampling(c):
+    raise SetupError(
+        f"logprob_old_source='sampler' at temperature={c.temperature} with top_k={c.top_k} / "
+        f"top_p={c.top_p}: the sampler reports log-probs renormalised over the kept tokens, "
+        "which no other pass of the run scores; use logprob_old_source='recompute' or sample "
+        "without truncation")
 
 
 @producer("sampler_logprob_old", trees=True,
           provides=("logprob_old",),
-          requires=("response_mask",),
+          requires=("response_mask", "logprob_sampler"),
           phase="scoring",
-          doc="behaviour log-probs reported by the sampler (raw model, temperature 1)",
+          doc="behaviour log-probs reported by the sampler, under the distribution the scoring "
+              "passes use (the raw model at temperature 1, else the tempered one)",
           when=lambda c: c.logprob_old_source == "sampler",
+          check=_check_sampler_logprob_old,
           off_doc="logprob_old_source='sampler'")
 def _build_sampler_logprob_old(s: Setup, wanted: frozenset) -> Produce:
+  # At τ = 1 the sampler's raw log-probs; at τ != 1 (no truncation: checked) its sampling
+  # log-probs, which are then the tempered policy's, as the recomputing passes score it.
+  raw = scoring_temperature(s.c) == 1.0
+
   def produce(state, batch, ctx: StepContext) -> dict:
-    return {"logprob_old": jnp.where(batch["response_mask"], ctx.extras["logprob_raw"], 0.0)}
+    lp = ctx.extras["logprob_raw"] if raw else batch["logprob_sampler"]
+    return {"logprob_old": jnp.where(batch["response_mask"], lp, 0.0)}
 
   return produce
 

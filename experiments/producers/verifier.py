@@ -266,7 +266,7 @@ class _Verifier:
     self.s, self.p = s, _parts(s)
     self.c, self.v, self.tok, self.task = s.c, s.c.verifier, s.data.tokenizer, s.data.task
     self.K, self.n = self.c.max_steps, self.v.samples
-    self.score = s.scorer(entropy=False)
+    self.score = s.scorer(entropy=False, tempered=False)
     self.judge = getattr(self.task, "judge_step", None)
     self.fmt = getattr(self.task, "format_ok", None)
 
