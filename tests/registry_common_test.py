@@ -3,7 +3,7 @@
 A new registry entry is covered the moment its module is imported: inputs are generated from
 the contract (`tests/contract_fields.py`) for the entry's `needs`, layout arguments
 (`num_groups`, `group_size`) come from its signature, state from its `init_state`. Per-method
-test files keep only the spec's worked example and a numpy reference.
+test files keep only the worked example and a numpy reference.
 
 Shapes are fixed (N=4 groups x G=4 samples, T=6; B=16 divides the 8 fake devices), and each
 (entry, variant, group path) compiles once per property, shared through `_jitted`.
@@ -155,6 +155,9 @@ def test_unknown_names_list_the_known_ones():
     registry.list_estimators("nope")
 
 
+_PROVENANCE = dict(confidence="inferred", source="a test")
+
+
 def test_registering_a_user_estimator():
   @registry.register_estimator("_user_test_constant", needs=("reward", "response_mask"),
                                paper="none (test), http://example.invalid",
@@ -171,9 +174,11 @@ def test_registering_a_user_estimator():
     with pytest.raises(ValueError, match="valid: \\['value'\\]"):
       spec.split_arguments({"valeu": 2.0})
     with pytest.raises(ValueError, match="not contract fields"):
-      registry.register_estimator("_bad", needs=("rewards",), paper="x")(constant_advantages)
+      registry.register_estimator("_bad", needs=("rewards",), paper="x", **_PROVENANCE)(
+          constant_advantages)
     with pytest.raises(ValueError, match="registered twice"):
-      registry.register_estimator("grpo", needs=("reward",), paper="x")(constant_advantages)
+      registry.register_estimator("grpo", needs=("reward",), paper="x", **_PROVENANCE)(
+          constant_advantages)
     # A trained loss must take the scores it asks for, and only known ones.
     for scores, loss in ((("logprob_answer",), lambda *, logprob, value=1.0: 0.0),
                          (("logits",), lambda *, logits, value=1.0: 0.0),
@@ -181,6 +186,7 @@ def test_registering_a_user_estimator():
       with pytest.raises(ValueError, match="must take its scores"):
         registry.register_estimator(
             "_bad_loss", needs=("reward", "response_mask"), paper="x", returns_output=True,
+            **_PROVENANCE,
             trained_loss=registry.TrainedLoss(fn=loss, fields=(), targets=(),
                                               params=("value",), coef=1.0, scores=scores))(
                                                   constant_advantages)
@@ -320,6 +326,7 @@ EQUAL_GROUP_NOT_ZERO = {
     "satisdive": "every row clears the cutoff, so the diversity term alone contrasts them",
     "novelty_search": "the novelty bonus contrasts responses of equal reward",
     "serene": "the exploration phase's advantage is the novelty, not the reward",
+    "vigil": "the blind-confidence token penalty applies whatever the outcome",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {
@@ -346,6 +353,7 @@ SINGLETON_NOT_ZERO = {
     "sod": "the additive OPD term α·w·(ℓᵀ − ℓˢ) is not zero where Â = 0",
     "pcsd": "the additive teacher-support term β·w·s is not zero where Â = 0",
     "pbsd": "the additive turn-evidence term λ·ẽ contrasts the turns of a lone sample",
+    "vigil": "a lone sample keeps its blind-confidence token penalty",
 }
 
 
