@@ -162,16 +162,21 @@ def parse_command_line(argv: Sequence[str]):
     raise validate.refuse("--config", "is required (the recipe to run)",
                           "add --config=experiments/configs/grpo_arithmetic.py, say")
   i, spec = found
-  spec, settings = validate.check_recipe(spec, common.base_config().keys())
+  spec, settings = validate.check_recipe(spec, list(common.base_config().keys()))
   args = args[:i] + [f"--config={spec}" if args[i].startswith("--config=") else spec] + \
       args[i + 1:]
   j = i + 1
   args = args[:j] + settings + args[j:]  # before the explicit overrides, which win
   err = check_overrides(args)
   if err:
-    raise validate.Refusal(f"{err}; check the spelling (python -m experiments.run --help)")
+    raise validate.Refusal(err)
   try:
     fv = _flag_values(args)
+  except flags.UnrecognizedFlagError as e:
+    known = sorted(_flag_values([]))
+    close = difflib.get_close_matches(e.flagname, known, n=1)
+    todo = f"did you mean --{close[0]}?" if close else f"the flags: {', '.join(known)}"
+    raise validate.refuse(f"--{e.flagname}", "is not a flag of experiments.run", todo) from None
   except flags.Error as e:
     raise validate.Refusal(" ".join(str(e).split()) + "; see --help") from None
   return apply_method_overrides(fv.config, overrides), fv
@@ -223,12 +228,13 @@ def _run(config, fv: flags.FlagValues, argv: list[str]) -> int:
   if fv.coordinator and not config.async_rollouts:  # async: experiments/coordination.py
     jax.distributed.initialize(coordinator_address=fv.coordinator,
                                num_processes=fv.num_processes, process_id=fv.process_id)
-  from experiments import loop
+  from experiments import loop, validate
   if config.async_rollouts:  # trainer and rollout workers in separate processes
     from experiments import async_rl
     async_rl.main(config, fv.workdir, argv=argv, coordinator=fv.coordinator,
                   num_processes=fv.num_processes, process_id=fv.process_id)
     return 0
+  validate.check_mesh(config, devices=True)  # the backend starts here, after the settings
   loop.run(config, fv.workdir)
   return 0
 

@@ -4,7 +4,8 @@
 ``<what> <why>; <what to do>``, which `experiments.run` prints as ``error: ...`` with exit
 status 2. In order:
 
-* the workdir: not a file, inside a writable directory;
+* the workdir: not a file, inside a writable directory; the mesh spec (and, once the JAX
+  backend may start, that it fits the devices: `check_mesh(c, devices=True)`);
 * every size, count and step range-checked (`SIZES`, `RANGES`), and no NaN anywhere in the
   config or the method's keyword arguments;
 * every name resolved against what exists, with the closest match offered: estimator,
@@ -401,7 +402,7 @@ def _check_jsonl(c: ml_collections.ConfigDict) -> None:
                                     answer_field=c.answer_field,
                                     data_format=c.get("data_format", "auto"), verifier=verifier)
   except (ValueError, KeyError) as e:
-    raise Refusal(" ".join(str(e).split()) + "; fix those lines or drop them") from None
+    raise Refusal(" ".join(str(e).split()) + "; fix or drop the lines it names") from None
   with open(path, encoding="utf-8") as f:
     lines = [i for i, line in enumerate(f, start=1) if line.strip()]
   cache: dict = {}
@@ -440,7 +441,7 @@ def check_workdir(workdir: str | None) -> None:
                  "choose a directory you can write")
 
 
-def check_recipe(spec: str, config_keys) -> tuple[str, list[str]]:
+def check_recipe(spec: str, config_keys: list[str]) -> tuple[str, list[str]]:
   """Resolves `file.py[:variant]`: returns the spec to load and `--config.k=v` settings.
 
   Variant parts the recipe does not declare are refused with the closest variant, except
@@ -467,17 +468,36 @@ def check_recipe(spec: str, config_keys) -> tuple[str, list[str]]:
         settings.append(f"--config.{part}")
         continue
       hint = _closest(e.key, e.known)
+      if not hint and "=" in part:  # a misspelt config field, e.g. :tiny,sed=3
+        hint = _closest(e.key, config_keys)
+        hint = hint[:-1] + " (a config field)?" if hint else ""
       raise refuse(f"--config={spec!r}", f"has unknown variant {e.key!r}",
                    f"{hint + ' ' if hint else ''}the recipe's variants: "
                    f"{', '.join(e.known)}") from None
   return file + (":" + ",".join(parts) if parts else ""), settings
 
 
+def check_mesh(c: ml_collections.ConfigDict, *, devices: bool = False) -> None:
+  """The mesh spec's syntax and axis names; with `devices`, that it fits the devices (this
+  starts the JAX backend: call it after the device and multi-process settings)."""
+  from credit import parallel
+  try:
+    if devices:
+      parallel.make_mesh(c.mesh)
+    else:
+      parallel.parse_mesh_spec(c.mesh)
+  except ValueError as e:
+    raise refuse(f"--config.mesh={c.mesh!r}", f"is refused: {' '.join(str(e).split())}",
+                 "e.g. --config.mesh=data=-1 puts every device on the data axis") from None
+
+
 def check(c: ml_collections.ConfigDict, workdir: str | None) -> None:
-  """Every check above, cheapest first; raises `Refusal` (or the loop's SetupError)."""
+  """Every check above, cheapest first; raises `Refusal` (or the loop's SetupError). The
+  device count is checked apart (`check_mesh(c, devices=True)`)."""
   check_workdir(workdir)
   check_names(c)
   check_sizes(c)
+  check_mesh(c)
   check_method_kwargs(c)
   task = builtin_task(c)
   check_method(c)

@@ -28,7 +28,8 @@ CASES = [
     ("sft_batch_size=0", ARITH + ":tiny", ["--config.sft_batch_size=0"],
      r"--config\.sft_batch_size=0 must be >= 1"),
     ("variant typo", ARITH + ":tinny", [], r"unknown variant 'tinny'; did you mean 'tiny'\?"),
-    ("unknown variant key", ARITH + ":tiny,sed=3", [], r"unknown variant 'sed'"),
+    ("unknown variant key", ARITH + ":tiny,sed=3", [],
+     r"unknown variant 'sed'; did you mean 'seed' \(a config field\)\?"),
     ("estimator typo", ARITH + ":tiny", ["--config.estimator=grop"],
      r"--config\.estimator='grop' is not a registered estimator; did you mean 'grpo'\?"),
     ("loss typo", ARITH + ":tiny", ["--config.policy_loss=ppo_clp"],
@@ -85,7 +86,8 @@ CASES = [
      r"unknown config key 'stepz'.*did you mean 'steps'\?"),
     ("config value of the wrong type", ARITH + ":tiny", ["--config.steps=abc"],
      r"--config\.steps=abc"),
-    ("unknown flag", ARITH + ":tiny", ["--workdri=x"], r"workdri"),
+    ("unknown flag", ARITH + ":tiny", ["--workdri=x"],
+     r"--workdri is not a flag of experiments\.run; did you mean --workdir\?"),
     ("missing recipe file", os.path.join(ROOT, "no_such_recipe.py"), [],
      r"no_such_recipe\.py' does not exist"),
     ("workdir is a file", ARITH + ":tiny", ["--workdir={tmp}/a_file"],
@@ -102,6 +104,15 @@ CASES = [
      r"data\.jsonl:2: gsm8k format: the answer has no final '#### <answer>'"),
     ("method needs a missing field", ARITH + ":tiny", ["--config.estimator=gdpo"],
      r"needs \['reward_components'\]"),
+    ("mesh axis typo", ARITH + ":tiny", ["--config.mesh=dat=1"],
+     r"--config\.mesh='dat=1' is refused: .*unknown axis 'dat'"),
+    ("mesh larger than the devices", ARITH + ":tiny", ["--config.mesh=data=64"],
+     r"--config\.mesh='data=64' is refused: mesh spec \{'data': 64\} has 64 devices; 8 are "
+     r"available"),
+    # Refused by the loop's own setup (a SetupError), after the data are built: same line.
+    ("batch not divisible by the mesh", ARITH + ":tiny", ["--config.mesh=data=3"],
+     r"rows must be divisible by num_minibatches \(2\) x the mesh's batch-parallel size "
+     r"\(3\)"),
 ]
 DATA = {"gold answers math_verify cannot check": ["42", "forty-two apples?", "7", "\\frac{1}{"],
         "data file without ####": ["1", None]}
@@ -122,7 +133,8 @@ def test_bad_command_line_is_refused_in_one_line(name, recipe, flags, match, tmp
   data = _data_file(tmp_path, DATA[name]) if name in DATA else ""
   workdir = str(tmp_path / "run")
   flags = [f.format(tmp=tmp_path, data=data) for f in flags]
-  argv = ["--config", recipe, "--config.mesh=data=1"] + flags
+  argv = ["--config", recipe] + ([] if any("mesh" in f for f in flags) else
+                                 ["--config.mesh=data=1"]) + flags
   if not any(f.startswith("--workdir") for f in flags):
     argv += ["--workdir", workdir]
   code = run.main(argv)
