@@ -64,10 +64,6 @@ def _family_of(fn: Callable) -> str:
   return family
 
 
-def _is_library(fn: Callable) -> bool:
-  return (getattr(fn, "__module__", "") or "").startswith("credit.")
-
-
 def _check_needs(kind: str, name: str, fn: Callable, needs: Iterable[str],
                  params: Mapping[str, inspect.Parameter]) -> None:
   bad = sorted(n for n in needs if n not in CONTRACT)
@@ -102,20 +98,12 @@ def _check_call(kind: str, name: str, fn: Callable, params: tuple[str, ...],
 _CODE_REF = re.compile(r"\bcode: [\w.-]+/[\w.-]+")
 
 
-def _legacy_confidence(doc: str | None) -> str:  # transition only: removed below
-  doc = (doc or "").lower()
-  found = [(doc.find(t), t) for t in CONFIDENCE_TAGS if t in doc]
-  return min(found)[1] if found else "inferred"
-
-
 def _provenance(kind: str, name: str, confidence: str | None,
                 source: str | None) -> tuple[str, str]:
   """Checks the `confidence` and `source` of a registration; errors name the method."""
-  if confidence is None and source is None:  # transition only
-    return None, None
   missing = [a for a, v in (("confidence", confidence), ("source", source)) if v is None]
   if missing:
-    raise ValueError(f"{kind} {name!r}: register it with {' and '.join(missing)}= "
+    raise ValueError(f"{kind} {name!r}: register it with {' and '.join(m + '=' for m in missing)} "
                      f"(confidence: one of {list(CONFIDENCE_TAGS)}; source: the paper's title "
                      "and arXiv id, plus 'code: owner/repo@commit path' where code was read)")
   if confidence not in CONFIDENCE_TAGS:
@@ -419,7 +407,7 @@ def register_estimator(name: str, *, needs: Iterable[str], paper: str,
     _check_unique("estimator", name, fn, _ESTIMATORS)
     _ESTIMATORS[name] = EstimatorSpec(
         name=name, fn=fn, needs=frozenset(needs), paper=paper, family=_family_of(fn),
-        confidence=confidence or _legacy_confidence(fn.__doc__), source=source or paper,
+        confidence=confidence, source=source,
         static_argnames=tuple(static_argnames), returns_output=returns_output,
         optional_needs=opt, init_state=init_state, params=tuple(params),
         trained_loss=trained_loss)
@@ -451,7 +439,7 @@ def register_policy_loss(name: str, *, needs: Iterable[str], paper: str,
     _check_unique("policy loss", name, tfn, _POLICY_LOSSES)
     _POLICY_LOSSES[name] = PolicyLossSpec(
         name=name, fn=fn, token_fn=tfn, needs=frozenset(needs), paper=paper,
-        confidence=confidence or _legacy_confidence(tfn.__doc__), source=source or paper,
+        confidence=confidence, source=source,
         static_argnames=tuple(static_argnames), batch_coupled=batch_coupled,
         whole_groups=bool(whole_groups), params=tuple(params))
     return fn

@@ -70,25 +70,29 @@ def test_registry_reimport_is_idempotent_but_name_clashes_are_errors():
 
   def make():  # a fresh function object per call, same module and qualname: a re-import
     def my_estimator(*, reward):
-      """Test estimator (inferred)."""
+      """Test estimator."""
       return reward
     return my_estimator
 
   first, second = make(), make()
   try:
-    registry.register_estimator("_test_reimport", needs=("reward",), paper="")(first)
-    registry.register_estimator("_test_reimport", needs=("reward",), paper="")(second)
+    registry.register_estimator("_test_reimport", needs=("reward",), paper="",
+                                confidence="inferred", source="a test")(first)
+    registry.register_estimator("_test_reimport", needs=("reward",), paper="",
+                                confidence="inferred", source="a test")(second)
     assert registry.get_estimator("_test_reimport").fn is second
 
     def other(*, reward):
-      """Another (inferred)."""
+      """Another."""
       return reward
 
     with pytest.raises(ValueError, match="'_test_reimport' registered twice"):
-      registry.register_estimator("_test_reimport", needs=("reward",), paper="")(other)
+      registry.register_estimator("_test_reimport", needs=("reward",), paper="",
+                                  confidence="inferred", source="a test")(other)
     assert registry.get_estimator("_test_reimport").fn is second
     with pytest.raises(ValueError, match="'grpo' registered twice"):
-      registry.register_estimator("grpo", needs=("reward",), paper="")(other)
+      registry.register_estimator("grpo", needs=("reward",), paper="",
+                                  confidence="inferred", source="a test")(other)
   finally:
     registry._ESTIMATORS.pop("_test_reimport", None)
 
@@ -140,3 +144,41 @@ def test_fields_beyond_bt_are_checked():
                 sum_pi_squared=np.where(np.arange(5) < 2, 0.5, np.nan).astype(np.float32)
                 * np.ones((4, 1), np.float32))
   contract.validate_fields(masked, num_groups=2)   # NaN only outside the response: fine
+
+
+def test_registration_requires_provenance():
+  """`confidence` and `source` are arguments of every registration; errors name the method."""
+  from credit import losses, registry
+
+  def est(*, reward):
+    return reward
+
+  with pytest.raises(ValueError, match="'_test_prov'.*confidence= and source="):
+    registry.register_estimator("_test_prov", needs=("reward",), paper="p")(est)
+  with pytest.raises(ValueError, match="'_test_prov'.*source="):
+    registry.register_estimator("_test_prov", needs=("reward",), paper="p",
+                                confidence="inferred")
+  with pytest.raises(ValueError, match="'_test_prov'.*confidence='guessed' is not one of"):
+    registry.register_estimator("_test_prov", needs=("reward",), paper="p",
+                                confidence="guessed", source="p")
+  with pytest.raises(ValueError, match="'_test_prov'.*must name the code"):
+    registry.register_estimator("_test_prov", needs=("reward",), paper="p",
+                                confidence="code-verified", source="the paper only")
+  with pytest.raises(ValueError, match="policy loss '_test_prov_loss'.*confidence="):
+    registry.register_policy_loss("_test_prov_loss", needs=("logprob",), paper="p")
+  with pytest.raises(ValueError, match="policy loss '_test_prov_loss'.*confidence="):
+    losses.policy_loss("_test_prov_loss", paper="p")(
+        registry.get_policy_loss("ppo_clip").token_fn)
+  assert "_test_prov" not in registry.list_estimators()
+  try:
+    registry.register_estimator("_test_prov", needs=("reward",), paper="p",
+                                confidence="code-verified",
+                                source="A paper, arXiv:0000.00000; "
+                                "code: owner/repo@abc1234 f.py")(est)
+    spec = registry.get_estimator("_test_prov")
+    assert spec.confidence == "code-verified" and "owner/repo@abc1234" in spec.source
+  finally:
+    registry._ESTIMATORS.pop("_test_prov", None)
+  for spec in [*map(registry.get_estimator, registry.list_estimators()),
+               *map(registry.get_policy_loss, registry.list_policy_losses())]:
+    assert spec.confidence in registry.CONFIDENCE_TAGS and spec.source.strip(), spec.name
