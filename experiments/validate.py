@@ -29,6 +29,7 @@ import difflib
 import importlib.util
 import math
 import os
+import re
 from typing import Any, Callable
 
 import ml_collections
@@ -338,28 +339,40 @@ def check_method(c: ml_collections.ConfigDict) -> None:
 SAMPLE_EXAMPLES = 16  # generated examples of a built-in task whose verification is checked
 
 
+# A gold answer that is a plain decimal number, which math_verify always parses and accepts
+# boxed: checked without calling it (a GSM8K file is mostly these; math_verify takes ms each).
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)")
+
+
 def _gold_problem(task, example: dict, cache: dict) -> str | None:
-  """Why the task's verifier cannot check `example`'s gold answer, or None."""
+  """Why the task's verifier cannot check `example`'s gold answer, or None (`cache`: by
+  answer text)."""
   key = example.get("answer")
   if isinstance(key, str) and key in cache:
     return cache[key]
-  problem = None
-  parse_gold = getattr(task, "parse_gold", None)
-  if parse_gold is not None and not any(not isinstance(g, str) for g in parse_gold(key)):
-    problem = "parses to no mathematical expression"
-  else:
-    try:
-      reward = task.verify(example, task.demonstration(example))
-    except Exception as e:  # noqa: BLE001 - the verifier failing on it is the problem
-      reward, problem = None, f"makes the verifier fail ({type(e).__name__}: {e})"
-    if reward is not None:
-      if not np.isfinite(reward):
-        problem = f"gets reward {reward} from the verifier"
-      elif reward != 1.0:
-        problem = f"is not accepted by the verifier as its own correct response (reward {reward})"
+  problem = _verify_problem(task, example)
   if isinstance(key, str):
     cache[key] = problem
   return problem
+
+
+def _verify_problem(task, example: dict) -> str | None:
+  parse_gold = getattr(task, "parse_gold", None)  # math_verify
+  if parse_gold is not None:
+    answer = example.get("answer")
+    if isinstance(answer, str) and _PLAIN_NUMBER.fullmatch(answer.strip()):
+      return None
+    if all(isinstance(g, str) for g in parse_gold(answer)):  # the text alone, no math
+      return "parses to no mathematical expression"
+  try:
+    reward = task.verify(example, task.demonstration(example))
+  except Exception as e:  # noqa: BLE001 - the verifier failing on it is the problem
+    return f"makes the verifier fail ({type(e).__name__}: {e})"
+  if not np.isfinite(reward):
+    return f"gets reward {reward} from the verifier"
+  if reward != 1.0:
+    return f"is not accepted by the verifier as its own correct response (reward {reward})"
+  return None
 
 
 def check_data(c: ml_collections.ConfigDict, task) -> None:

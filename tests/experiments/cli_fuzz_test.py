@@ -98,6 +98,9 @@ CASES = [
      r"data_path=.*data\.jsonl' has 2 gold answer\(s\) math_verify cannot check: line 2: "
      r"'forty-two apples\?' parses to no mathematical expression; line 4: '\\\\frac\{1\}\{' .*"
      r"fix or drop lines \[2, 4\]"),
+    ("gold answer the verifier rejects", JSONL + ":tiny", ["--config.data_path={data}"],
+     r"1 gold answer\(s\) math_verify cannot check: line 3: '1e5' is not accepted by the "
+     r"verifier as its own correct response \(reward 0\.0\); fix or drop lines \[3\]"),
     ("data file missing", JSONL + ":tiny", ["--config.data_path={tmp}/none.jsonl"],
      r"none\.jsonl' does not exist"),
     ("data file without ####", JSONL + ":tiny", ["--config.data_path={data}"],
@@ -115,7 +118,8 @@ CASES = [
      r"\(3\)"),
 ]
 DATA = {"gold answers math_verify cannot check": ["42", "forty-two apples?", "7", "\\frac{1}{"],
-        "data file without ####": ["1", None]}
+        "data file without ####": ["1", None],
+        "gold answer the verifier rejects": ["12", "3.5", "1e5", "-7"]}
 
 
 def _data_file(tmp_path, answers):
@@ -147,6 +151,16 @@ def test_bad_command_line_is_refused_in_one_line(name, recipe, flags, match, tmp
   assert re.search(match, lines[0]), lines[0]
   assert not os.path.exists(workdir)
   assert (tmp_path / "a_file").read_text() == "not a directory"
+
+
+def test_workdir_that_cannot_be_written(tmp_path, capsys, monkeypatch):
+  """(Root may write anywhere, so the permission is simulated.)"""
+  monkeypatch.setattr(validate.os, "access", lambda path, mode: False)
+  code = run.main(["--config", ARITH + ":tiny", "--workdir", str(tmp_path / "run")])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and re.fullmatch(r"error: --workdir='.*run' cannot be written \('.*' is not "
+                                    r"writable\); choose a directory you can write", err), err
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_debug_flag_shows_the_traceback(tmp_path, capsys):
