@@ -327,6 +327,7 @@ EQUAL_GROUP_NOT_ZERO = {
     "novelty_search": "the novelty bonus contrasts responses of equal reward",
     "serene": "the exploration phase's advantage is the novelty, not the reward",
     "vigil": "the blind-confidence token penalty applies whatever the outcome",
+    "opac": "the latent token rewards fitted over the batch differ between equal-label rows",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {

@@ -1,5 +1,4 @@
-"""The behaviour-diversity and blind-confidence estimators (satisdive, novelty_search, serene,
-vigil) run by name on an existing recipe: `grpo_arithmetic:tiny` with `--config.estimator=<name>`,
+"""The seed-paper estimators for text (satisdive, novelty_search, serene, vigil, opac) run by name on an existing recipe: `grpo_arithmetic:tiny` with `--config.estimator=<name>`,
 two RL steps with every batch validated. The stateful ones keep their per-prompt archive
 between steps; vigil's `logprob_alt` comes from the existing alt-context re-scoring pass."""
 import numpy as np
@@ -14,6 +13,7 @@ from tests.experiments_test import METHOD_RUN, read_metrics, tiny
     ("novelty_search", None),
     ("serene", None),
     ("vigil", "alt_context_pass"),
+    ("opac", None),
 ])
 def test_runs_by_name_on_the_tiny_recipe(estimator, producer, tmp_path):
   c = tiny(estimator=estimator, debug_checks=True, steps=2, **METHOD_RUN)
