@@ -302,7 +302,7 @@ class MultiTurnSampler:
 
   def __init__(self, model: nnx.Module, *, tokenizer, layout: TurnLayout,
                stop_tokens: Sequence[int] | None = None, pad_id: int | None = None,
-               cache_dtype=None, max_concurrent_steps: int = 16,
+               cache_dtype=None, max_concurrent_steps: int = 64,
                step_timeout_s: float | None = 60.0):
     if max_concurrent_steps < 1:
       raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps}")
