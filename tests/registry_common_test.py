@@ -328,6 +328,7 @@ EQUAL_GROUP_NOT_ZERO = {
     "serene": "the exploration phase's advantage is the novelty, not the reward",
     "vigil": "the blind-confidence token penalty applies whatever the outcome",
     "opac": "the latent token rewards fitted over the batch differ between equal-label rows",
+    "rewam": "the self-teacher's token log-ratio applies whatever the outcome",
 }
 # Group estimators whose only valid row in a group (default settings) is not exactly 0.
 SINGLETON_NOT_ZERO = {
@@ -355,6 +356,7 @@ SINGLETON_NOT_ZERO = {
     "pcsd": "the additive teacher-support term β·w·s is not zero where Â = 0",
     "pbsd": "the additive turn-evidence term λ·ẽ contrasts the turns of a lone sample",
     "vigil": "a lone sample keeps its blind-confidence token penalty",
+    "rewam": "a lone sample keeps its self-teacher token term",
 }
 
 

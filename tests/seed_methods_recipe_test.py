@@ -1,6 +1,8 @@
-"""The seed-paper estimators for text (satisdive, novelty_search, serene, vigil, opac) run by name on an existing recipe: `grpo_arithmetic:tiny` with `--config.estimator=<name>`,
+"""The seed-paper estimators for text (satisdive, novelty_search, serene, vigil, opac, rewam)
+run by name on an existing recipe: `grpo_arithmetic:tiny` with `--config.estimator=<name>`,
 two RL steps with every batch validated. The stateful ones keep their per-prompt archive
-between steps; vigil's `logprob_alt` comes from the existing alt-context re-scoring pass."""
+between steps; the `logprob_alt` of vigil and rewam comes from the existing alt-context
+re-scoring pass."""
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from tests.experiments_test import METHOD_RUN, read_metrics, tiny
     ("serene", None),
     ("vigil", "alt_context_pass"),
     ("opac", None),
+    ("rewam", "alt_context_pass"),
 ])
 def test_runs_by_name_on_the_tiny_recipe(estimator, producer, tmp_path):
   c = tiny(estimator=estimator, debug_checks=True, steps=2, **METHOD_RUN)
