@@ -85,13 +85,13 @@ def test_group_aligned_minibatches_hold_whole_groups_and_every_row_once():
 
 def test_row_shuffle_is_the_default_and_unchanged():
   # Without group_size the permutation is the one the sgd always used, bit for bit, and it
-  # splits groups; the policy losses other than a2tgpo keep it.
+  # splits groups; the policy losses other than a2tgpo and slate_step keep it.
   key = jax.random.key(3)
   idx = np.asarray(train.epoch_permutation(key, _NB, num_minibatches=_M)).reshape(_M, -1)
   np.testing.assert_array_equal(idx.ravel(), np.asarray(jax.random.permutation(key, _NB)))
   assert not _whole_groups(idx, _G)
   assert [n for n in credit.list_policy_losses()
-          if credit.get_policy_loss(n).whole_groups] == ["a2tgpo"]
+          if credit.get_policy_loss(n).whole_groups] == ["a2tgpo", "slate_step"]
 
 
 def test_minibatches_of_whole_groups_refused_when_groups_do_not_split():
