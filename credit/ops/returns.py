@@ -61,6 +61,54 @@ RECURRENCE_BLOCK = 32
 def _reverse_linear_recurrence(x_BT: Array, coef_BT: Array) -> Array:
   """y_t = x_t + coef_t · y_{t+1} with y_T = 0, along the last axis.
 
+  On CPU `_sequential_reverse_recurrence`; elsewhere `_parallel_reverse_recurrence` (the
+  choice is made when the program is lowered for its platform).
+  """
+  return jax.lax.platform_dependent(x_BT, coef_BT, cpu=_sequential_reverse_recurrence,
+                                    default=_parallel_reverse_recurrence)
+
+
+# Positions per step of `_sequential_reverse_recurrence`'s scan.
+SEQUENTIAL_CHUNK = 8
+
+
+def _sequential_reverse_recurrence(x_BT: Array, coef_BT: Array) -> Array:
+  """The recurrence as written, one position at a time from the end (XLA CPU).
+
+  A `lax.scan` over chunks of SEQUENTIAL_CHUNK positions, every row in the carry; inside a
+  step the chunk's positions are unrolled. The inputs are moved to [T/c, ..., c] first, so a
+  step reads contiguous runs of c values per row and the output is moved back the same way
+  (no element-wise transpose, which XLA CPU fuses badly with the caller's masking). At
+  B·T = 4M this runs 2x faster than `_parallel_reverse_recurrence`: one pass over memory
+  instead of block or log-depth passes. The operations are those of the plain loop
+  y = x_t + coef_t · y, in its order (XLA may fuse the multiply-add; trailing padding,
+  x = 0 and coef = 1, changes nothing).
+  """
+  lead, t = x_BT.shape[:-1], x_BT.shape[-1]
+  c = SEQUENTIAL_CHUNK
+  nb = -(-t // c)
+  if nb * c != t:
+    widths = [(0, 0)] * len(lead) + [(0, nb * c - t)]
+    x_BT = jnp.pad(x_BT, widths)
+    coef_BT = jnp.pad(coef_BT, widths, constant_values=1.0)
+  xk = jnp.moveaxis(x_BT.reshape(lead + (nb, c)), -2, 0)     # [nb, ..., c]
+  ak = jnp.moveaxis(coef_BT.reshape(lead + (nb, c)), -2, 0)
+
+  def step(y, xa):
+    x, a = xa
+    out = [None] * c
+    for j in reversed(range(c)):
+      y = x[..., j] + a[..., j] * y
+      out[j] = y
+    return y, jnp.stack(out, -1)
+
+  _, y = jax.lax.scan(step, jnp.zeros(lead, x_BT.dtype), (xk, ak), reverse=True)
+  return jnp.moveaxis(y, 0, -2).reshape(lead + (nb * c,))[..., :t]
+
+
+def _parallel_reverse_recurrence(x_BT: Array, coef_BT: Array) -> Array:
+  """`_reverse_linear_recurrence` in parallel form (accelerators).
+
   Short rows: a parallel associative scan (each position is the affine map
   y -> coef_t·y + x_t; O(log T) passes). Rows of RECURRENCE_BLOCK² positions and
   more: a two-level blocked scan, which XLA CPU runs 2-3x faster at B·T = 4M

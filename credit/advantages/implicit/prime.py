@@ -161,9 +161,12 @@ def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   cen_B = ops.group_normalize(reward_B, gid_B, num_groups, valid=valid_B, scale=False,
                               group_size=group_size)
   out_B = jnp.where(ok_B, cen_B * count_B / km1_B, 0.0)
-  ret_BT = (ops.discounted_reverse_cumsum(proc_BT, tok_BT, gamma_process)
-            + ops.discounted_reverse_cumsum(ops.outcome_to_token_rewards(out_B, tok_BT),
-                                            tok_BT, gamma_outcome))
+  if ops.is_one(gamma_outcome):  # undiscounted, the last token's outcome reaches every token
+    outcome_BT = ops.broadcast_to_tokens(out_B, tok_BT)
+  else:
+    outcome_BT = ops.discounted_reverse_cumsum(ops.outcome_to_token_rewards(out_B, tok_BT),
+                                               tok_BT, gamma_outcome)
+  ret_BT = ops.discounted_reverse_cumsum(proc_BT, tok_BT, gamma_process) + outcome_BT
   use_BT = tok_BT & ok_B[:, None]
   ret_BT = jnp.where(use_BT, ret_BT, 0.0)
   if not whiten:

@@ -1,0 +1,66 @@
+"""The CPU paths taken for speed (benchmarks/estimators.py) give the outputs of the paths they
+replace: the sequential reverse recurrence (XLA CPU) against the parallel one (accelerators)
+and the float64 loop, to float32 rounding; PRIME's undiscounted outcome return, read off the
+last token without a scan, bitwise."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from credit import ops
+from credit.advantages.implicit.prime import prime_advantages
+from credit.ops import returns
+from tests.contract_fields import make_fields
+
+
+def _loop(x, a):
+  y = np.zeros(x.shape[:-1])
+  out = np.zeros(x.shape)
+  for t in reversed(range(x.shape[-1])):
+    y = x[..., t] + a[..., t] * y
+    out[..., t] = y
+  return out
+
+
+@pytest.mark.parametrize("shape", [(3, 1), (3, 7), (2, 16), (4, 1024), (2, 3, 1100)])
+def test_sequential_recurrence_matches_parallel_and_loop(shape):
+  rng = np.random.default_rng(sum(shape))
+  x = rng.standard_normal(shape).astype(np.float32)
+  a = np.where(rng.random(shape) < 0.3, 1.0, rng.choice([0.0, 0.95, 0.999], shape)
+               ).astype(np.float32)
+  seq = jax.jit(returns._sequential_reverse_recurrence)(x, a)
+  par = jax.jit(returns._parallel_reverse_recurrence)(x, a)
+  want = _loop(x.astype(np.float64), a.astype(np.float64))
+  scale = 1.0 + np.abs(want)
+  assert np.max(np.abs(np.asarray(seq) - want) / scale) < 2e-6
+  assert np.max(np.abs(np.asarray(par) - want) / scale) < 2e-5
+  # The dispatcher takes the sequential path on CPU.
+  np.testing.assert_array_equal(jax.jit(returns._reverse_linear_recurrence)(x, a), seq)
+
+
+def test_discounted_reverse_cumsum_vmap_and_grad_on_the_sequential_path():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((3, 37)).astype(np.float32)
+  m = rng.random((3, 37)) > 0.3
+  f = jax.jit(jax.vmap(ops.discounted_reverse_cumsum, in_axes=(None, None, 0)))
+  got = f(x, m, jnp.array([0.0, 0.9, 1.0]))
+  for g, out in zip((0.0, 0.9, 1.0), got):
+    want = np.where(m, _loop(np.where(m, x, 0.0), np.where(m, g, 1.0)), 0.0)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+  grad = jax.grad(lambda x_: ops.discounted_reverse_cumsum(x_, m, 0.9)[0, 0])(jnp.asarray(x))
+  valid = np.flatnonzero(m[0])
+  want_g = np.zeros(37)
+  if m[0, 0]:
+    want_g[valid] = 0.9 ** np.arange(len(valid))
+  np.testing.assert_allclose(grad[0], want_g, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_prime_undiscounted_outcome_without_a_scan_is_bitwise_the_same(holes):
+  f = make_fields(3, holes=holes)
+  kw = dict(reward=f["reward"], group_id=f["group_id"], response_mask=f["response_mask"],
+            logprob_prm=f["logprob_prm"], logprob_ref=f["logprob_ref"], num_groups=4,
+            group_size=4)
+  fast = jax.jit(lambda: prime_advantages(**kw, gamma_outcome=1.0))()
+  scan = jax.jit(lambda g: prime_advantages(**kw, gamma_outcome=g))(jnp.float32(1.0))
+  np.testing.assert_array_equal(fast, scan)
