@@ -3,6 +3,9 @@
 `base`: `StepResult`, `Limits`, the `Environment` / `MultiTurnTask` protocols, `TextEnv`
 (shared episode bookkeeping), `EnvBatch` (B episodes stepped together, their per-turn
 contract fields) and `run_episode`. `tools`: `ToolFormat`, `parse_action`, `Action`.
+`chat`: `turn_template`, how a tokenizer renders prompts, policy turns and observations (its
+chat template with the tool role, or the plain character layout). `calls`: `call_all`, the
+concurrent, time-limited, isolated calls the multi-turn engine steps environments with.
 Tasks (registered, so `credit.tasks.get_task("lookup")` works once this package is
 imported): `lookup` (multi-hop search over a hidden knowledge base), `calculator`
 (one arithmetic operation per turn with a calculator tool), `multidoc` (multi-hop QA over
@@ -16,6 +19,8 @@ from credit.envs.base import (Environment, Episode, EpisodeDoneError, EnvBatch, 
                               MultiTurnTask, StepResult, TextEnv, Turn, run_episode,
                               task_limits)
 from credit.envs.calculator import Calculator, CalculatorEnv
+from credit.envs.calls import Call, call_all
+from credit.envs.chat import ChatTurns, PlainTurns, TurnTemplate, turn_template
 from credit.envs.lookup import Lookup, LookupEnv
 from credit.envs.multidoc import MultiDoc, MultiDocEnv
 from credit.envs.pivot_turn import PivotTurn, PivotTurnEnv
@@ -23,8 +28,9 @@ from credit.envs.subagents import MultiDocAgents, MultiDocAgentsEnv  # registers
 from credit.envs.tools import Action, ToolFormat, parse_action, query_chars
 
 __all__ = [
-    "Action", "Calculator", "CalculatorEnv", "EnvBatch", "Environment", "Episode",
+    "Action", "Calculator", "CalculatorEnv", "Call", "ChatTurns", "EnvBatch", "Environment", "Episode",
     "EpisodeDoneError", "Limits", "Lookup", "LookupEnv", "MultiDoc", "MultiDocEnv",
-    "MultiTurnTask", "PivotTurn", "PivotTurnEnv", "StepResult", "TextEnv", "ToolFormat",
-    "Turn", "parse_action", "query_chars", "run_episode", "task_limits",
+    "MultiTurnTask", "PivotTurn", "PivotTurnEnv", "PlainTurns", "StepResult", "TextEnv",
+    "ToolFormat", "Turn", "TurnTemplate", "call_all", "parse_action", "query_chars",
+    "run_episode", "task_limits", "turn_template",
 ]

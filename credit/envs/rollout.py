@@ -500,11 +500,7 @@ class MultiTurnSampler:
     kinds[:, :lay.prompt_width] = np.where(
         np.sort(p_mask, axis=1), _PROMPT, _PAD)  # right-aligned, as prefill lays them
     turn_of = np.full((B, lay.buffer_width), -1, np.int32)
-    step_reward = np.zeros((B, K), np.float32)
-    progress = np.zeros((B, K), np.float32)
-    role = np.zeros((B, K), np.int32)
-    step_mask = np.zeros((B, K), bool)
-    tool_status = np.full((B, K), TOOL_OK, np.int8)
+    rec = _TurnRecord(B, K)
     active = np.ones(B, bool)
     truncated = np.zeros(B, bool)
     actions: list[list[str]] = [[] for _ in range(B)]
@@ -535,18 +531,12 @@ class MultiTurnSampler:
         turn_of[b, a0:a0 + n] = k
         used_B[b] += n
         n_action_tokens += n
-        step_mask[b, k] = True
+        rec.step_mask[b, k] = True
         actions[b].append(self.tokenizer.decode(block[b, :n].tolist()))
       calls = self._step_envs([envs[b] for b in live], [actions[b][-1] for b in live])
       for b, call in zip(live, calls):
-        before = float(progress[b, k - 1]) if k else 0.0
-        res = call.value if call.error is None else _failed_step(call, before)
-        tool_status[b, k] = (TOOL_OK if call.error is None else
-                             TOOL_TIMEOUT if call.timed_out else TOOL_ERROR)
+        res = rec.record(b, k, call)
         results[b].append(res)
-        step_reward[b, k] = float(res.reward)
-        progress[b, k] = float(getattr(res, "progress", 0.0))
-        role[b, k] = int(getattr(res, "role", 0))
         if res.done or k >= turns_B[b] - 1:
           active[b] = False
           continue
@@ -556,19 +546,17 @@ class MultiTurnSampler:
           active[b], truncated[b] = False, True
           continue
         if not res.observation:  # the next turn needs a context token: a malformed result
-          tool_status[b, k] = TOOL_ERROR
-          res = results[b][-1] = _failed_step(Call(None, (
-              f"environment {type(envs[b]).__name__} returned an empty observation for a "
-              "continuing episode"), False, 0.0), progress[b, k])
+          res = results[b][-1] = rec.fail(b, k, f"environment {type(envs[b]).__name__} "
+                                          "returned an empty observation for a continuing "
+                                          "episode")
         texts[b] = res.observation
       t_env += time.perf_counter() - t1
       if not active.any():
         break
       obs, obs_mask, kept, unreadable = self._encode_observations(texts, budget_B - used_B)
       for b in unreadable:
-        tool_status[b, k] = TOOL_ERROR
-        results[b][-1] = _failed_step(Call(None, "the observation has characters the tokenizer "
-                                            "cannot encode", False, 0.0), progress[b, k])
+        results[b][-1] = rec.fail(b, k, "the observation has characters the tokenizer cannot "
+                                  "encode")
       o0 = lay.observation_column(k)
       for b in np.flatnonzero(active):
         n = len(kept[b])
@@ -593,7 +581,7 @@ class MultiTurnSampler:
       t_dev += time.perf_counter() - t1
     t1 = time.perf_counter()
     # A row whose step timed out is abandoned (its environment may still be running): 0.
-    outcome = np.asarray([0.0 if (tool_status[b] == TOOL_TIMEOUT).any() else
+    outcome = np.asarray([0.0 if (rec.tool_status[b] == TOOL_TIMEOUT).any() else
                           float(envs[b].outcome()) for b in range(B)], np.float32)
     t_env += time.perf_counter() - t1
     tokens_BL = np.asarray(state.tokens_BL)
@@ -604,12 +592,43 @@ class MultiTurnSampler:
     out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, width, self.pad_id)
     timings = {"device_s": t_dev, "env_s": t_env, "action_tokens": n_action_tokens,
                "observation_tokens": n_obs_tokens,
-               "tool_errors": int((tool_status == TOOL_ERROR).sum()),
-               "tool_timeouts": int((tool_status == TOOL_TIMEOUT).sum())}
-    return MultiTurnOutput(**out, group_id=gid, step_reward=step_reward, turn_progress=progress,
-                           turn_role=role, step_mask=step_mask, reward=outcome,
-                           truncated=truncated, trajectories=trajs, timings=timings,
-                           snapshots=snaps, tool_status=tool_status)
+               "tool_errors": int((rec.tool_status == TOOL_ERROR).sum()),
+               "tool_timeouts": int((rec.tool_status == TOOL_TIMEOUT).sum())}
+    return MultiTurnOutput(**out, group_id=gid, step_reward=rec.step_reward,
+                           turn_progress=rec.progress, turn_role=rec.role,
+                           step_mask=rec.step_mask, reward=outcome, truncated=truncated,
+                           trajectories=trajs, timings=timings, snapshots=snaps,
+                           tool_status=rec.tool_status)
+
+
+class _TurnRecord:
+  """The per-turn [B,K] arrays of a rollout, filled in as the environments' steps return."""
+
+  def __init__(self, B: int, K: int):
+    self.step_reward = np.zeros((B, K), np.float32)
+    self.progress = np.zeros((B, K), np.float32)
+    self.role = np.zeros((B, K), np.int32)
+    self.step_mask = np.zeros((B, K), bool)
+    self.tool_status = np.full((B, K), TOOL_OK, np.int8)
+
+  def record(self, b: int, k: int, call: Call) -> Any:
+    """Row b's turn k from its step call; returns the step's result (`_failed_step`'s for a
+    failed call: no reward, the progress of turn k-1)."""
+    if call.error is None:
+      res = call.value
+    else:
+      res = _failed_step(call, float(self.progress[b, k - 1]) if k else 0.0)
+      self.tool_status[b, k] = TOOL_TIMEOUT if call.timed_out else TOOL_ERROR
+    self.step_reward[b, k] = float(res.reward)
+    self.progress[b, k] = float(getattr(res, "progress", 0.0))
+    self.role[b, k] = int(getattr(res, "role", 0))
+    return res
+
+  def fail(self, b: int, k: int, error: str) -> StepResult:
+    """Turns row b's recorded turn k into a malformed result (`error`), the episode going on."""
+    self.tool_status[b, k] = TOOL_ERROR
+    self.step_reward[b, k] = 0.0
+    return _failed_step(Call(None, error, False, 0.0), float(self.progress[b, k]))
 
 
 class MalformedResult(ValueError):
