@@ -20,7 +20,7 @@ _PAPER = ("Learning in Sparse Rewards settings through Quality-Diversity algorit
           "(G. Paolo, PhD thesis; novelty search, TAXONS, SERENE, STAX), arXiv preprint")
 _SOURCE = (_PAPER + "; code: GPaolo/SERENE@d875deeb core/evolvers/utils.py (calculate_novelties, "
            "novelty: mean distance to the k nearest neighbours of the reference set), "
-           "core/evolvers/emitter_evolver.py (get_novelty_ref_set, update_archive with the "
+           "core/evolvers/emitter_evolver.py@83bc38a3 (get_novelty_ref_set, update_archive with the "
            "'best' selection operator)")
 
 
