@@ -1,4 +1,4 @@
-"""OPAC: a latent per-token reward fitted to trajectory labels, made pessimistic, under a group critic."""
+"""OPAC: a pessimistic latent per-token reward fitted to trajectory labels, with a group critic."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -97,7 +97,7 @@ def opac_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
   on the result. For a batch of logged responses with labels R_b (the batch is the dataset;
   nothing is kept between calls)::
 
-    r̃_t   = w·φ_t − β ‖φ_t‖_{Λ⁻¹}                  (`latent_token_rewards`, ridge fit of Σ_t r_t ≈ R)
+    r̃_t   = w·φ_t − β ‖φ_t‖_{Λ⁻¹}                  (`latent_token_rewards`: ridge, Σ_t r_t ≈ R)
     G̃_t   = Σ_{t' ≥ t} r̃_t'                         (critic: return-to-go of the latent rewards)
     V_g,t = mean of G̃_t over the rows of group g with a token at t
     A_t   = G̃_t − V_g,t

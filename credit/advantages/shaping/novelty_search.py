@@ -18,10 +18,10 @@ __all__ = ["NoveltyOutput", "novelty_init_state", "novelty_search_advantages"]
 
 _PAPER = ("Learning in Sparse Rewards settings through Quality-Diversity algorithms "
           "(G. Paolo, PhD thesis; novelty search, TAXONS, SERENE, STAX), arXiv preprint")
-_SOURCE = (_PAPER + "; code: GPaolo/SERENE@d875deeb core/evolvers/utils.py (calculate_novelties, "
-           "novelty: mean distance to the k nearest neighbours of the reference set), "
-           "core/evolvers/emitter_evolver.py@83bc38a3 (get_novelty_ref_set, update_archive with the "
-           "'best' selection operator)")
+_SOURCE = (_PAPER + "; code: GPaolo/SERENE@d875deeb core/evolvers/utils.py "
+           "(calculate_novelties, novelty: mean distance to the k nearest neighbours of the "
+           "reference set), core/evolvers/emitter_evolver.py@83bc38a3 (get_novelty_ref_set, "
+           "update_archive with the 'best' selection operator)")
 
 
 class NoveltyOutput(NamedTuple):

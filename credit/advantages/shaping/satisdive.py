@@ -1,4 +1,4 @@
-"""SatisDive's satisficing group objective: reward up to a group-relative cutoff, diversity above it."""
+"""SatisDive's satisficing group objective: reward up to a group cutoff, diversity above it."""
 from __future__ import annotations
 
 import chex

@@ -21,8 +21,8 @@ _PAPER = ("Sparse Reward Exploration via Novelty Search and Emitters (SERENE), G
 _SOURCE = (_PAPER + "; also: Learning in Sparse Rewards settings through Quality-Diversity "
            "algorithms (G. Paolo, PhD thesis), arXiv preprint; code: GPaolo/SERENE@d875deeb "
            "core/searcher.py (chunk_step: a novelty-search chunk, then an emitter chunk once a "
-           "reward was found), core/evolvers/emitter_evolver.py@83bc38a3 (init_emitters: reward > 0), "
-           "core/evolvers/utils.py (calculate_novelties)")
+           "reward was found), core/evolvers/emitter_evolver.py@83bc38a3 (init_emitters: "
+           "reward > 0), core/evolvers/utils.py (calculate_novelties)")
 
 
 class SereneState(NamedTuple):

@@ -1,4 +1,4 @@
-"""VIGIL: a penalty on "blind confidence", tokens that stay confident when the evidence is removed."""
+"""VIGIL: a penalty on "blind confidence", tokens confident even without the evidence."""
 from __future__ import annotations
 
 from typing import NamedTuple
