@@ -111,8 +111,8 @@ def _parallel_reverse_recurrence(x_BT: Array, coef_BT: Array) -> Array:
 
   Short rows: a parallel associative scan (each position is the affine map
   y -> coef_t·y + x_t; O(log T) passes). Rows of RECURRENCE_BLOCK² positions and
-  more: a two-level blocked scan, which XLA CPU runs 2-3x faster at B·T = 4M
-  (benchmarks/estimators.py, GAE λ<1):
+  more: a two-level blocked scan, which XLA CPU ran 2-3x faster than the
+  associative scan at B·T = 4M (benchmarks/estimators.py, GAE λ<1):
     1. inside every block of c positions, all blocks at once (a `lax.scan` of c
        steps over [..., T/c] slices): the local return assuming nothing after
        the block, and the product of the coefficients to the block's end;
