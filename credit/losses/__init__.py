@@ -1,5 +1,7 @@
 """Policy losses, their one reduction, KL estimators, entropy and value losses.
 
+Modules::
+
   aggregation.py   `aggregate_loss`, `AGG_MODES`
   importance.py    `importance_correction` (sampler/trainer TIS / MIS)
   reduction.py     `TokenLoss`, `LossOutput`, `reduce_policy_loss`, `policy_loss`

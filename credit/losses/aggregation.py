@@ -86,10 +86,11 @@ def aggregate_loss(loss_BT: ArrayLike, mask_BT: ArrayLike, mode: str = "token-me
                    norm_constant: ArrayLike | None = None) -> Array:
   """Reduces a per-token loss ℓ[B,T] to a scalar.
 
-  With M the mask, |o_i| = Σ_t M[i,t], B' the number of rows with |o_i| > 0, N = ΣM:
+  With M the mask, L_i = Σ_t M[i,t] the length of row i, B' the number of rows with
+  L_i > 0, N = ΣM:
 
   * ``token-mean``: Σ ℓM / N (DAPO token-level; verl default).
-  * ``seq-mean-token-mean``: (1/B') Σ_i Σ_t ℓM / max(|o_i|, 1) (GRPO paper, GSPO).
+  * ``seq-mean-token-mean``: (1/B') Σ_i Σ_t ℓM / max(L_i, 1) (GRPO paper, GSPO).
   * ``seq-mean-token-sum``: (1/B') Σ ℓM.
   * ``seq-mean-token-sum-norm``: Σ ℓM / C with C a constant (Dr.GRPO as in verl before
     its global-batch rewrite). C never depends
@@ -110,7 +111,7 @@ def aggregate_loss(loss_BT: ArrayLike, mask_BT: ArrayLike, mode: str = "token-me
     mask_BT: [B,T] bool (or 0/1) mask of the tokens that count.
     mode: one of `AGG_MODES`; resolved by dict lookup before tracing.
     num_tokens_global: optional scalar N of the whole minibatch (token-mean).
-    num_seqs_global: optional scalar B' of the whole minibatch (seq-mean-*).
+    num_seqs_global: optional scalar B' of the whole minibatch (``seq-mean-*``).
     norm_constant: C for the ``-norm`` modes (required there), e.g. the maximum
       generation length L_max; keep it fixed through training.
 

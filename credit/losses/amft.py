@@ -65,13 +65,14 @@ VAL_AT = ("lookahead", "current")
 class AmftStep(NamedTuple):
   """What one `amft_step` returns.
 
-  phi: the updated logit φ (float32 scalar).
-  mu: σ(φ) after the update.
-  grads: (1 − μ)·g_RL + μ·g_SFT at θ with the updated μ, a pytree like `params`: the
-    gradient the caller's optimizer applies (code order: μ is updated first).
-  loss: (1 − μ)·L_RL + μ·L_SFT at θ with the same updated μ.
-  metrics: scalars {"mu_before", "meta_gradient" (∂L_val/∂μ), "loss_rl", "loss_sft",
-    "loss_val" (at the point g_val was taken), "entropy_gap" (H − H_target, 0 without)}.
+  Attributes:
+    phi: the updated logit φ (float32 scalar).
+    mu: σ(φ) after the update.
+    grads: (1 − μ)·g_RL + μ·g_SFT at θ with the updated μ, a pytree like `params`: the
+      gradient the caller's optimizer applies (code order: μ is updated first).
+    loss: (1 − μ)·L_RL + μ·L_SFT at θ with the same updated μ.
+    metrics: scalars {"mu_before", "meta_gradient" (∂L_val/∂μ), "loss_rl", "loss_sft",
+      "loss_val" (at the point g_val was taken), "entropy_gap" (H − H_target, 0 without)}.
   """
   phi: Array
   mu: Array
@@ -172,7 +173,7 @@ def amft_step(loss_rl_fn: Callable[[PyTree], ArrayLike],
 
   g_RL = ∇L_RL(θ), g_SFT = ∇L_SFT(θ); θ' = θ − η[(1 − μ)g_RL + μ g_SFT] with μ = σ(φ);
   g_val = ∇L_val(θ') ("lookahead") or ∇L_val(θ) ("current", the authors' code);
-  m = −η⟨g_val, g_SFT − g_RL⟩; φ' = `amft_update_phi`(φ, m, ...); μ' = σ(φ');
+  m = −η⟨g_val, g_SFT − g_RL⟩; φ' = amft_update_phi(φ, m, ...); μ' = σ(φ');
   returns φ', μ' and the gradient (1 − μ')g_RL + μ' g_SFT for the caller's optimizer
   (three backward passes per step: RL, SFT, validation).
 

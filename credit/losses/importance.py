@@ -83,7 +83,7 @@ def importance_correction(*, logprob_old: ArrayLike, logprob_sampler: ArrayLike,
 
   * level ``token``: log w_{i,t} = log r_{i,t};
     ``sequence``: log w_i = Σ_t M log r_{i,t} (the product of token ratios);
-    ``geometric``: log w_i = Σ_t M log r_{i,t} / max(|o_i|, 1).
+    ``geometric``: log w_i = Σ_t M log r_{i,t} / max(L_i, 1), L_i the row's length.
     Sequence-level weights are broadcast to the row's tokens. log w is clamped to
     [−20, 20] before `exp` (verl SAFETY_BOUND).
   * mode ``truncate`` (TIS, Yao et al. 2025): weight = min(w, C) with C = `threshold`;

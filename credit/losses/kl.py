@@ -1,7 +1,7 @@
 """Per-token KL estimators between the policy and a reference, as a loss or a reward term.
 
 Estimators (J. Schulman, "Approximating KL Divergence", joschu.net/blog/kl-approx.html,
-2020), with d = clip(log π − log π_ref, −20, 20) per token:
+2020), with d = clip(log π − log π_ref, −20, 20) per token::
 
   k1  = d                       unbiased for KL(π‖π_ref) on samples of π, high variance
   abs = |d|

@@ -1,10 +1,11 @@
 """The one reduction of every policy loss, and the decorator that builds a full loss from it.
 
-A policy loss is written as its per-token term,
+A policy loss is written as its per-token term::
 
     xxx_loss(*, logprob, logprob_old, advantages, response_mask, <hyper>) -> TokenLoss
 
-and `@policy_loss(name, paper)` turns it into the registered full loss
+and `@policy_loss(name, paper, confidence=..., source=...)` turns it into the registered
+full loss::
 
     fn(*, <the same arguments>, logprob_sampler=None, is_level="token", is_mode="truncate",
        is_threshold=2.0, is_threshold_lower=None, loss_agg_mode=..., num_tokens_global=None,

@@ -61,10 +61,12 @@ def scope_weights(*, reward: ArrayLike, group_id: ArrayLike | None, response_mas
   weight 1. See `scope_advantages`.
 
   Args:
-    reward, group_id, response_mask, logprob_old, logprob_teacher, num_groups, group_size,
-    success_threshold, temperature, teacher_floor: as in `scope_advantages`.
     normalization: static, "code" | "paper".
     student_weight: static, "confident" | "uncertain".
+
+  The other arguments (`reward`, `group_id`, `response_mask`, `logprob_old`,
+  `logprob_teacher`, `num_groups`, `group_size`, `success_threshold`, `temperature`,
+  `teacher_floor`) are as in `scope_advantages`.
 
   Returns:
     (w [B] float32, 0 on invalid rows; correct [B] bool).

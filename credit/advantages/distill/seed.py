@@ -62,10 +62,12 @@ def seed_advantages(*, reward: ArrayLike, group_id: ArrayLike | None, response_m
     response_mask: [B,T] bool.
     logprob_old: [B,T] float old-policy log-probs of the sampled tokens.
     logprob_alt: [B,T] float the same with the self-generated (episode) skill in context.
-    logprob_teacher, num_groups, group_size, mode, episode_weight, step_weight, singleton,
-      normalize_teacher, clip_teacher, failed_only, success_threshold, eps, gigpo_step,
-      step_reward, state_key, step_mask, turn_id, gigpo_weight, gigpo_gamma: as in
-      `opid_advantages` (an optional step-level skill, the weights, the GiGPO step term).
+
+  The other arguments (`logprob_teacher`, `num_groups`, `group_size`, `mode`,
+  `episode_weight`, `step_weight`, `singleton`, `normalize_teacher`, `clip_teacher`,
+  `failed_only`, `success_threshold`, `eps`, `gigpo_step`, `step_reward`, `state_key`,
+  `step_mask`, `turn_id`, `gigpo_weight`, `gigpo_gamma`) are as in `opid_advantages`: an
+  optional step-level skill, the weights, the GiGPO step term.
 
   Returns:
     [B,T] float32 advantages, zero outside `response_mask`.

@@ -24,11 +24,12 @@ _PAPER = ("SOLID: solver-artifact majority as pseudo-reference with dense self-d
 class SolidLabels(NamedTuple):
   """Per-row majority-vote results ([B] each).
 
-  label: float32 pseudo-label y_b (1: in the representative's cluster of a group with a
-    majority; 0 otherwise, failed executions included).
-  support: float32 number of valid answers of the group within tolerance of the row's
-    answer (itself included; 0 for a failed execution or an invalid row).
-  majority: bool, the row's group has a representative with support ≥ `min_support`.
+  Attributes:
+    label: float32 pseudo-label y_b (1: in the representative's cluster of a group with a
+      majority; 0 otherwise, failed executions included).
+    support: float32 number of valid answers of the group within tolerance of the row's
+      answer (itself included; 0 for a failed execution or an invalid row).
+    majority: bool, the row's group has a representative with support ≥ `min_support`.
   """
   label: Array
   support: Array

@@ -38,7 +38,7 @@ def dr_grpo_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask:
     a_i = R_i − μ_g,   A[i,t] = a_i · M[i,t]
 
   Paper: "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv 2503.20783,
-  §3.2. The paper's second change, a constant loss normaliser instead of 1/|o_i|, belongs
+  §3.2. The paper's second change, a constant loss normaliser instead of the response length, belongs
   to the loss (`loss_agg_mode="seq-mean-token-sum-norm"`), not here. Equal to verl's
   GRPO with `norm_adv_by_std_in_grpo=False`, except that a one-row group gives 0 unless
   `singleton="raw"`.

@@ -102,7 +102,7 @@ def dgpo_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike, logprob_re
     temperature: τ of "softmax".
     alpha: α of "linear".
     gate_power: κ, exponent of the entropy gate.
-    vocab_size: static |V| of the gate H/log|V| (`gate="log_vocab"`).
+    vocab_size: static vocabulary size V of the gate H/log V (`gate="log_vocab"`).
     gate: static, "log_vocab" | "row_mean".
     eps: the gate's and the linear mixture's ε.
     hellinger: optional [B,T] full-vocabulary squared Hellinger distances.
@@ -178,7 +178,7 @@ def dgpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
     temperature: τ > 0 of "softmax".
     alpha: α ∈ [0,1] of "linear" (0 is GRPO).
     gate_power: κ ≥ 0 (0: deviation only).
-    vocab_size: static |V|, required by `gate="log_vocab"` (the model's vocabulary size).
+    vocab_size: the model's vocabulary size V (static), required by `gate="log_vocab"`.
     gate: static, "log_vocab" (paper) | "row_mean".
     group_std: static, "unbiased" | "population".
     eps: added to σ_g and used by the gate and the linear mixture.

@@ -86,10 +86,12 @@ def scout_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Ar
 class ScoutPriorities(NamedTuple):
   """Uncertainty of each post-tool state and the top-m of them.
 
-  priority: [B,K] u_{b,k}, mean entropy of the policy tokens of the next valid turn after
-    turn k (−inf where turn k has no later valid turn or the row is empty).
-  index: [m] int32 flat indices b·K + k of the m highest priorities (ties: lower index first).
-  valid: [m] bool, False where fewer than m states have a finite priority.
+  Attributes:
+    priority: [B,K] u_{b,k}, mean entropy of the policy tokens of the next valid turn
+      after turn k (−inf where turn k has no later valid turn or the row is empty).
+    index: [m] int32 flat indices b·K + k of the m highest priorities (ties: lower index
+      first).
+    valid: [m] bool, False where fewer than m states have a finite priority.
   """
   priority: Array
   index: Array

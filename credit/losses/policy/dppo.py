@@ -74,7 +74,7 @@ def dppo_tv_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: Arra
   PPO's ratio band judges a token by π/μ, which over-constrains rare tokens (a move from
   10⁻⁵ to 10⁻³ is a ratio of 100) and under-constrains frequent ones (0.99 → 0.8 is a
   ratio of 0.81). DPPO masks by the total-variation distance of the sampled token's
-  binary distribution, |π − μ|, and only on the side the advantage pushes toward.
+  binary distribution, the absolute difference of π and μ, and only on the side the advantage pushes toward.
   Inside the region the gradient is the truncated-IS policy gradient −A·min(ρ, c)·∇log π
   (the gradient of PPO's −Aρ, without its clip); outside it is 0. The cap c replaces
   the dual clip; the paper recommends a large c (§5.4). The loss value is

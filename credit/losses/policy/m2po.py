@@ -21,7 +21,7 @@ _NO_BOUND = 1e5
 
 def m2_trust_bound(delta_sq: ArrayLike, harmful: ArrayLike, budget: ArrayLike
                    ) -> tuple[Array, Array, Array]:
-  """(τ, M2 before, M2 after) with τ the largest cap of |Δ| on the harmful tokens such that
+  """(τ, M2 before, M2 after) with τ the largest cap of abs(Δ) on the harmful tokens such that
   their mean of min(Δ², τ²) fits the budget — the code's breakpoint search, vectorised.
 
   .. math::

@@ -60,9 +60,9 @@ def slate_step_loss(*, logprob: ArrayLike, logprob_old: ArrayLike, advantages: A
   candidates of a step share (parent_id, prefix_len); first-step candidates are the roots
   of their prompt group), and A_j is the row's step advantage (`slate_advantages`; the mean
   of `advantages` over the row's tokens). S_x counts the steps (candidate sets) of prompt
-  x, P the prompts with a non-empty row. The per-token term is −J_j·w_j/|o_j| with w_j =
+  x, P the prompts with a non-empty row. With n_j the row's length, the per-token term is −J_j·w_j/n_j with w_j =
   1/(k_s S_x P), so the default ``token-sum`` aggregation gives L, and the gradient of a
-  token is −w_j·A_j·ρ_j/|o_j| while unclipped (the whole step is clipped or not).
+  token is −w_j·A_j·ρ_j/n_j while unclipped (the whole step is clipped or not).
 
   Paper: "Truncated Step-Level Sampling with Process Rewards for Retrieval-Augmented
   Reasoning" (SLATE), Eq. 7; the code's `slate/training/step_level_algos.py`
