@@ -49,8 +49,7 @@ def group_reward_cutoff(reward_B: Array, group_id: Array, valid_B: Array, num_gr
                                                    "descriptor_dim"),
                     confidence="inferred",
                     source=_PAPER + " (abstract: the satisficing formulation, a batch-relative "
-                    "reward cutoff, reward improvement below it and diversity above it; no "
-                    "released code was found)")
+                    "reward cutoff, reward improvement below it and diversity above it)")
 def satisdive_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                          tokens: ArrayLike, num_groups: int, group_size: int | None = None,
                          cutoff_quantile: float = 0.5, diversity_coef: float = 1.0,

@@ -72,7 +72,7 @@ def blind_confidence_penalty(*, response_mask: ArrayLike, logprob_old: ArrayLike
                     returns_output=True, confidence="inferred",
                     source=_PAPER + " (abstract: penalise blind confidence, certainty that "
                     "persists when the evidence is masked, measured as the information gain "
-                    "between the full and the blind context; no released code was found)")
+                    "between the full and the blind context)")
 def vigil_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
                      logprob_old: ArrayLike, logprob_alt: ArrayLike, num_groups: int,
                      group_size: int | None = None, blind_coef: float = 0.1,
