@@ -129,7 +129,7 @@ def group_normalize(values: ArrayLike, group_id: ArrayLike | None = None,
                     scale: bool = True, eps: float = 1e-6,
                     singleton: SingletonPolicy = "zero",
                     group_size: int | None = None) -> Array:
-  """Group z-score (spec P1/P6): (x − μ_g)/(σ_g + eps), or x − μ_g without `scale`.
+  """Group z-score: (x − μ_g)/(σ_g + eps), or x − μ_g without `scale`.
 
   Args:
     values: [M] one value per item.

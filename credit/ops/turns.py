@@ -4,7 +4,7 @@ Keyed by `turn_id` [B,T] (−1 outside any turn: prompt, observations, padding) 
 validity mask `valid_BK` (`step_mask` in the rollout contract: turn k of row b took place).
 
 Every turn-level estimator (IGPO, A2TGPO, SIOP, TRACE, MAPO, ProCredit, ...) is the same three
-steps over per-turn rewards `r [B,K]` (spec token_and_implicit.md, "Implementation notes"):
+steps over per-turn rewards `r [B,K]`:
 
 1. `turn_normalize`: z-score over the valid (b, k) cells that share a key: the prompt group
    (`by="pooled"`), the group and the turn index (`by="index"`), or the group and any per-turn

@@ -45,7 +45,7 @@ def make_batch(seed: int, contiguous: bool = True) -> dict:
 
 
 def ref_prorag(b, beta=0.3, eps=1e-4, var_eps=1e-8):
-  """Plain loops over groups, as ProRAG's trainer (masking and size-1 groups per the spec)."""
+  """Plain loops over groups, as ProRAG's trainer (its masking and size-1 groups)."""
   r = b["reward"].astype(np.float64)
   m, sid, sm = b["response_mask"], b["step_id"], b["step_mask"]
   s = b["step_reward"].astype(np.float64)

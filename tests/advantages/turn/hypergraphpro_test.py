@@ -51,7 +51,7 @@ def test_registered_and_doctest():
 
 def test_spec_example():
   # Δρ = [0.5, 0, 0.1] (progress 0.5, 0.5, 0.6): factor on success [1.3, 0.8, 0.9], on failure
-  # [0.7, 1.2, 1.1] (spec: A = ±0.8 -> [1.04, 0.64, 0.72] and [-0.56, -0.96, -0.88]).
+  # [0.7, 1.2, 1.1] (with A = ±0.8: [1.04, 0.64, 0.72] and [-0.56, -0.96, -0.88]).
   a = hg.hypergraphpro_advantages(
       reward=np.array([1., 0.], np.float32), turn_progress=np.array([[.5, .5, .6]] * 2, np.float32),
       step_mask=np.ones((2, 3), bool), turn_id=np.array([[0, 1, 2]] * 2),
