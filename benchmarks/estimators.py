@@ -40,6 +40,7 @@ import inspect
 import os
 import sys
 import time
+import zlib
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,26 +85,30 @@ _LAYOUT_FIELDS = ("response_mask", "reward", "group_id", "prompt_id", "turn_id",
 class BenchFields(Mapping):
   """Contract field name -> numpy array at (B, T), made on first use and kept.
 
-  Layout fields come from `_layout`; every other field from `tests/contract_fields.py`
+  Each field has its own random generator (seeded by `seed` and its name), so `--only` runs
+  see the same values as a full run. Layout fields come from `_layout`; every other field
+  from `tests/contract_fields.py`
   (its per-field generators where values have a meaning, else a generic one by dtype),
   at the shape `credit.CONTRACT` declares with the letters in `dims`.
   """
 
   def __init__(self, batch: int, seq: int, group: int, steps: int = 8, seed: int = 0):
     self.dims = dict(contract_fields.DIMS, B=batch, T=seq, G=group, K=steps, S=seq + 3)
-    self._rng = np.random.default_rng(seed)
+    self._seed = seed
     self._made: dict[str, np.ndarray] = {}
 
   def __getitem__(self, name: str) -> np.ndarray:
     if name not in self._made:
       if name not in credit.CONTRACT:
         raise KeyError(f"{name!r} is not a contract field")
+      # One generator per field: its values do not depend on which fields were made before.
+      rng = np.random.default_rng([self._seed, zlib.crc32(name.encode())])
       if name in _LAYOUT_FIELDS:
-        value = _layout(name, self._rng, self.dims, self)
+        value = _layout(name, rng, self.dims, self)
       elif name in contract_fields._SPECIAL:
-        value = contract_fields._SPECIAL[name](self._rng, self.dims, self)
+        value = contract_fields._SPECIAL[name](rng, self.dims, self)
       else:
-        value = contract_fields._generic(name, self._rng, self.dims)
+        value = contract_fields._generic(name, rng, self.dims)
       self._made[name] = value
     return self._made[name]
 

@@ -33,3 +33,13 @@ def test_bench_fields_follow_the_contract_and_the_layout():
   assert set(np.unique(turn[mask])) <= set(range(4))
   np.testing.assert_array_equal(fields["group_id"], np.arange(8) // 4)
   assert fields["step_mask"].shape == (8, 4)
+
+
+def test_bench_fields_do_not_depend_on_the_order_they_are_made():
+  a = estimators.BenchFields(batch=8, seq=16, group=4, steps=4)
+  b = estimators.BenchFields(batch=8, seq=16, group=4, steps=4)
+  names = ["logprob", "turn_id", "entropy", "step_mask"]
+  got_a = {n: a[n] for n in names}
+  got_b = {n: b[n] for n in reversed(names)}
+  for n in names:
+    np.testing.assert_array_equal(got_a[n], got_b[n])

@@ -10,6 +10,7 @@ from jax.typing import ArrayLike
 from credit._checks import check_choice
 from credit.ops._cast import as_f32
 from credit.ops.baselines import GAEOutput, gae
+from credit.ops.returns import last_token_mask
 from credit.ops.turns import turn_broadcast, turn_edges, turn_layout
 from credit.registry import register_estimator
 
@@ -132,7 +133,7 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
   ends = turn_edges(tid, mask_BT, valid.shape[1], last=True)
   step_BT = jnp.where(ends, step_scale * turn_broadcast(r_BK, tid), 0.0)
   if mode == "code":
-    last_tok = mask_BT & (jax.lax.cumsum(mask_BT.astype(jnp.int32), axis=1, reverse=True) == 1)
+    last_tok = last_token_mask(mask_BT)
     step_BT = jnp.where(last_tok, 0.0, step_BT)
   out_B = jnp.where(row, outcome_scale * as_f32(reward), 0.0)
   return gae("pica_advantages", reward=out_B, values=values, response_mask=mask_BT,
