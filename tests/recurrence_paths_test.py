@@ -64,3 +64,17 @@ def test_prime_undiscounted_outcome_without_a_scan_is_bitwise_the_same(holes):
   fast = jax.jit(lambda: prime_advantages(**kw, gamma_outcome=1.0))()
   scan = jax.jit(lambda g: prime_advantages(**kw, gamma_outcome=g))(jnp.float32(1.0))
   np.testing.assert_array_equal(fast, scan)
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_gae_next_value_shift_equals_the_gather_at_valid_positions(holes):
+  from credit.ops import baselines
+  f = make_fields(5, holes=holes, dims={"T": 11})
+  m = f["response_mask"]
+  v = np.where(m, f["values"], 0.0).astype(np.float32)
+  want = np.where(m, ops.next_valid_value(v, m), 0.0)
+  got = jax.jit(baselines._next_value_at_valid)(jnp.asarray(v), jnp.asarray(m))
+  np.testing.assert_array_equal(np.where(m, got, 0.0), want)
+  # Under vmap the batch predicate is per example: each takes its own branch's values.
+  both = jax.vmap(baselines._next_value_at_valid)(jnp.stack([v, v]), jnp.stack([m, m]))
+  np.testing.assert_array_equal(np.where(m, both[1], 0.0), want)

@@ -153,6 +153,17 @@ def token_rewards(fn: str, reward_B: Array, mask_BT: Array, logprob_old, logprob
   return x_BT
 
 
+def _next_value_at_valid(values_BT: Array, mask_BT: Array) -> Array:
+  """`next_valid_value(values_BT, mask_BT)` at the valid positions (elsewhere unspecified;
+  `values_BT` is 0 outside the mask). When the valid positions of every row form one run (a
+  response without observation holes), the next valid position after a valid t is t+1 or
+  none, so a shift gives it without the cummin and gather (a `lax.cond` on the batch)."""
+  starts_BT = mask_BT & ~jnp.pad(mask_BT[:, :-1], ((0, 0), (1, 0)))
+  one_run = jnp.all(jnp.sum(starts_BT, axis=1, dtype=jnp.int32) <= 1)
+  shift = lambda v, m: jnp.pad(v[:, 1:], ((0, 0), (0, 1)))
+  return jax.lax.cond(one_run, shift, next_valid_value, values_BT, mask_BT)
+
+
 def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLike,
         logprob_old: ArrayLike | None = None, logprob_ref: ArrayLike | None = None,
         token_reward: ArrayLike | None = None, gamma: float = 1.0, lam: float = 1.0,
@@ -191,7 +202,7 @@ def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLi
     if x_BT is None:
       x_BT = outcome_to_token_rewards(reward_B, mask_BT)
     g = jnp.asarray(gamma, jnp.float32)
-    delta_BT = x_BT + g * next_valid_value(values_BT, mask_BT) - values_BT
+    delta_BT = x_BT + g * _next_value_at_valid(values_BT, mask_BT) - values_BT
     adv_BT = discounted_reverse_cumsum(delta_BT, mask_BT, g * jnp.asarray(lam, jnp.float32))
     returns_BT = jnp.where(mask_BT, adv_BT + values_BT, 0.0)
   if whiten:
