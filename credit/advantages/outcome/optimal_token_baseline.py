@@ -131,20 +131,37 @@ def optimal_token_baseline_advantages(
     seg_B, n_seg = jnp.arange(B, dtype=jnp.int32) // group_size, B // group_size
   else:
     seg_B, n_seg = jnp.where(valid_B, gid_B, num_groups), num_groups + 1
+  # Row segment sums (B updates of T values) beat a [N,G,T] middle-axis reduction on CPU.
+  colsum_pos = lambda a_BT: jax.ops.segment_sum(a_BT, seg_B, n_seg,
+                                                indices_are_sorted=group_size is not None)[seg_B]
   if align == "position":
-    # Row segment sums (B updates of T values) beat a [N,G,T] middle-axis reduction on CPU.
-    colsum = lambda a_BT: jax.ops.segment_sum(a_BT, seg_B, n_seg,
-                                              indices_are_sorted=group_size is not None)[seg_B]
+    colsums = lambda parts: [colsum_pos(a_BT) for a_BT in parts]
   else:
-    mvi_BT = mv_BT.astype(jnp.int32)   # index among valid tokens = (#valid) − (#valid from t on)
-    pos_BT = jnp.sum(mvi_BT, axis=-1, keepdims=True) - jax.lax.cumsum(mvi_BT, axis=1, reverse=True)
-    key_BT = jnp.where(mv_BT, seg_B[:, None] * T + pos_BT, n_seg * T)
-    colsum = lambda a_BT: _key_sums(a_BT, key_BT, n_seg * T)
-  num_BT = colsum(gc_BT * cumw_BT)
-  inv_BT = 1.0 / (colsum(cumw_BT) + eps)
+    def colsums_by_key(parts):
+      mvi_BT = mv_BT.astype(jnp.int32)   # index among valid tokens = (#valid) − (#valid from t on)
+      pos_BT = (jnp.sum(mvi_BT, axis=-1, keepdims=True)
+                - jax.lax.cumsum(mvi_BT, axis=1, reverse=True))
+      key_BT = jnp.where(mv_BT, seg_B[:, None] * T + pos_BT, n_seg * T)
+      return [_key_sums(a_BT, key_BT, n_seg * T) for a_BT in parts]
+
+    # When every row's tokens are one run and a group's rows start at the same position (G
+    # answers to one prompt), the index among valid tokens is the position less a shared
+    # offset: the position sums add the same values per column, without the B·T-key scatter.
+    start_BT = mv_BT & ~jnp.pad(mv_BT[:, :-1], ((0, 0), (1, 0)))
+    first_B = jnp.min(jnp.where(mv_BT, jnp.arange(T, dtype=jnp.int32)[None, :], T), axis=1)
+    lo_B = jax.ops.segment_min(first_B, seg_B, n_seg)[seg_B]
+    hi_B = jax.ops.segment_max(jnp.where(first_B < T, first_B, -1), seg_B, n_seg)[seg_B]
+    aligned = (jnp.all(jnp.sum(start_BT, axis=1, dtype=jnp.int32) <= 1)
+               & jnp.all((first_B == T) | ((lo_B == first_B) & (hi_B == first_B))))
+    colsums = lambda parts: jax.lax.cond(
+        aligned, lambda p: [colsum_pos(a_BT) for a_BT in p], colsums_by_key, parts)
+  sums = colsums([gc_BT * cumw_BT, cumw_BT]
+                 + ([mv_BT.astype(jnp.float32)] if handle_zero_tail else []))
+  num_BT = sums[0]
+  inv_BT = 1.0 / (sums[1] + eps)
   adv_BT = gc_BT - num_BT * inv_BT + mu_B[:, None] * eps * inv_BT
   if handle_zero_tail:
-    adv_BT = jnp.where(colsum(mv_BT.astype(jnp.float32)) == 1, gfull_BT, adv_BT)
+    adv_BT = jnp.where(sums[2] == 1, gfull_BT, adv_BT)
   n_B = ops.group_count_rows(gid_B, valid_B, num_groups, group_size)
   adv_BT = jnp.where((n_B == 1)[:, None], gfull_BT if singleton == "raw" else 0.0, adv_BT)
   return jnp.where(mv_BT, adv_BT, 0.0)

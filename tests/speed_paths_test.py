@@ -1,7 +1,8 @@
-"""The CPU paths taken for speed (benchmarks/estimators.py) give the outputs of the paths they
+"""The paths taken for speed (benchmarks/estimators.py) give the outputs of the paths they
 replace: the sequential reverse recurrence (XLA CPU) against the parallel one (accelerators)
-and the float64 loop, to float32 rounding; PRIME's undiscounted outcome return, read off the
-last token without a scan, bitwise."""
+and the float64 loop, to float32 rounding; bitwise: PRIME's undiscounted outcome return read
+off the last token without a scan, GAE's next value by a shift, the optimal token baseline's
+valid-index sums by position when a group's responses are aligned."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,3 +79,29 @@ def test_gae_next_value_shift_equals_the_gather_at_valid_positions(holes):
   # Under vmap the batch predicate is per example: each takes its own branch's values.
   both = jax.vmap(baselines._next_value_at_valid)(jnp.stack([v, v]), jnp.stack([m, m]))
   np.testing.assert_array_equal(np.where(m, both[1], 0.0), want)
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_otb_valid_index_sums_by_position_when_aligned(holes):
+  from credit.advantages.outcome.optimal_token_baseline import (
+      optimal_token_baseline_advantages as otb)
+  f = make_fields(7, holes=holes)
+  kw = dict(reward=f["reward"], group_id=f["group_id"], response_mask=f["response_mask"],
+            logprob_old=f["logprob_old"], sum_pi_squared=f["sum_pi_squared"], num_groups=4)
+  for gs in (4, None):
+    tir = jax.jit(lambda: otb(**kw, group_size=gs, align="valid_index"))()
+    pos = jax.jit(lambda: otb(**kw, group_size=gs, align="position"))()
+    if not holes:   # one run per row starting at 0: the valid index is the position
+      np.testing.assert_array_equal(tir, pos)
+    else:           # holes: the keyed sums (index among valid tokens) differ from positions
+      assert not np.array_equal(tir, pos)
+  # Shifted starts within a group (one run each, different prompt lengths): keyed sums.
+  m = f["response_mask"].copy()
+  m[1] = np.roll(m[1], 1)
+  m[1, 0] = False
+  kw2 = dict(kw, response_mask=m)
+  tir = jax.jit(lambda: otb(**kw2, group_size=4, align="valid_index"))()
+  pos = jax.jit(lambda: otb(**kw2, group_size=4, align="position"))()
+  assert np.isfinite(np.asarray(tir)).all()
+  if m[1].any() and m[1].sum() < m.shape[1]:
+    assert not np.array_equal(tir, pos)
