@@ -292,13 +292,14 @@ def rollout_batches(run, snaps, s: Settings, seed: int = 0) -> list[Batch]:
         batch.update(stage(state, batch, ctx))
       host = {n: np.asarray(jax.device_get(batch[n]))
               for n in ("tokens", "response_mask", "group_id", "reward")}
-      host["prompt_mask"] = np.asarray(ctx.host["prompt_mask"])
+      rollout = batch["host"]  # the rollout's host copies
+      host["prompt_mask"] = np.asarray(rollout["prompt_mask"])
       if getattr(data.task, "multi_turn", False):  # environment episodes
-        host["obs_mask"] = np.asarray(ctx.host["obs_mask"])
-        host["turn_id"] = np.asarray(ctx.host["turn_id"])
+        host["obs_mask"] = np.asarray(rollout["obs_mask"])
+        host["turn_id"] = np.asarray(rollout["turn_id"])
       # A tree row's loss tokens are its own segment; its truth is computed along its whole
       # path (the shared prefix it continues), whose tokens belong to an ancestor row.
-      path = np.asarray(ctx.host["response_mask"]) if "own_mask" in ctx.host else None
+      path = np.asarray(rollout["response_mask"]) if "own_mask" in rollout else None
       truth = true_advantages(run, params, ex, host if path is None
                               else {**host, "response_mask": path}, key, s)
       out.append(Batch(step, params, snaps[0][1], args, host, truth))

@@ -420,23 +420,22 @@ def run_worker(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator) -
     cols = _columns(examples)
     toks, pmask = tasks_lib.encode_prompts(tok, cols["prompt"], data.max_prompt_len)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), _ROLLOUT_SALT), s)
-    ctx = producers.StepContext(key=key, examples=cols, prompt_tokens=toks, prompt_mask=pmask)
-    if a.interrupt:
-      ctx.extras["refresh"] = held.refresh
+    ctx = producers.StepContext(key=key, examples=cols, prompt_tokens=toks, prompt_mask=pmask,
+                                refresh=held.refresh if a.interrupt else None)
     batch, times = {}, {}
     loop.run_stages(stages, _Params(held.params, version), batch, ctx, times)
-    host = parallel.to_host(batch)
+    host = parallel.to_host({n: v for n, v in batch.items() if n in credit.CONTRACT})
     arrays = {f"f/{n}": np.asarray(v) for n, v in host.items()}
     # Every row of an interrupted unit carries its oldest version (module docstring).
     arrays["f/policy_version"] = np.full(len(host["tokens"]), version, np.int32)
-    arrays.update({f"h/{n}": np.asarray(v) for n, v in ctx.host.items() if n != "texts"})
-    arrays["x/logprob_raw"] = np.asarray(parallel.to_host(ctx.extras["logprob_raw"]))
+    arrays.update({f"h/{n}": np.asarray(v) for n, v in batch["host"].items()})
+    arrays["x/logprob_raw"] = np.asarray(parallel.to_host(batch["logprob_raw"]))
     arrays["p/tokens"], arrays["p/mask"] = toks, pmask
     ex_arrays, ex_texts = _split_columns(cols)
     arrays.update({f"e/{n}": v for n, v in ex_arrays.items()})
     meta = {"unit": s, "version": version, "version_last": held.version,
             "worker": coord.process_id,
-            "texts": list(ctx.host.get("texts") or []), "example_texts": ex_texts,
+            "texts": list(batch.get("texts") or []), "example_texts": ex_texts,
             "metrics": {k: float(v) for k, v in ctx.metrics.items()},
             "times": times, "gen_s": time.perf_counter() - t0, "wait_s": wait_s}
     coord.set(_unit_key(s), pack(arrays, meta))
@@ -575,13 +574,13 @@ def assemble(run: loop.Runner, rs: loop.RunState, units: list) -> tuple[producer
   ctx = producers.StepContext(key=key, examples=examples, prompt_tokens=arr["p/tokens"],
                               prompt_mask=arr["p/mask"], ref_params=rs.ref_params,
                               learners=dict(rs.learners))
-  ctx.host = part("h/")
+  h = part("h/")
+  runner_fields = {  # what the workers' rollout producers handed on besides contract fields
+      "host": h, "logprob_raw": parallel.shard_batch(arr["x/logprob_raw"], run.mesh),
+      "attn_mask": parallel.shard_batch(h["prompt_mask"] | h["response_mask"] | h["obs_mask"],
+                                        run.mesh)}
   if texts:
-    ctx.host["texts"] = texts
-  h = ctx.host
-  ctx.attn_mask = parallel.shard_batch(h["prompt_mask"] | h["response_mask"] | h["obs_mask"],
-                                       run.mesh)
-  ctx.extras["logprob_raw"] = parallel.shard_batch(arr["x/logprob_raw"], run.mesh)
+    runner_fields["texts"] = texts
   versions = np.asarray([m["version"] for _, m in units])
   last = np.asarray([m["version_last"] for _, m in units])
   worker = {}
@@ -591,7 +590,7 @@ def assemble(run: loop.Runner, rs: loop.RunState, units: list) -> tuple[producer
   ctx.metrics.update({k: float(np.mean(v)) for k, v in worker.items()})
   stamps = {"versions": versions, "versions_last": last, "gen_s": [m["gen_s"] for _, m in units],
             "wait_s": [m["wait_s"] for _, m in units]}
-  return ctx, parallel.shard_batch(part("f/"), run.mesh), stamps
+  return ctx, dict(parallel.shard_batch(part("f/"), run.mesh), **runner_fields), stamps
 
 
 def run_trainer(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator,

@@ -834,7 +834,7 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   where = f"batch of step {rs.step + 1}"
   if any(b.skip is not None and b.skip(batch, ctx) for b in run.extensions):
     # An extension left nothing to train (e.g. a filter kept no group): no update this step.
-    host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
+    host = _host_view(batch)
     metrics = _step_metrics(dict(ctx.metrics, update_skipped=1.0), host, jnp.zeros(()),
                             time.perf_counter() - t_step, times)
     return dataclasses.replace(rs, step=rs.step + 1, samples=[], learners=ctx.learners), metrics
@@ -852,7 +852,7 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
   if c.debug_checks:
     check_batch({"advantages": adv, "response_mask": batch["response_mask"]},
                 num_groups=c.prompts_per_step, where=f"{m.estimator.name} advantages, {where}")
-  upd_batch = dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask)
+  upd_batch = dict({f: batch[f] for f in m.update_fields}, attn_mask=batch["attn_mask"])
   parts = {train.MAIN: upd_batch}
   step_view = extensions.Step(rs.train, batch, ctx, c.debug_checks or not rs.checked)
   for b in run.extensions:  # their rows and parts join the rollout's in the one update
@@ -867,7 +867,7 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
       stage.after(batch, targets, ctx)
       jax.block_until_ready(ctx.learners)
       times[stage.phase] = times.get(stage.phase, 0.0) + time.perf_counter() - t0
-  host = dict(ctx.host, **parallel.to_host({"reward": batch["reward"]}))
+  host = _host_view(batch)
   step, samples = rs.step + 1, []
   heatmap = _heatmap_batch(rs.heatmap, StepBatch(
       step, host, adv, [str(p) for p in ctx.examples["prompt"]],
@@ -881,6 +881,14 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
                           times)
   return dataclasses.replace(rs, train=state, step=step, checked=True, heatmap=heatmap,
                              samples=samples, learners=ctx.learners), metrics
+
+
+def _host_view(batch: dict) -> dict:
+  """The step's host copies for metrics and samples: the rollout's, its texts, the reward."""
+  host = dict(batch["host"], **parallel.to_host({"reward": batch["reward"]}))
+  if "texts" in batch:
+    host["texts"] = batch["texts"]
+  return host
 
 
 def _heatmap_batch(kept: StepBatch | None, new: StepBatch) -> StepBatch:

@@ -160,9 +160,6 @@ def make_advantage_fn(spec: credit.EstimatorSpec, static: Mapping[str, Any]) -> 
 # --------------------------------------------------------------------------
 
 MAIN = "main"  # the row set of the step's own rollout in the update batch
-# Kept only while a producer module still reads its batch field's name from here (the update
-# itself takes whole parts under any key): that module should name its own field.
-AUX_KEY = "critical_batch"
 
 
 def aggregation_kwargs(loss_spec: credit.PolicyLossSpec,

@@ -77,7 +77,7 @@ def test_tiny_recipe_trains_only_the_adapters(base, tmp_path, monkeypatch):
   for name, fn in (("setup", spy_setup), ("learn", spy_learn), ("finish", spy_finish),
                    ("evaluate", fake_accuracy)):
     monkeypatch.setattr(loop, name, fn)
-  monkeypatch.setattr(producers, "_verify", _even_first_token)
+  monkeypatch.setattr(producers.signals, "verify_rows", _even_first_token)  # the verifier stage's
   wd = tmp_path / "run"
   result = loop.run(tiny(warm_start_from=base), str(wd))
 

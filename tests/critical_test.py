@@ -123,9 +123,9 @@ def _batch(run, responses_per_prompt):
   ptoks, pmask = tasks_lib.encode_prompts(tok, cols["prompt"], run.data.max_prompt_len)
   ctx = producers.StepContext(key=jax.random.key(0), examples=cols, prompt_tokens=ptoks,
                               prompt_mask=pmask)
-  ctx.host.update(tokens=toks, response_mask=rm, prompt_mask=pm,
-                  group_id=np.repeat(np.arange(N, dtype=np.int32), G))
-  return ctx, {"reward": jnp.asarray(reward)}, reward
+  host = dict(tokens=toks, response_mask=rm, prompt_mask=pm,
+              group_id=np.repeat(np.arange(N, dtype=np.int32), G))
+  return ctx, {"reward": jnp.asarray(reward), "host": host}, reward
 
 
 def _wrong(prompt: str, step: int) -> str:

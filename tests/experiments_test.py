@@ -16,6 +16,7 @@ import pytest
 
 import credit
 from experiments import loop, producers, train
+from experiments.configs import settings
 from experiments.extensions import estimator_loss
 from experiments.configs import grpo_arithmetic
 from experiments.run import apply_method_overrides, check_overrides, split_method_overrides
@@ -130,8 +131,8 @@ def test_sft_only_control_runs_no_rl_step(tmp_path):
   c = mod.get_config("tiny,sft_only")
   c.mesh = "data=1"
   assert c.steps == 0 and c.sft_steps == tiny().sft_steps + 2
-  assert mod.get_config("sft_only").sft_steps == (mod.SFT_STEPS
-                                                  + mod.CONTROL_EXTRA_SFT_STEPS)
+  assert mod.get_config("sft_only").sft_steps == (
+      settings.ARITHMETIC_SFT_STEPS + settings.ARITHMETIC_CONTROL_EXTRA_SFT_STEPS)
   wd = str(tmp_path / "run")
   summary = loop.run(c, wd)
   rows = read_metrics(wd)

@@ -58,7 +58,7 @@ def test_dropped_groups_reach_nothing_after_the_reward_and_an_empty_step_is_skip
   reward = parallel.to_host(batch["reward"])
   assert not reward.any()  # untrained: every group is uniform (all 0) and dropped
   assert not np.asarray(parallel.to_host(batch["response_mask"])).any()
-  assert not ctx.host["response_mask"].any() and ctx.host["sampled_response_mask"].any()
+  assert not batch["host"]["response_mask"].any() and batch["host"]["sampled_response_mask"].any()
   assert ctx.metrics["group_kept_frac"] == 0.0
   before = jax.tree.map(np.asarray, rs.train.params)
   rs2, metrics = loop.learn(run, rs, ctx, batch, times, 0.0)
@@ -72,6 +72,6 @@ def test_dropped_groups_reach_nothing_after_the_reward_and_an_empty_step_is_skip
   ctx, batch = loop._context(run, rs2), {}
   loop.run_stages(stages, rs2.train, batch, ctx, times)
   assert ctx.metrics["group_kept_frac"] == 1.0
-  np.testing.assert_array_equal(ctx.host["response_mask"], ctx.host["sampled_response_mask"])
+  np.testing.assert_array_equal(batch["host"]["response_mask"], batch["host"]["sampled_response_mask"])
   _, metrics = loop.learn(run, rs2, ctx, batch, times, 0.0)
   assert "update_skipped" not in metrics and np.isfinite(metrics["loss"])

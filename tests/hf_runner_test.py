@@ -128,7 +128,7 @@ def test_runner_uses_the_checkpoint_tokenizer_end_to_end(ckpt, tmp_path, monkeyp
   real_setup = loop.setup
   monkeypatch.setattr(loop, "setup", spy_setup)
   monkeypatch.setattr(loop, "_context", spy_context)
-  monkeypatch.setattr(producers, "_verify", spy_verify)
+  monkeypatch.setattr(producers.signals, "verify_rows", spy_verify)  # the verifier stage's
   wd = tmp_path / "run"
   loop.run(c, str(wd))
 

@@ -66,7 +66,7 @@ def test_teacher_role_rows_hold_the_privileged_context_and_the_student_rescore_d
   run, rs, ctx, batch, times = one_step
   c, tok, task = run.c, run.data.tokenizer, run.data.task
   N, G_T = c.prompts_per_step, c.jolt.teacher_samples
-  host, rows = ctx.extras[jolt.HOST], ctx.extras[jolt.ROWS]
+  host, rows = batch[jolt.HOST], batch[jolt.ROWS]
   assert host["tokens"].shape[0] == N * G_T and times["jolt_teacher"] > 0
   np.testing.assert_array_equal(host["group_id"], np.repeat(np.arange(N), G_T))
   examples = producers.examples_rows(ctx.examples)  # pylint: disable=protected-access
@@ -110,7 +110,7 @@ def test_teacher_role_rows_hold_the_privileged_context_and_the_student_rescore_d
       logprob_old=lp_old, logprob_alt=lp_alt, num_groups=N, group_size=G_T)
   np.testing.assert_allclose(np.asarray(jax.device_get(rows["advantages"])), want, atol=1e-6)
   # The student role's self-teacher pass uses the same privileged prompt (ℓ_{T|S}).
-  sh = ctx.host
+  sh = batch["host"]
   texts = [producers.privileged_prompt(c, task, examples[b // c.group_size], "answer")
            for b in range(len(sh["tokens"]))]
   resps = [sh["tokens"][b][sh["response_mask"][b]] for b in range(len(sh["tokens"]))]
@@ -126,7 +126,7 @@ def test_combined_update_is_one_step_on_the_sum_of_the_roles_losses(one_step):
   run, rs, ctx, batch, _ = one_step
   c, m, s = run.c, run.method, run.setup
   w = 0.5
-  student = dict({f: batch[f] for f in m.update_fields}, attn_mask=ctx.attn_mask)
+  student = dict({f: batch[f] for f in m.update_fields}, attn_mask=batch["attn_mask"])
   both = jolt.update_batch({train.MAIN: student}, Step(rs.train, batch, ctx, True),
                            num_groups=c.prompts_per_step)
   assert set(both) == {train.MAIN, jolt.ROLE}

@@ -44,13 +44,13 @@ def countdown(tmp_path_factory):
 def test_a_rescored_response_is_scored_after_the_other_prompt(countdown):
   run, rs, ctx, batch = countdown
   s, tok, G = run.setup, run.data.tokenizer, run.setup.group_size
-  h = ctx.host
+  h = batch["host"]
   plen = h["prompt_mask"].sum(1)
   assert len(set(plen.tolist())) > 1, "the regression needs prompts of different lengths"
   prompts = ["answer 7: " + str(p) for p in ctx.examples["prompt"]]
   width = max(len(prompt_ids(tok, p)) for p in prompts)
   got = np.asarray(producers.rescoring._response_rescorer(s, width)(  # pylint: disable=protected-access
-      rs.train.params, prompts, batch, producers.response_starts(ctx)))
+      rs.train.params, prompts, batch, producers.response_starts(batch)))
   score = s.scorer(entropy=False)
   for b in range(0, h["tokens"].shape[0], G):
     resp = h["tokens"][b, h["response_mask"][b]].tolist()
@@ -79,7 +79,7 @@ def test_evidence_nuisance_of_the_runner_matches_unpadded_passes(tmp_path):
   for stage in run.stages:
     batch.update(stage(rs.train, batch, ctx))
   got = np.asarray(batch["evidence_nuisance"])
-  h = ctx.host
+  h = batch["host"]
   tok, s = run.data.tokenizer, run.setup
   model = train.merge_model(s.graphdef, rs.train.params, s.rest)
   B, T = h["tokens"].shape

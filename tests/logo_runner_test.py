@@ -198,7 +198,7 @@ def test_choose_branch_points_properties(n_turns, num, seed):
 
 
 def _logo_numpy(reward, gid, parent, resp, eps=1e-6):
-  """LoGo-GRPO (spec §20): roots z-scored within their prompt group, local rows within their
+  """LoGo-GRPO reference: roots z-scored within their prompt group, local rows within their
   parent's siblings; unbiased std; groups of one valid row give 0."""
   ok = resp.any(1)
   out = np.zeros(len(reward))
@@ -215,13 +215,13 @@ def test_logo_rollout_batch(tmp_path):
   run, rs, ctx, batch = _one_step_batch(c, str(tmp_path))
   h = {n: np.asarray(batch[n]) for n in ("tokens", "response_mask", "parent_id", "group_id",
                                          "reward")}
-  h.update(obs_mask=ctx.host["obs_mask"], prefix_len=ctx.host["prefix_len"])
+  h.update(obs_mask=batch["host"]["obs_mask"], prefix_len=batch["host"]["prefix_len"])
   N, G = c.prompts_per_step, c.group_size
   B0, PL = N * G, c.logo.branch_rows * c.logo.local_size
   assert h["tokens"].shape[0] == producers.rollout_rows(c) == B0 + PL
   np.testing.assert_array_equal(h["parent_id"][:B0], -1)
   assert ctx.metrics["logo_local_rows"] == PL
-  trajs = ctx.extras["trajectories"]
+  trajs = batch["trajectories"]
   limits = producers.env_limits(c, run.data.tokenizer)
   for i in range(B0, B0 + PL):
     a, p = h["parent_id"][i], h["prefix_len"][i]

@@ -197,8 +197,9 @@ def test_answer_logprobs_after_the_task_marker_match_direct_scoring(tmp_path):
   batch = {}
   for stage in run.stages:
     if stage.name == "answer_pass":
-      tokens = ctx.host["tokens"] = np.array(ctx.host["tokens"])  # the host copy is read-only
-      resp = ctx.host["response_mask"]
+      host = batch["host"] = dict(batch["host"])
+      tokens = host["tokens"] = np.array(host["tokens"])  # the host copy is read-only
+      resp = batch["host"]["response_mask"]
       cols = np.flatnonzero(resp.any(0))
       tokens[:, cols] = np.where(resp[:, cols] & (tokens[:, cols] == m), tok.encode("7")[0],
                                  tokens[:, cols])
@@ -213,7 +214,7 @@ def test_answer_logprobs_after_the_task_marker_match_direct_scoring(tmp_path):
   score = jax.jit(train.make_scorer(run.setup.graphdef, run.setup.rest, None))
   host = jax.tree.map(np.asarray, {k: batch[k] for k in (
       "logprob_answer", "logprob_answer_prior", "answer_mask")})
-  tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+  tokens, resp = batch["host"]["tokens"], batch["host"]["response_mask"]
   G = c.group_size
   rows = {"logprob_answer": [], "logprob_answer_prior": []}
   found = []
@@ -510,8 +511,8 @@ def test_scapo_plans_interventions_and_gives_finite_advantages(tmp_path):
 def _assert_turns_are_steps(run, ctx, batch, max_steps: int) -> np.ndarray:
   """turn_id is the response's delimiter steps (merged at max_steps) and step_mask marks
   exactly the turns each row has; returns step_mask."""
-  resp = ctx.host["response_mask"]
-  split = producers.step_splitter(run.setup)(ctx.host["tokens"], resp)
+  resp = batch["host"]["response_mask"]
+  split = producers.step_splitter(run.setup)(batch["host"]["tokens"], resp)
   want = np.where(resp, np.minimum(split, max_steps - 1), -1)
   np.testing.assert_array_equal(np.asarray(batch["turn_id"]), want)
   assert (want.max(axis=1) > 0).any()  # several steps somewhere
@@ -564,13 +565,13 @@ def test_subproblem_rubric_and_component_fields_match_the_task(tmp_path):
   c.reward_components = ("outcome", "format", "rubric", "subproblems", "brevity")
   run, rs, ctx, batch = _one_step_batch(c, str(tmp_path / "w"))
   task, tok = run.data.task, run.data.tokenizer
-  resp, gid = ctx.host["response_mask"], ctx.host["group_id"]
+  resp, gid = batch["host"]["response_mask"], batch["host"]["group_id"]
   sub, sub_mask, span = (np.asarray(batch[k]) for k in ("sub_rewards", "sub_mask", "span_id"))
   rubric = producers.signals._build_rubric(run.setup, frozenset())(rs.train, batch, ctx)
   comps = np.asarray(producers.signals._build_reward_components(run.setup, frozenset())(
       rs.train, batch, ctx)["reward_components"])
   rows = producers.examples_rows(ctx.examples)
-  texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], resp)
+  texts = tasks_lib.decode_responses(tok, batch["host"]["tokens"], resp)
   assert not np.any((span >= 0) & ~resp)
   checked = 0
   for b, text in enumerate(texts):
@@ -578,7 +579,7 @@ def test_subproblem_rubric_and_component_fields_match_the_task(tmp_path):
     want, char_span = task.subproblems(example, text)
     n = len(want)
     assert sub[b, :n].tolist() == want and sub_mask[b].sum() == n and sub[b, n:].sum() == 0
-    ids = ctx.host["tokens"][b][resp[b]]
+    ids = batch["host"]["tokens"][b][resp[b]]
     if np.all(ids[:-1] > tok.eos_id):  # one character per token (no pad / bos sampled)
       assert span[b, resp[b]].tolist() == char_span[:resp[b].sum()].tolist(), text
       checked += 1
@@ -598,24 +599,24 @@ def test_unit_test_fields_and_hostile_programs(tmp_path):
                                         str(tmp_path / "w"))
   task, tok = run.data.task, run.data.tokenizer
   rows = producers.examples_rows(ctx.examples)
-  texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], ctx.host["response_mask"])
-  want = [task.test_pass(rows[g], t) for g, t in zip(ctx.host["group_id"], texts)]
+  texts = tasks_lib.decode_responses(tok, batch["host"]["tokens"], batch["host"]["response_mask"])
+  want = [task.test_pass(rows[g], t) for g, t in zip(batch["host"]["group_id"], texts)]
   np.testing.assert_array_equal(np.asarray(batch["test_pass"]), want)
   assert np.asarray(batch["test_mask"]).all()
   # call depth, step limit (4^7 calls at x = 7), division by zero, syntax, overflow; right
   hostile = ["f(x)", "x?f(x-1)+f(x-1)+f(x-1)+f(x-1):x-x-1", "x/(x-x)", "x+*1",
              "(x+1)*99999*99999", rows[0]["answer"]]
   ids = [tok.encode(h, add_eos=True) for h in hostile]
-  width = ctx.host["tokens"].shape[1]
+  width = batch["host"]["tokens"].shape[1]
   tokens = np.zeros((len(ids), width), np.int32)
   mask = np.zeros((len(ids), width), bool)
   for b, row in enumerate(ids):
     tokens[b, width - len(row):], mask[b, width - len(row):] = row, True
   fake = producers.StepContext(key=None, examples=ctx.examples, prompt_tokens=None,
-                               prompt_mask=None, host={"tokens": tokens, "response_mask": mask,
-                                                       "group_id": np.zeros(len(ids), int)})
-  got = np.asarray(producers.signals._build_unit_tests(run.setup, frozenset())(None, {}, fake)[
-      "test_pass"])
+                               prompt_mask=None)
+  host = {"tokens": tokens, "response_mask": mask, "group_id": np.zeros(len(ids), int)}
+  got = np.asarray(producers.signals._build_unit_tests(run.setup, frozenset())(
+      None, {"host": host}, fake)["test_pass"])
   assert got[-1].all() and not got[:-1].any()
   assert got.shape == (len(hostile), task.num_tests)
 
@@ -640,9 +641,9 @@ def test_tool_usage_counts_calls_and_rounds():
   gold = list(task.demonstration_turns(example))
   episodes = [play(gold), play(["calc(1+", "nonsense"] + gold), play([gold[-1]])]
   setup = types.SimpleNamespace(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)))
-  ctx = producers.StepContext(key=None, examples={}, prompt_tokens=None, prompt_mask=None,
-                              extras={"trajectories": episodes})
-  out = producers.signals._build_tool_usage(setup, frozenset())(None, {}, ctx)
+  ctx = producers.StepContext(key=None, examples={}, prompt_tokens=None, prompt_mask=None)
+  out = producers.signals._build_tool_usage(setup, frozenset())(
+      None, {"trajectories": episodes}, ctx)
   n = len(gold) - 1  # the demonstration's calls before its answer
   assert np.asarray(out["tool_calls"]).tolist() == [n, n, 0]
   assert np.asarray(out["tool_cost"]).tolist() == [n, n + 2, 0]
@@ -730,7 +731,7 @@ def test_divergence_pass_matches_model_divergence(tmp_path):
   resp = np.asarray(batch["response_mask"])
   for field, kind in producers.DIVERGENCE_FIELDS.items():
     want = np.asarray(divergences.model_divergence(policy, reference, batch["tokens"],
-                                                   ctx.attn_mask, kind=kind))
+                                                   batch["attn_mask"], kind=kind))
     got = np.asarray(out[field])
     np.testing.assert_allclose(got[resp], want[resp], rtol=1e-4, atol=1e-6, err_msg=field)
     assert np.all(got[~resp] == 0) and np.all(got[resp] >= -1e-6) and got[resp].max() > 1e-4
@@ -758,7 +759,7 @@ def test_gold_pass_runs_on_the_single_turn_rollout(tmp_path):
   c = tiny(estimator="igpo")
   assert "gold_pass" in [p.producer.name for p in loop.check_method(c).plan]
   _, _, ctx, batch = _one_step_batch(c, str(tmp_path / "igpo"))
-  assert not ctx.host["obs_mask"].any()
+  assert not batch["host"]["obs_mask"].any()
   g = np.asarray(batch["gold_logprob_turns"])
   assert g.shape[0] == c.prompts_per_step * c.group_size and np.all(np.isfinite(g))
   assert np.all(np.asarray(batch["gold_logprob_prompt"]) < 0.0)

@@ -38,12 +38,12 @@ TEMPLATES = (
 # rubric maximum below 1, so C-GRPO's max-normalised r̂ and the code's raw r differ there.
 
 
-def _crafted(run, ctx):
+def _crafted(run, ctx, batch):
   """A host batch of hand-written responses to the step's prompts (row b of group g takes
   template (b + g) % 5), laid out as the single-turn rollout lays its host arrays (turn_id 0
   on the response), and the table's values for each row."""
   tok, G = run.data.tokenizer, run.c.group_size
-  gid = np.asarray(ctx.host["group_id"])
+  gid = np.asarray(batch["host"]["group_id"])
   B, W = len(gid), run.c.max_new_tokens
   tokens, resp = np.zeros((B, W), np.int32), np.zeros((B, W), bool)
   want = []
@@ -61,8 +61,8 @@ def _crafted(run, ctx):
           "prompt_mask": np.zeros_like(resp), "obs_mask": np.zeros_like(resp),
           "turn_id": np.where(resp, 0, -1).astype(np.int32)}
   fake = producers.StepContext(key=None, examples=ctx.examples, prompt_tokens=None,
-                               prompt_mask=None, host=host)
-  return fake, want
+                               prompt_mask=None)
+  return fake, host, want
 
 
 def _group_z(x, gid):
@@ -121,10 +121,9 @@ def test_shaping_recipe_one_step_and_worked_batch(recipe, tmp_path):
   assert float(jnp.abs(batch["reward"]).max()) <= 1.0
 
   # The shaping producers on hand-written responses: the fields of the worked table.
-  fake, want = _crafted(run, ctx)
-  host = fake.host
+  fake, host, want = _crafted(run, ctx, batch)
   resp, gid = host["response_mask"], host["group_id"]
-  fields = {"response_mask": resp, "group_id": gid}
+  fields = {"response_mask": resp, "group_id": gid, "host": host}
   fields.update(producers.signals._build_reward(run.setup, frozenset())(rs.train, fields, fake))
   np.testing.assert_array_equal(fields["reward"], [w["o"] for w in want])
   if "rubric_check" in plan:

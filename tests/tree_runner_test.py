@@ -25,7 +25,7 @@ def test_tree_rollout_batch(tmp_path):
       batch, "tokens", "response_mask", "parent_id", "prefix_len", "reward", "group_id")
   N, G = c.prompts_per_step, c.group_size
   assert tokens.shape[0] == producers.rollout_rows(c) == N * (G + 2 * 2)
-  path = ctx.host["response_mask"]
+  path = batch["host"]["response_mask"]
   for b in np.flatnonzero(parent >= 0):
     a, p = parent[b], prefix[b]
     np.testing.assert_array_equal(tokens[b, :p], tokens[a, :p])
@@ -76,7 +76,7 @@ def test_slate_rollout_batch(tmp_path):
     ("cbpo_chain", {"task": "copy_digit", "task_kwargs": {}, "tree.criterion": "first_error"},
      "flag_chars"),
     ("slate_chain", {"task": "arithmetic", "task_kwargs": {}}, "judge_step"),
-    ("slate_chain", {"tree.branches": 2}, "use one of them"),
+    ("slate_chain", {"tree.branches": 2}, "each selects its own rollout.*keep one of them"),
     ("grpo_arithmetic", {"estimator": "cbpo"}, "tree.branches > 0"),
 ])
 def test_tree_setups_are_refused_before_any_work(recipe, change, match):

@@ -4,7 +4,7 @@ PRIME (arXiv 2502.01456; its run scripts) keeps only the prompts whose group acc
 [0.2, 0.8], so the implicit PRM and the policy learn from groups with both outcomes. DAPO
 (arXiv 2503.14476, §3.2) drops groups whose rewards are all equal, since GRPO gives them no
 gradient. Here a stage placed right after the reward drops those groups from the step: their
-rows' `response_mask` becomes empty (in the batch and in `ctx.host`). Every later producer
+rows' `response_mask` becomes empty (in the batch and in its host copies). Every later producer
 (the implicit PRM's update included), the estimator and the loss then see only the kept
 groups. Shapes do not change, so nothing recompiles.
 
@@ -79,17 +79,17 @@ def build_stage(s: producers.Setup) -> producers.Stage:
             drop_uniform=bool(g.drop_uniform), success_threshold=float(g.success_threshold))
 
   def produce(state, batch, ctx: producers.StepContext) -> dict:
-    resp = ctx.host["response_mask"]
-    gid = ctx.host["group_id"]
+    host = batch["host"]
+    resp, gid = host["response_mask"], host["group_id"]
     valid = resp.any(-1)
     keep = kept_rows(parallel.to_host(batch["reward"]), gid, valid, **kw)
     mask = resp & keep[:, None]
-    ctx.host.setdefault("sampled_response_mask", resp)
-    ctx.host["response_mask"] = mask
     groups = np.unique(gid[valid])
     ctx.metrics["group_kept_frac"] = (float(len(np.unique(gid[keep]))) / len(groups)
                                       if len(groups) else 0.0)
-    return {"response_mask": parallel.shard_batch(mask, s.mesh)}
+    host = dict(host, response_mask=mask,
+                sampled_response_mask=host.get("sampled_response_mask", resp))
+    return {"response_mask": parallel.shard_batch(mask, s.mesh), "host": host}
 
   return producers.Stage(NAME, "reward", frozenset({"response_mask"}), produce)
 
@@ -97,8 +97,8 @@ def build_stage(s: producers.Setup) -> producers.Stage:
 def nothing_kept(batch: Mapping[str, Any], ctx: producers.StepContext) -> bool:
   """The filter kept no group this step (no response token left): the step makes no update,
   as PRIME and DAPO skip such batches."""
-  del batch
-  return not ctx.host["response_mask"].any()
+  del ctx
+  return not batch["host"]["response_mask"].any()
 
 
 def build(s: producers.Setup, method: Any) -> Built:

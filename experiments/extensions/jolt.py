@@ -20,7 +20,8 @@ constants (stop-gradient).
 
 The teacher role is a producer stage with no contract field (its rows are a second batch,
 not columns of the student's): it runs after the student's producers and leaves its update
-batch in `ctx.extras[EXTRA]` and its metrics (`jolt_teacher_*`, `jolt_kl_*`) in `ctx.metrics`;
+batch in the step's batch under `EXTRA` and its metrics (`jolt_teacher_*`, `jolt_kl_*`) in
+`ctx.metrics`;
 `update_batch` puts it into the update batch next to the student's rows (`EXTENSION`'s rows).
 The teacher role's rows are laid out with the privileged prompt left-padded to a fixed width W
 and the response from column W (`left_align_prompts`; the sampler returns prompt-then-response
@@ -52,9 +53,9 @@ from experiments.extensions.base import Built, Extension, Placed, Step
 
 SetupError = producers.SetupError
 
-EXTRA = "jolt_teacher"          # ctx.extras key of the teacher role's update batch
-ROWS = "jolt_teacher_rows"      # ctx.extras key of all its fields (device arrays)
-HOST = "jolt_teacher_host"      # ctx.extras key of its host copies (tokens, masks, texts)
+EXTRA = "jolt_teacher"          # batch key (runner field) of the teacher role's update batch
+ROWS = "jolt_teacher_rows"      # batch key of all its fields (device arrays)
+HOST = "jolt_teacher_host"      # batch key of its host copies (tokens, masks, texts)
 STUDENT_ESTIMATOR = "jolt"
 TEACHER_ESTIMATOR = "jolt_teacher"
 ROLE = "teacher"                # the teacher role's row set in the update batch
@@ -273,7 +274,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
     resp = host["response_mask"]
     texts, reward = producers.verify_rows(
         s, ctx.examples, host["tokens"], resp, group_id)
-    ctx.extras[HOST] = dict(host, texts=texts, reward=np.asarray(reward), group_id=group_id)
+    teacher_host = dict(host, texts=texts, reward=np.asarray(reward), group_id=group_id)
     attn = parallel.shard_batch(host["prompt_mask"] | resp, mesh)
     rows = parallel.shard_batch({
         "tokens": host["tokens"], "response_mask": resp, "group_id": group_id,
@@ -294,8 +295,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
       rows["logprob_ref"], _ = score(ctx.ref_params, rows["tokens"], attn)
     adv, _, _ = adv_fn({f: rows[f] for f in est_fields}, None)
     rows["advantages"] = adv
-    ctx.extras[ROWS] = rows
-    ctx.extras[EXTRA] = dict({f: rows[f] for f in update_fields}, attn_mask=attn)
+    teacher_batch = dict({f: rows[f] for f in update_fields}, attn_mask=attn)
     t = stats(adv, rows["logprob_old"] - rows["logprob_alt"], rows["response_mask"])
     # The student role's gap ℓ_{S|S} − ℓ_{T|S} on its own samples (k1 of KL(π_S ‖ π_T)).
     k1 = stats(jnp.zeros_like(batch["logprob_old"]),
@@ -310,7 +310,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
         # k1 of KL(π_T ‖ π_S) on the teacher role's samples: what β penalises.
         "jolt_kl_teacher_student": float(t["kl"]),
         "jolt_kl_student_teacher": float(k1)})
-    return {}
+    return {HOST: teacher_host, ROWS: rows, EXTRA: teacher_batch}
 
   return producers.Stage("jolt_teacher_role", "jolt_teacher", frozenset(), produce)
 
@@ -321,7 +321,7 @@ def update_batch(parts: dict, step: Step, *, num_groups: int) -> dict:
   added to `ctx.metrics`; with `step.validate` the teacher role's rows are checked against
   `credit.CONTRACT` first."""
   batch, ctx = step.batch, step.ctx
-  teacher = ctx.extras[EXTRA]
+  teacher = batch[EXTRA]
   if step.validate:
     host = parallel.to_host({k: v for k, v in teacher.items() if k in credit.CONTRACT})
     credit.validate_fields(host, num_groups=num_groups, where="JOLT teacher-role batch")

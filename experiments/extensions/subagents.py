@@ -54,9 +54,9 @@ from experiments.extensions.base import Built, Extension, Placed, Step, TurnSamp
 
 SetupError = producers.SetupError
 
-EXTRA = "subagent_rows"     # ctx.extras key of the agents' update batch
-ROWS = "subagent_fields"    # ctx.extras key of all their fields (device arrays)
-HOST = "subagent_host"      # ctx.extras key of their host copies and texts
+EXTRA = "subagent_rows"     # batch key (runner field) of the agents' update batch
+ROWS = "subagent_fields"    # batch key of all their fields (device arrays)
+HOST = "subagent_host"      # batch key of their host copies and texts
 ROLE = "agents"            # the agent rows' row set in the update batch
 CREDITS = ("auto", "estimator", "episode")
 # The fields the agent rows have (besides the update's own logprob / entropy).
@@ -214,9 +214,9 @@ def _stats(adv, mask) -> dict:
 
 
 def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers.Stage:
-  """The agent rows' stage, after the rollout: rows from `ctx.extras["trajectories"]`, their
+  """The agent rows' stage, after the rollout: rows from the batch's `trajectories`, their
   old (and reference) log-probs and, with credit `estimator`, their advantages; the update
-  batch goes to `ctx.extras[EXTRA]` (see the module docstring). No contract field."""
+  batch goes to the batch under `EXTRA` (see the module docstring). No contract field."""
   c, task, mesh, tok = s.c, s.data.task, s.mesh, s.data.tokenizer
   N, G, M, K = s.num_groups, s.group_size, slots(c), int(c.max_turns)
   width = s.multi_sampler.layout.prompt_width + int(task.agent_max_tokens)
@@ -237,10 +237,9 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
     return jnp.where(response_mask, logprob, 0.0)
 
   def produce(state, batch, ctx: producers.StepContext) -> dict:
-    host = agent_rows(ctx.extras["trajectories"], parallel.to_host(batch["reward"]),
-                      ctx.host["group_id"], slots_M=M, width=width, num_turns=K,
+    host = agent_rows(batch["trajectories"], parallel.to_host(batch["reward"]),
+                      batch["host"]["group_id"], slots_M=M, width=width, num_turns=K,
                       pad_id=tok.pad_id)
-    ctx.extras[HOST] = host
     resp = host["response_mask"]
     attn = parallel.shard_batch(host["prompt_mask"] | resp, mesh)
     prompt_id = np.asarray(ctx.examples["index"], np.int32)[host["group_id"]]
@@ -260,13 +259,12 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
     if adv_fn is not None:
       rows["advantages"], _, _ = adv_fn({f: rows[f] for f in est_fields}, None)
     rows["attn_mask"] = attn
-    ctx.extras[ROWS] = rows
     used = resp.any(1)
     ctx.metrics.update(
-        agent_calls=float(used.sum()) / max(len(ctx.extras["trajectories"]), 1),
+        agent_calls=float(used.sum()) / max(len(batch["trajectories"]), 1),
         agent_accuracy=float(host["agent_correct"][used].mean()) if used.any() else 0.0,
         agent_response_length=float(resp.sum(1)[used].mean()) if used.any() else 0.0)
-    return {}
+    return {HOST: host, ROWS: rows}
 
   return producers.Stage("subagent_rows", "scoring", frozenset(), produce)
 
@@ -278,14 +276,14 @@ def update_batch(parts: dict, step: Step, *, update_fields: tuple[str, ...],
   `batch["advantages"]`); with `step.validate` the agent rows are checked against
   `credit.CONTRACT` first."""
   batch, ctx = step.batch, step.ctx
-  rows = ctx.extras[ROWS]
+  rows, host = dict(batch[ROWS]), batch[HOST]
   if "advantages" not in rows:  # credit episode
     rows["advantages"] = episode_advantages(batch["advantages"], batch["response_mask"],
-                                            jnp.asarray(ctx.extras[HOST]["episode"]),
+                                            jnp.asarray(host["episode"]),
                                             rows["response_mask"])
-  if step.validate and ctx.extras[HOST]["response_mask"].any():  # none: no call this step
-    host = parallel.to_host({k: v for k, v in rows.items() if k in credit.CONTRACT})
-    credit.validate_fields(host, num_groups=num_groups, where="document-agent rows")
+  if step.validate and host["response_mask"].any():  # none: no call this step
+    fields = parallel.to_host({k: v for k, v in rows.items() if k in credit.CONTRACT})
+    credit.validate_fields(fields, num_groups=num_groups, where="document-agent rows")
   m = _stats(rows["advantages"], rows["response_mask"])
   ctx.metrics.update(agent_adv_mean=float(m["adv_mean"]),
                      agent_adv_abs_mean=float(m["adv_abs_mean"]))

@@ -118,9 +118,11 @@ class StepContext:
   learners: {producer name: its `learners.LearnerState`} of the trained producers; a
   producer replaces its own entry when it updates, and the loop carries them to the next step.
   metrics: what the producers report for the step's metrics row (e.g. `prm_loss`).
-  Filled by the rollout root: attn_mask [B,T] (prompt | response, sharded), host (numpy
-  copies: tokens, response_mask, prompt_mask, group_id; `texts` once decoded), extras (other arrays,
-  e.g. the sampler's raw log-probs).
+  refresh: asynchronous rollout workers: `refresh(key)` returns newer parameters between
+  turns, or None (the synchronous loop: None).
+  Producers hand fields on through the batch, never through the context: besides the contract
+  fields it carries the runner fields of `RUNNER_FIELDS` (the attention mask, host copies of
+  the rollout, the sampler's raw log-probs, decoded texts, trajectories).
   """
   key: jax.Array
   examples: Mapping[str, Any]
@@ -129,9 +131,7 @@ class StepContext:
   ref_params: Any = None
   learners: dict = dataclasses.field(default_factory=dict)
   metrics: dict = dataclasses.field(default_factory=dict)
-  attn_mask: Any = None
-  host: dict = dataclasses.field(default_factory=dict)
-  extras: dict = dataclasses.field(default_factory=dict)
+  refresh: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +174,21 @@ class Producer:
 
 
 # Inputs of the runner's update that are not contract fields (no estimator reads them).
-RUNNER_INPUTS = frozenset({train.AUX_KEY})
+RUNNER_INPUTS = frozenset({"critical_batch"})  # critical.FIELD
+
+# Fields of the step's batch that are not contract fields: what the rollout hands the later
+# producers, the loop and the extensions besides the contract fields (no estimator reads them).
+# A stage's result keeps them beside its wanted contract fields.
+RUNNER_FIELDS = {
+    "attn_mask": "[B,T] bool, sharded: the tokens each row attends to (prompt, response, "
+                 "observations)",
+    "host": "numpy copies of the rollout for host-side producers: tokens, response_mask "
+            "(tree batches: whole paths; own_mask the row's own tokens), prompt_mask, group_id, "
+            "obs_mask, turn_id (multi-turn: step_mask)",
+    "logprob_raw": "[B,T] f32: the sampler's log-probs under the raw model (temperature 1)",
+    "texts": "the decoded responses (the verifier's), or the episodes' transcripts",
+    "trajectories": "multi-turn rollouts: the environments' trajectories",
+}
 
 # The table's order, by declaring module (within a module: declaration order). It matters only
 # between producers of the same field, where the first enabled one makes it: a rollout's own
@@ -188,7 +202,8 @@ _DECLARED: list[Producer] = []
 
 def register(p: Producer) -> Producer:
   """Adds a producer to the table (checked: contract fields, a unique name, a known module)."""
-  bad = [f for f in p.provides + p.requires if f not in CONTRACT and f not in RUNNER_INPUTS]
+  bad = [f for f in p.provides + p.requires
+         if f not in CONTRACT and f not in RUNNER_INPUTS and f not in RUNNER_FIELDS]
   if bad:
     raise ValueError(f"producer {p.name!r}: {bad} are not credit.CONTRACT fields")
   if any(q.name == p.name for q in _DECLARED):
@@ -279,11 +294,11 @@ def prompt_width(tok, prompts: Iterable[str], what: str) -> int:
     raise SetupError(f"{what}: the run's tokenizer cannot encode it ({e})") from None
 
 
-def response_starts(ctx: StepContext) -> np.ndarray:
+def response_starts(batch: Mapping[str, Any]) -> np.ndarray:
   """[B] int32: the column where each rollout row's response starts. The sampler packs a
   row's prompt from column 0 (`credit.sampling.SampleOutput`), so it is the row's number of
   prompt tokens, which differs between rows when prompts differ in length."""
-  return np.asarray(ctx.host["prompt_mask"]).sum(axis=1).astype(np.int32)
+  return np.asarray(batch["host"]["prompt_mask"]).sum(axis=1).astype(np.int32)
 
 
 def from_rollout(x_BT: jax.Array, start_B: jax.Array, width: int) -> jax.Array:

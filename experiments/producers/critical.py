@@ -79,7 +79,7 @@ from experiments.producers.signals import _task_flags_spans
 from experiments.producers.teachers import check_context, check_teacher_files, privileged_prompt
 
 
-FIELD = train.AUX_KEY  # the update input this module makes (not a contract field)
+FIELD = "critical_batch"  # the update input this module makes (not a contract field)
 OBJECTIVES = ("dpo", "sft")
 DATA = ("corrections", "successes")
 PROPOSERS = ("policy", "teacher")
@@ -254,7 +254,7 @@ def _build_successes(s: "Setup"):
 
   def produce(state, batch, ctx: "StepContext") -> dict:
     rl_w, w, on = weights(c, int(state.step))
-    host = ctx.host
+    host = batch["host"]
     tokens, resp = host["tokens"], host["response_mask"]
     T = tokens.shape[1]
     arrays = _empty(M, T, "sft")
@@ -325,7 +325,7 @@ class _Corrections:
     c, k, tok, task = self.c, self.k, self.tok, self.task
     step = int(state.step)
     rl_w, w, on = weights(c, step)
-    host = ctx.host
+    host = batch["host"]
     tokens, resp = host["tokens"], host["response_mask"]
     B, T = tokens.shape
     if not on:

@@ -206,7 +206,7 @@ def build_prm(s: "Setup", wanted: frozenset):
 
   def produce(state, batch, ctx: "StepContext") -> dict:
     learner = ctx.learners[name]
-    data = {"tokens": batch["tokens"], "attn_mask": ctx.attn_mask,
+    data = {"tokens": batch["tokens"], "attn_mask": batch["attn_mask"],
             "response_mask": batch["response_mask"], "reward": batch["reward"],
             "logprob_ref": batch[ref_field]}
     if pairs:
@@ -214,10 +214,10 @@ def build_prm(s: "Setup", wanted: frozenset):
     key = jax.random.fold_in(ctx.key, 11)
     # No row left (a group filter dropped every group): no PRM step either, since its
     # optimiser would still move on momentum alone.
-    learns = bool(np.asarray(ctx.host["response_mask"]).any())
+    learns = bool(np.asarray(batch["host"]["response_mask"]).any())
     if before and learns:
       learner, metrics = trainer.update(learner, data, key)
-    logprob, _ = score(learner.params, batch["tokens"], ctx.attn_mask)
+    logprob, _ = score(learner.params, batch["tokens"], batch["attn_mask"])
     out = {"logprob_prm": jnp.where(batch["response_mask"], logprob, 0.0)}
     if not before and learns:
       learner, metrics = trainer.update(learner, data, key)
@@ -298,20 +298,23 @@ def _make_critic_producer(name: str, field: str, relay: Callable | None):
         v = to_rollout(v, start, width, response_mask.shape[1], 0.0)
       return jnp.where(response_mask, v, 0.0)
 
+    pending = {}  # this step's rows and values, from produce to after
+
     def produce(state, batch, ctx: "StepContext") -> dict:
-      start = response_starts(ctx)
+      start = response_starts(batch)
       if layout is None:
-        tokens, attn = batch["tokens"], ctx.attn_mask
+        tokens, attn = batch["tokens"], batch["attn_mask"]
       else:
         tokens, attn = layout(ctx, batch, start)
       start = parallel.shard_batch(start, s.mesh)
       v = values(ctx.learners[name].params, tokens, attn, batch["response_mask"], start)
-      ctx.extras[name] = {"tokens": tokens, "attn_mask": attn, "values_old": v,
-                          "response_mask": batch["response_mask"], "start": start}
+      pending.update(tokens=tokens, attn_mask=attn, values_old=v,
+                     response_mask=batch["response_mask"], start=start)
       return {field: v}
 
     def after(batch, targets, ctx: "StepContext") -> None:
-      data = dict(ctx.extras.pop(name))
+      data = dict(pending)
+      pending.clear()
       returns = targets.get("returns")
       if returns is None:  # Monte-Carlo return of the outcome (γ = 1)
         returns = ops.broadcast_to_tokens(batch["reward"], data["response_mask"])

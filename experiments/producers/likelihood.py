@@ -101,7 +101,7 @@ def _build_gold_pass(s: Setup, wanted: frozenset) -> Produce:
     return jnp.sum(lp, axis=1) / jnp.maximum(jnp.sum(scored, axis=1), 1)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    host = ctx.host
+    host = batch["host"]
     tokens = host["tokens"]
     B, T = tokens.shape
     per = [_gold_template_ids(tok, c.gold_template, a["answer"])
@@ -249,7 +249,7 @@ def _build_answer_pass(s: Setup, wanted: frozenset, prior_from_reference: bool =
     return seq, attn, pos
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    host = ctx.host
+    host = batch["host"]
     tokens, resp, prompt = host["tokens"], host["response_mask"], host["prompt_mask"]
     rows = [answer_ids(tok, tasks_lib.as_example({"a": a})["a"])
             for a in ctx.examples["answer"]]
@@ -422,8 +422,8 @@ def _build_followup_pass(s: Setup, wanted: frozenset) -> Produce:
     return jnp.sum(lp_BW, axis=1) / jnp.maximum(jnp.sum(scored, axis=1), 1)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
-    keep = ctx.host["prompt_mask"] | _response_body(tok, tokens, resp)
+    tokens, resp = batch["host"]["tokens"], batch["host"]["response_mask"]
+    keep = batch["host"]["prompt_mask"] | _response_body(tok, tokens, resp)
     B = tokens.shape[0]
     params = ctx.ref_params if use_reference else state.params
     lp_F = []

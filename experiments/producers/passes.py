@@ -39,7 +39,7 @@ def _build_sampler_logprob_old(s: Setup, wanted: frozenset) -> Produce:
   raw = scoring_temperature(s.c) == 1.0
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    lp = ctx.extras["logprob_raw"] if raw else batch["logprob_sampler"]
+    lp = batch["logprob_raw"] if raw else batch["logprob_sampler"]
     return {"logprob_old": jnp.where(batch["response_mask"], lp, 0.0)}
 
   return produce
@@ -75,7 +75,7 @@ def _build_policy_pass(s: Setup, wanted: frozenset) -> Produce:
   score = s.scorer(sum_pi_squared="sum_pi_squared" in wanted)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    out = dict(zip(names, score(state.params, batch["tokens"], ctx.attn_mask)))
+    out = dict(zip(names, score(state.params, batch["tokens"], batch["attn_mask"])))
     return dict(out, logprob_old=out["logprob"])  # recomputed by the trainer: θ_old = θ
 
   return produce
@@ -91,7 +91,7 @@ def _build_reference_pass(s: Setup, wanted: frozenset) -> Produce:
   score = s.scorer(entropy=False)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    logprob_ref, _ = score(ctx.ref_params, batch["tokens"], ctx.attn_mask)
+    logprob_ref, _ = score(ctx.ref_params, batch["tokens"], batch["attn_mask"])
     return {"logprob_ref": logprob_ref}
 
   return produce
@@ -128,7 +128,7 @@ def _build_divergence_pass(s: Setup, wanted: frozenset) -> Produce:
         0.0) for n in names}
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    return divergences(state.params, ctx.ref_params, batch["tokens"], ctx.attn_mask,
+    return divergences(state.params, ctx.ref_params, batch["tokens"], batch["attn_mask"],
                        batch["response_mask"])
 
   return produce
@@ -148,7 +148,7 @@ def _build_greedy_baseline(s: Setup, wanted: frozenset) -> Produce:
     _, reward = verify_rows(s, ctx.examples, host["tokens"], host["response_mask"],
                         np.arange(s.num_groups))
     return {"reward_baseline": parallel.shard_batch(
-        np.asarray(reward, np.float32)[ctx.host["group_id"]], s.mesh)}
+        np.asarray(reward, np.float32)[batch["host"]["group_id"]], s.mesh)}
 
   return produce
 

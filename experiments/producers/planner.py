@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import ml_collections
 
+from credit import CONTRACT
+
 from experiments.producers import base
 from experiments.producers.base import (MissingFieldsError, Produce, Producer, Setup, SetupError,
                                         StepContext)
@@ -44,7 +46,8 @@ class Planned:
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """A built producer: calling it returns exactly its wanted fields; `after` (trained
+  """A built producer: calling it returns its wanted fields and the runner fields it makes
+  (`base.RUNNER_FIELDS`); `after` (trained
   producers) is called with the batch and the estimator's value targets."""
   name: str
   phase: str
@@ -54,7 +57,8 @@ class Stage:
 
   def __call__(self, state, batch, ctx: StepContext) -> dict:
     out = self.produce(state, batch, ctx)
-    return {f: out[f] for f in sorted(self.wanted)}
+    return ({f: out[f] for f in sorted(self.wanted)}
+            | {f: v for f, v in out.items() if f not in CONTRACT})
 
 
 def plan(needed: Mapping[str, Iterable[str]], c: ml_collections.ConfigDict,

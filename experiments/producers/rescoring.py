@@ -151,11 +151,11 @@ def _build_alt_context_pass(s: Setup, wanted: frozenset) -> Produce:
     examples = examples_rows(ctx.examples)
     mistakes = [""] * len(examples)
     if uses_mistake:
-      texts = ctx.host.get("texts") or tasks_lib.decode_responses(
-          tok, ctx.host["tokens"], ctx.host["response_mask"])
+      texts = batch.get("texts") or tasks_lib.decode_responses(
+          tok, batch["host"]["tokens"], batch["host"]["response_mask"])
       reward = parallel.to_host(batch["reward"])
       mistakes = _group_mistakes(texts, reward, G, 1.0, mistake_len)
-    start = response_starts(ctx)
+    start = response_starts(batch)
     return {f: rescore(state.params, [fill(p, e, m) for e, m in zip(examples, mistakes)],
                        batch, start)
             for f, p in prefixes.items()}
@@ -192,7 +192,7 @@ def _build_interventions_pass(s: Setup, wanted: frozenset) -> Produce:
     if any(len(r) != M for r in rows):
       raise ValueError(f"task {task.name!r} gave {sorted({len(r) for r in rows})} "
                        f"interventions; the run's M is {M}")
-    start = response_starts(ctx)
+    start = response_starts(batch)
     return {"logprob_interventions": jnp.stack(
         [rescore(state.params, [r[m] for r in rows], batch, start) for m in range(M)],
         axis=-1)}

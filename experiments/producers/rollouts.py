@@ -176,22 +176,21 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
                              "prompt_mask": out.prompt_mask})
     resp = host["response_mask"]
     # One turn, no observation: the multi-turn fields as the environment rollout has them
-    # (producers such as the gold pass read them from ctx.host on either rollout). With
+    # (producers such as the gold pass read them from the host copies on either rollout). With
     # `turns_are_steps` each step (`step_splitter`) is a turn, so turn-level estimators
     # credit the steps of a single-turn response (turn k <-> step k, as step_reward's).
     obs, turn = np.zeros_like(resp), np.where(resp, 0, -1).astype(np.int32)
     if split is not None:
       turn = np.where(resp, np.minimum(split(host["tokens"], resp), c.max_steps - 1),
                       -1).astype(np.int32)
-    ctx.host.update(host, group_id=group_id, obs_mask=obs, turn_id=turn)
-    ctx.attn_mask = parallel.shard_batch(host["prompt_mask"] | resp, s.mesh)
-    ctx.extras["logprob_raw"] = out.logprob_raw
     fields = parallel.shard_batch({
         "tokens": host["tokens"], "response_mask": resp, "group_id": group_id,
         "prompt_id": np.repeat(np.asarray(ctx.examples["index"], np.int32), G),
         "obs_mask": obs, "turn_id": turn,
     }, s.mesh)
-    return dict(fields, logprob_sampler=out.logprob_sampler)
+    return dict(fields, logprob_sampler=out.logprob_sampler, logprob_raw=out.logprob_raw,
+                attn_mask=parallel.shard_batch(host["prompt_mask"] | resp, s.mesh),
+                host=dict(host, group_id=group_id, obs_mask=obs, turn_id=turn))
 
   return produce
 
@@ -221,12 +220,12 @@ def _tree_batch(s: Setup, ctx: StepContext, tree, **more) -> dict:
   """The contract fields of a tree batch (`credit.trees.TreeRollout`), sharded; the host views
   read whole paths (verifiers, step splitting), the loss reads each row's own tokens."""
   own = tree.response_mask
-  ctx.host.update(tokens=tree.tokens, response_mask=tree.path_mask,
-                  prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own)
-  ctx.attn_mask = parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh)
-  ctx.extras["logprob_raw"] = parallel.shard_batch(tree.logprob_raw, s.mesh)
+  runner = {"host": dict(tokens=tree.tokens, response_mask=tree.path_mask,
+                         prompt_mask=tree.prompt_mask, group_id=tree.group_id, own_mask=own),
+            "attn_mask": parallel.shard_batch(tree.prompt_mask | tree.path_mask, s.mesh),
+            "logprob_raw": parallel.shard_batch(tree.logprob_raw, s.mesh)}
   index = np.asarray(ctx.examples["index"], np.int32)
-  return parallel.shard_batch({
+  return runner | parallel.shard_batch({
       "tokens": tree.tokens, "response_mask": own, "group_id": tree.group_id,
       "prompt_id": index[tree.group_id], "obs_mask": np.zeros_like(own),
       "turn_id": np.where(own, 0, -1).astype(np.int32), "parent_id": tree.parent_id,
@@ -432,7 +431,7 @@ def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
 
   def produce(state, batch, ctx: StepContext) -> dict:
     envs = [task.make_env(e, limits) for e in examples_rows(ctx.examples) for _ in range(G)]
-    newer = ctx.extras.get("refresh")  # asynchronous workers: newer parameters between turns
+    newer = ctx.refresh  # asynchronous workers: newer parameters between turns
     refresh = None if newer is None else (
         lambda k: None if (p := newer(k)) is None else s.model_state(p))
     t0 = time.perf_counter()
@@ -445,7 +444,9 @@ def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
     ctx.metrics.update(rollout_tokens_per_s=n_tok / max(wall, 1e-9),
                        rollout_env_s=tm["env_s"], turns_mean=float(out.step_mask.sum(1).mean()),
                        observation_tokens=float(out.obs_mask.sum(1).mean()),
-                       truncated_frac=float(out.truncated.mean()))
+                       truncated_frac=float(out.truncated.mean()),
+                       tool_errors=float(tm["tool_errors"]),
+                       tool_timeouts=float(tm["tool_timeouts"]))
     return _episode_batch(s, ctx, out, group_id)
 
   return produce
@@ -455,16 +456,17 @@ def _episode_batch(s: Setup, ctx: StepContext, out, group_id: np.ndarray, **more
   """The contract fields of a batch of environment episodes (`MultiTurnOutput` `out`, rows of
   prompt group `group_id`), sharded, and the host views, attention mask and extras (log-probs
   of the raw model, trajectories) the later producers read; `more`: extra fields (host too)."""
-  ctx.host.update(tokens=out.tokens, response_mask=out.response_mask,
-                  prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=group_id,
-                  turn_id=out.turn_id, step_mask=out.step_mask,
-                  texts=[transcript(t) for t in out.trajectories], **more)
-  ctx.attn_mask = parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
-                                       s.mesh)
-  ctx.extras["logprob_raw"] = parallel.shard_batch(out.logprob_raw, s.mesh)
-  ctx.extras["trajectories"] = out.trajectories
+  runner = {
+      "host": dict(tokens=out.tokens, response_mask=out.response_mask,
+                   prompt_mask=out.prompt_mask, obs_mask=out.obs_mask, group_id=group_id,
+                   turn_id=out.turn_id, step_mask=out.step_mask, **more),
+      "texts": [transcript(t) for t in out.trajectories],
+      "attn_mask": parallel.shard_batch(out.prompt_mask | out.response_mask | out.obs_mask,
+                                        s.mesh),
+      "logprob_raw": parallel.shard_batch(out.logprob_raw, s.mesh),
+      "trajectories": out.trajectories}
   index = np.asarray(ctx.examples["index"], np.int32)
-  return parallel.shard_batch({
+  return runner | parallel.shard_batch({
       "tokens": out.tokens, "response_mask": out.response_mask, "group_id": group_id,
       "prompt_id": index[group_id], "obs_mask": out.obs_mask, "turn_id": out.turn_id,
       "logprob_sampler": out.logprob_sampler, "reward": out.reward,
@@ -543,6 +545,8 @@ def _build_logo_rollout(s: Setup, wanted: frozenset) -> Produce:
                        rollout_env_s=tm["env_s"], turns_mean=float(eps.step_mask.sum(1).mean()),
                        observation_tokens=float(eps.obs_mask.sum(1).mean()),
                        truncated_frac=float(eps.truncated.mean()),
+                       tool_errors=float(tm["tool_errors"]),
+                       tool_timeouts=float(tm["tool_timeouts"]),
                        logo_local_rows=float(lr.num_local), logo_local_s=t2 - t1,
                        logo_branch_turn=float(lr.branch_turn[real].mean()) if real.any() else 0.0,
                        logo_local_reward=float(out.reward[real].mean()) if real.any() else 0.0,

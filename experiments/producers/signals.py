@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import ml_collections
 import numpy as np
@@ -25,10 +25,10 @@ from experiments.producers.base import (Produce, Setup, SetupError, StepContext,
           doc="the task's verifier on the decoded responses")
 def _build_reward(s: Setup, wanted: frozenset) -> Produce:
   def produce(state, batch, ctx: StepContext) -> dict:
-    texts, reward = verify_rows(s, ctx.examples, ctx.host["tokens"], ctx.host["response_mask"],
-                            ctx.host["group_id"])
-    ctx.host["texts"] = texts
-    return {"reward": parallel.shard_batch(reward, s.mesh)}
+    host = batch["host"]
+    texts, reward = verify_rows(s, ctx.examples, host["tokens"], host["response_mask"],
+                                host["group_id"])
+    return {"reward": parallel.shard_batch(reward, s.mesh), "texts": texts}
 
   return produce
 
@@ -56,11 +56,11 @@ def _build_task_flags(s: Setup, wanted: frozenset) -> Produce:
   tok, task = s.data.tokenizer, s.data.task
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+    tokens, resp = batch["host"]["tokens"], batch["host"]["response_mask"]
     examples = [tasks_lib.as_example({k: ctx.examples[k][i] for k in ctx.examples})
                 for i in range(len(ctx.examples["prompt"]))]
     flags = np.zeros(resp.shape, bool)
-    for b, g in enumerate(ctx.host["group_id"]):
+    for b, g in enumerate(batch["host"]["group_id"]):
       example = examples[g]
       ids = tokens[b][resp[b]]
       flags[b, resp[b]] = tasks_lib.token_flags(
@@ -84,9 +84,9 @@ def _build_task_decisions(s: Setup, wanted: frozenset) -> Produce:
   task = s.data.task
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    resp = ctx.host["response_mask"]
+    resp = batch["host"]["response_mask"]
     mask = np.zeros(resp.shape, bool)
-    for b, g in enumerate(ctx.host["group_id"]):
+    for b, g in enumerate(batch["host"]["group_id"]):
       cols = np.flatnonzero(resp[b])
       for p in task.pivot_positions({k: ctx.examples[k][g] for k in ctx.examples}):
         if p < len(cols):
@@ -108,7 +108,7 @@ def _build_step_segments(s: Setup, wanted: frozenset) -> Produce:
   split = step_splitter(s)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    return {"step_id": parallel.shard_batch(_steps_of(s, ctx, split), s.mesh)}
+    return {"step_id": parallel.shard_batch(_steps_of(s, batch, split), s.mesh)}
 
   return produce
 
@@ -118,12 +118,13 @@ def stable_hash31(data: bytes) -> int:
   return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & 0x7FFFFFFF
 
 
-def _steps_of(s: Setup, ctx: StepContext, split) -> np.ndarray:
+def _steps_of(s: Setup, batch: Mapping[str, Any], split) -> np.ndarray:
   """[B,T] step of every response token: turns of multi-turn rows, else `split`'s steps."""
-  resp = ctx.host["response_mask"]
-  if is_multi_turn(s.c):  # not `"turn_id" in ctx.host`: the single-turn rollout has one turn
-    return np.where(resp, ctx.host["turn_id"], -1).astype(np.int32)
-  return split(ctx.host["tokens"], resp)
+  host = batch["host"]
+  resp = host["response_mask"]
+  if is_multi_turn(s.c):  # not `"turn_id" in host`: the single-turn rollout has one turn
+    return np.where(resp, host["turn_id"], -1).astype(np.int32)
+  return split(host["tokens"], resp)
 
 
 @producer("step_graph", trees=True,
@@ -149,10 +150,10 @@ def _build_step_graph(s: Setup, wanted: frozenset) -> Produce:
   split = step_splitter(s)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    tokens, gid = ctx.host["tokens"], ctx.host["group_id"]
-    valid = ctx.host["prompt_mask"] | ctx.host["response_mask"] | ctx.host.get(
+    tokens, gid = batch["host"]["tokens"], batch["host"]["group_id"]
+    valid = batch["host"]["prompt_mask"] | batch["host"]["response_mask"] | batch["host"].get(
         "obs_mask", np.zeros_like(tokens, bool))
-    step = np.minimum(_steps_of(s, ctx, split), K - 1)
+    step = np.minimum(_steps_of(s, batch, split), K - 1)
     B, T = tokens.shape
     key = np.zeros((B, K), np.int32)
     mask = np.zeros((B, K), bool)
@@ -213,7 +214,8 @@ def _build_step_judge(s: Setup, wanted: frozenset) -> Produce:
   eos = set(getattr(tok, "stop_ids", None) or (tok.eos_id,))
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    tokens, resp, gid = ctx.host["tokens"], ctx.host["response_mask"], ctx.host["group_id"]
+    host = batch["host"]
+    tokens, resp, gid = host["tokens"], host["response_mask"], host["group_id"]
     step = np.minimum(split(tokens, resp), K - 1)
     B = len(tokens)
     reward = np.zeros((B, K), np.float32)
@@ -255,8 +257,9 @@ def _build_step_completions(s: Setup, wanted: frozenset) -> Produce:
   split = step_splitter(s)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    tokens, resp, prompt = ctx.host["tokens"], ctx.host["response_mask"], ctx.host["prompt_mask"]
-    gid = ctx.host["group_id"]
+    host = batch["host"]
+    tokens, resp, prompt = host["tokens"], host["response_mask"], host["prompt_mask"]
+    gid = batch["host"]["group_id"]
     B, T = tokens.shape
     step = np.minimum(split(tokens, resp), K - 1)
     n = np.where(resp.any(1), step.max(1) + 1, 0)
@@ -313,10 +316,10 @@ def _build_format_check(s: Setup, wanted: frozenset) -> Produce:
   stops = np.asarray(getattr(tok, "stop_ids", None) or (tok.eos_id,))
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+    tokens, resp = batch["host"]["tokens"], batch["host"]["response_mask"]
     if check is not None:
-      texts = ctx.host.get("texts") or tasks_lib.decode_responses(tok, tokens, resp)
-      rows = [{k: ctx.examples[k][g] for k in ctx.examples} for g in ctx.host["group_id"]]
+      texts = batch.get("texts") or tasks_lib.decode_responses(tok, tokens, resp)
+      rows = [{k: ctx.examples[k][g] for k in ctx.examples} for g in batch["host"]["group_id"]]
       ok = np.asarray([bool(check(r, t)) for r, t in zip(rows, texts)])
     else:
       last = np.where(resp.any(1), resp.shape[1] - 1 - np.argmax(resp[:, ::-1], axis=1), 0)
@@ -341,10 +344,10 @@ def _build_query_mask(s: Setup, wanted: frozenset) -> Produce:
   fmt = getattr(s.data.task, "fmt", None) or ToolFormat()
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    resp = ctx.host["response_mask"]
+    resp = batch["host"]["response_mask"]
     if not is_multi_turn(s.c):  # the single-turn rollout's host has a turn_id too (one turn)
       return {"query_mask": parallel.shard_batch(resp.copy(), s.mesh)}
-    tokens, turn = ctx.host["tokens"], ctx.host["turn_id"]
+    tokens, turn = batch["host"]["tokens"], batch["host"]["turn_id"]
     out = np.zeros(resp.shape, bool)
     for b in range(resp.shape[0]):
       for k in np.unique(turn[b][resp[b] & (turn[b] >= 0)]):
@@ -379,22 +382,24 @@ def _build_answer_value(s: Setup, wanted: frozenset) -> Produce:
   parse = getattr(task, "answer_value", None) or last_number
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    if "trajectories" in ctx.extras:
-      texts = [t.actions[-1] if t.actions else "" for t in ctx.extras["trajectories"]]
+    if "trajectories" in batch:
+      texts = [t.actions[-1] if t.actions else "" for t in batch["trajectories"]]
     else:
-      texts = tasks_lib.decode_responses(tok, ctx.host["tokens"], ctx.host["response_mask"])
+      host = batch["host"]
+      texts = tasks_lib.decode_responses(tok, host["tokens"], host["response_mask"])
     values = np.asarray([parse(t) for t in texts], np.float32)
     return {"answer_value": parallel.shard_batch(values, s.mesh)}
 
   return produce
 
 
-def _response_rows(s: Setup, ctx: StepContext):
+def _response_rows(s: Setup, batch: Mapping[str, Any], ctx: StepContext):
   """(example, response token ids, response text, response positions) of every row."""
   tok = s.data.tokenizer
-  tokens, resp = ctx.host["tokens"], ctx.host["response_mask"]
+  host = batch["host"]
+  tokens, resp = host["tokens"], host["response_mask"]
   examples = examples_rows(ctx.examples)
-  for b, g in enumerate(ctx.host["group_id"]):
+  for b, g in enumerate(host["group_id"]):
     ids = tokens[b][resp[b]]
     yield examples[g], ids, tok.decode(ids), np.flatnonzero(resp[b])
 
@@ -415,10 +420,10 @@ def _build_subproblems(s: Setup, wanted: frozenset) -> Produce:
   J = task.num_subproblems
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    B, T = ctx.host["response_mask"].shape
+    B, T = batch["host"]["response_mask"].shape
     sub, sub_mask = np.zeros((B, J), np.float32), np.zeros((B, J), bool)
     span = np.full((B, T), -1, np.int32)
-    for b, (example, ids, text, pos) in enumerate(_response_rows(s, ctx)):
+    for b, (example, ids, text, pos) in enumerate(_response_rows(s, batch, ctx)):
       rewards, char_span = task.subproblems(example, text)
       n = len(rewards)
       sub[b, :n], sub_mask[b, :n] = rewards, True
@@ -447,7 +452,7 @@ def _build_unit_tests(s: Setup, wanted: frozenset) -> Produce:
   U = task.num_tests
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    rows = list(_response_rows(s, ctx))
+    rows = list(_response_rows(s, batch, ctx))
     passed = np.asarray([task.test_pass(e, text) for e, _, text, _ in rows], np.float32)
     return parallel.shard_batch({"test_pass": passed.reshape(len(rows), U),
                                  "test_mask": np.ones((len(rows), U), bool)}, s.mesh)
@@ -469,7 +474,7 @@ def _build_rubric(s: Setup, wanted: frozenset) -> Produce:
   C = task.num_rubric_items
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    rows = list(_response_rows(s, ctx))
+    rows = list(_response_rows(s, batch, ctx))
     rubric, mask = np.zeros((len(rows), C), np.float32), np.zeros((len(rows), C), bool)
     for b, (example, _, text, _) in enumerate(rows):
       items = task.rubric(example, text)
@@ -496,7 +501,7 @@ def _build_tool_usage(s: Setup, wanted: frozenset) -> Produce:
 
   def produce(state, batch, ctx: StepContext) -> dict:
     calls, cost = [], []
-    for t in ctx.extras["trajectories"]:
+    for t in batch["trajectories"]:
       kinds = [r.info["action"].kind for r in t.results if r is not None and r.info]
       calls.append(sum(k == tools_lib.CALL for k in kinds))
       cost.append(sum(k != tools_lib.ANSWER for k in kinds))
@@ -553,8 +558,8 @@ def _build_reward_components(s: Setup, wanted: frozenset) -> Produce:
   fmt = getattr(task, "format_ok", None)
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    rows = list(_response_rows(s, ctx))
-    resp = ctx.host["response_mask"]
+    rows = list(_response_rows(s, batch, ctx))
+    resp = batch["host"]["response_mask"]
     reward = np.asarray(parallel.to_host(batch["reward"]), np.float32)
     cols = []
     for n in names:

@@ -151,7 +151,7 @@ def _build_teacher_pass(s: Setup, wanted: frozenset) -> Produce:
                         tuple(sorted(wanted)))
 
   def produce(state, batch, ctx: StepContext) -> dict:
-    return run(params, batch["tokens"], ctx.attn_mask, batch["response_mask"])
+    return run(params, batch["tokens"], batch["attn_mask"], batch["response_mask"])
 
   return produce
 
@@ -252,8 +252,8 @@ def _build_self_teacher_pass(s: Setup, wanted: frozenset):
       params = held.params
     prompts = [prompt_of({k: ctx.examples[k][i] for k in ctx.examples})
                for i in range(len(ctx.examples["prompt"]))]
-    start = response_starts(ctx)
-    seq, attn = lay(prompts, batch, ctx.attn_mask, start=start)
+    start = response_starts(batch)
+    seq, attn = lay(prompts, batch, batch["attn_mask"], start=start)
     return run(params, seq, attn, batch["response_mask"],
                parallel.shard_batch(start, s.mesh))
 
@@ -297,9 +297,9 @@ def _build_evidence_pass(s: Setup, wanted: frozenset) -> Produce:
   def produce(state, batch, ctx: StepContext) -> dict:
     prompts = [privileged_prompt(c, task, {k: ctx.examples[k][i] for k in ctx.examples}, kind)
                for i in range(len(ctx.examples["prompt"]))]
-    start = response_starts(ctx)
-    seq, seq_attn = lay(prompts, batch, ctx.attn_mask, start=start)
-    return {"evidence_nuisance": run(state.params, batch["tokens"], ctx.attn_mask, seq,
+    start = response_starts(batch)
+    seq, seq_attn = lay(prompts, batch, batch["attn_mask"], start=start)
+    return {"evidence_nuisance": run(state.params, batch["tokens"], batch["attn_mask"], seq,
                                      seq_attn, batch["response_mask"],
                                      parallel.shard_batch(start, s.mesh))}
 

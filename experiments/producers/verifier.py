@@ -264,6 +264,7 @@ class _Verifier:
 
   def __init__(self, s: Setup):
     self.s, self.p = s, _parts(s)
+    self.pending = None
     self.c, self.v, self.tok, self.task = s.c, s.c.verifier, s.data.tokenizer, s.data.task
     self.K, self.n = self.c.max_steps, self.v.samples
     self.score = s.scorer(entropy=False, tempered=False)
@@ -398,8 +399,8 @@ class _Verifier:
       vs, m = self.warm_up(vs, state.params, jax.random.fold_in(key, 1))
       ctx.metrics.update(learners._prefixed("verifier_", m))
     rows = examples_rows(ctx.examples)
-    roll = {k: ctx.host[k] for k in ("tokens", "response_mask", "prompt_mask")}
-    roll["examples"] = [rows[g] for g in ctx.host["group_id"]]
+    roll = {k: batch["host"][k] for k in ("tokens", "response_mask", "prompt_mask")}
+    roll["examples"] = [rows[g] for g in batch["host"]["group_id"]]
     roll["correct"] = np.asarray(parallel.to_host(batch["reward"])) > 0.5
     judged = self.judge_batch(vs, roll, jax.random.fold_in(key, 2))
     # The policy's process reward: each response's first verdict (the code's one inference
@@ -433,11 +434,11 @@ class _Verifier:
       metrics["wrong_step_recall"] = wrong_found / wrong
     ctx.metrics.update({f"verifier_{k}": float(x) for k, x in metrics.items()})
     ctx.learners[NAME] = vs
-    ctx.extras[NAME] = (int(state.step), roll, judged)
+    self.pending = (int(state.step), roll, judged)  # for `after`, once the update ran
     return parallel.shard_batch({"step_reward": reward, "step_mask": mask}, s.mesh)
 
   def after(self, batch, targets, ctx: "StepContext") -> None:
-    step, roll, judged = ctx.extras.pop(NAME)
+    (step, roll, judged), self.pending = self.pending, None
     if step % self.v.update_every:
       return
     vs, m = self.update(ctx.learners[NAME], roll, judged, jax.random.fold_in(ctx.key, 19))

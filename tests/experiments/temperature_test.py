@@ -51,7 +51,7 @@ def test_the_raw_model_would_give_a_biased_weight(tmp_path):
   batch = {}
   loop.run_stages(run.stages, rs.train, batch, ctx, {})
   raw, _ = run.setup.scorer(entropy=False, tempered=False)(rs.train.params, batch["tokens"],
-                                                           ctx.attn_mask)
+                                                           batch["attn_mask"])
   resp = np.asarray(batch["response_mask"])
   weight = np.exp(np.asarray(raw)[resp] - np.asarray(batch["logprob_sampler"])[resp])
   assert np.abs(weight - 1).max() > 1e-3

@@ -43,10 +43,10 @@ def test_refused_with_rows_it_does_not_filter():
 
 def test_skip_when_no_response_token_is_left():
   mask = np.zeros((4, 6), bool)
-  ctx = types.SimpleNamespace(host={"response_mask": mask})
-  assert group_filter.nothing_kept({}, ctx)
+  batch = {"host": {"response_mask": mask}}
+  assert group_filter.nothing_kept(batch, None)
   mask[2, 3] = True
-  assert not group_filter.nothing_kept({}, ctx)
+  assert not group_filter.nothing_kept(batch, None)
 
 
 def test_built_stage_goes_right_after_the_reward_and_the_skip_hook_is_set():

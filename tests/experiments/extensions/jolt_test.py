@@ -35,15 +35,15 @@ def test_teacher_estimator_alone_is_refused():
 
 
 def test_rows_hook_adds_the_teacher_rows_and_the_student_metrics():
-  """The hook puts `ctx.extras[EXTRA]` under the row set's key, leaves the student rows as
+  """The hook puts the batch's `EXTRA` under the row set's key, leaves the student rows as
   they are, and reports the student role's mean and mean |advantage| over its tokens."""
   adv = np.array([[0.0, 1.0, -3.0], [2.0, 0.0, 0.0]], np.float32)
   resp = np.array([[False, True, True], [True, False, False]])
   teacher = {"tokens": np.ones((4, 5), np.int32)}
-  ctx = types.SimpleNamespace(extras={jolt.EXTRA: teacher}, metrics={})
+  ctx = types.SimpleNamespace(metrics={})
   student = {"tokens": np.zeros((2, 3), np.int32)}
-  step = extensions.Step(None, {"advantages": jnp.asarray(adv), "response_mask": resp}, ctx,
-                         False)
+  step = extensions.Step(None, {"advantages": jnp.asarray(adv), "response_mask": resp,
+                                jolt.EXTRA: teacher}, ctx, False)
   parts = jolt.update_batch({train.MAIN: student}, step, num_groups=1)
   assert parts[train.MAIN] is student and parts[jolt.ROLE] is teacher
   np.testing.assert_allclose(ctx.metrics["jolt_student_adv_mean"], (1 - 3 + 2) / 3)

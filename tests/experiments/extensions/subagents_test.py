@@ -43,11 +43,10 @@ def test_rows_hook_gives_agents_their_episodes_mean_advantage():
   agent_resp = np.array([[True, True], [False, False], [True, False], [False, False]])
   rows = {"tokens": np.ones((4, 2), np.int32), "response_mask": agent_resp,
           "attn_mask": np.ones((4, 2), bool)}
-  ctx = types.SimpleNamespace(
-      extras={subagents.ROWS: rows, subagents.HOST: {"episode": np.array([0, 0, 1, 1]),
-                                                     "response_mask": agent_resp}},
-      metrics={})
-  step = extensions.Step(None, {"advantages": adv, "response_mask": resp}, ctx, False)
+  ctx = types.SimpleNamespace(metrics={})
+  step = extensions.Step(None, {"advantages": adv, "response_mask": resp, subagents.ROWS: rows,
+                                subagents.HOST: {"episode": np.array([0, 0, 1, 1]),
+                                                 "response_mask": agent_resp}}, ctx, False)
   main = {"tokens": np.zeros((2, 3), np.int32)}
   parts = subagents.update_batch({train.MAIN: main}, step,
                                  update_fields=("tokens", "advantages"), num_groups=1)
