@@ -22,7 +22,7 @@ rewards and progress from the environment, the gold pass). Per task:
 2. Credit quality. For each snapshot, `batches` rollout batches (fixed prompts and keys) are
    sampled through the runner's own rollout producer; every estimator then makes its
    advantages on exactly those rollouts (checked), with the fields its plan needs made by the
-   runner's producers (`experiments/producers.py`; the reference policy is the warm-up, as in
+   runner's producers (`experiments/producers/`; the reference policy is the warm-up, as in
    a run; a trained producer such as an implicit PRM or a critic starts from the snapshot,
    untrained — its learning shows in part 3). Metrics
    (`credit.bench.credit_metrics`): correlation with the true advantages, share of |A| on

@@ -27,7 +27,7 @@ the demonstrations and the agents' warm-up targets use; `AgentsMultiTurnSampler`
 policy's agents (`DocAgents`: one sampler call per `ask`, the sampler's log-probs recorded)
 to every environment it plays, for training rollouts and evaluation alike. The `record` of a
 call (its prompt, tokens, masks and sampler log-probs, in the single-turn sampler's layout)
-is the step's `info["agent_call"]`, from which the runner (experiments/subagents.py) builds
+is the step's `info["agent_call"]`, from which the runner (experiments/extensions/subagents.py) builds
 the agents' training rows. An `ask` on the episode's last turn (its answer would never be
 read) calls no agent.
 

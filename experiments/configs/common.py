@@ -137,7 +137,7 @@ def base_config() -> ml_collections.ConfigDict:
   # after a turn k >= 1 and continued `local_size` times from the same prefix; the step's batch
   # is N·G + branch_rows·local_size rows. 0 branch_rows = off.
   c.logo = ml_collections.ConfigDict(dict(branch_rows=0, local_size=4))
-  # Group filter (experiments/group_filter.py): groups whose accuracy (share of rows with
+  # Group filter (experiments/extensions/group_filter.py): groups whose accuracy (share of rows with
   # reward >= success_threshold) lies outside [min_accuracy, max_accuracy], or whose rewards
   # are all equal with drop_uniform, are dropped from the step after the reward (PRIME:
   # 0.2 / 0.8; DAPO's dynamic sampling: drop_uniform, without its refill). 0 / 1 / False: off.
@@ -145,7 +145,7 @@ def base_config() -> ml_collections.ConfigDict:
       min_accuracy=0.0, max_accuracy=1.0, drop_uniform=False, success_threshold=1.0))
   c.reward_components = ()        # reward_components [B,R] columns (gdpo, searchllm): outcome |
                                   # format | rubric | subproblems | tests | brevity
-                                  # (experiments/producers.py REWARD_COMPONENTS).
+                                  # (experiments/producers/ REWARD_COMPONENTS).
   c.max_steps = 4                 # K of per-step arrays on single-turn responses (step_value of
                                   # TP-GRPO; steps past K-1 merge into the last entry).
   c.steps_as_turns = False        # single-turn rollouts: turn_id = the response's steps (cut at
@@ -207,7 +207,7 @@ def base_config() -> ml_collections.ConfigDict:
       fec_lambda=1e-2,            # λ of VERPO's Fisher Evidence Contrast (evidence_nuisance):
                                   # κ = ‖m‖²/(‖m‖² + λ) of the evidence-presence direction m.
   ))
-  c.jolt = ml_collections.ConfigDict(dict(  # JOLT's two roles of one policy (experiments/jolt.py).
+  c.jolt = ml_collections.ConfigDict(dict(  # JOLT's two roles of one policy (experiments/extensions/jolt.py).
       teacher_samples=0,          # G_T > 0: each step also samples G_T teacher-role responses per
                                   # prompt after teacher.prefix (teacher.context) ⊕ prompt, verified
                                   # by the task, re-scored without the privileged text, and given
@@ -241,7 +241,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.grad_clip = 1.0               # global-norm gradient clipping.
   c.ppo_epochs = 1                # passes over each rollout batch.
   c.num_minibatches = 2           # minibatches per epoch.
-  # --- trained field producers (experiments/learners.py; built only when a method needs them) ---
+  # --- trained field producers (experiments/producers/learners.py; built only when a method needs them) ---
   c.prm = ml_collections.ConfigDict(dict(   # PRIME's online implicit PRM (logprob_prm).
       objective="auto",           # auto (the estimator's: oprl dpo, else ce) | ce (PRIME) | kto |
                                   # vanilla_kto (credit.losses.prm) | dpo (in-group pairs).
@@ -265,7 +265,7 @@ def base_config() -> ml_collections.ConfigDict:
                                   # answer filled in) before the prompt.
   ))
   c.verifier = ml_collections.ConfigDict(dict(  # generative verifier trained by RL (RL Tango,
-      enabled=False,              # TIPS; experiments/verifier.py): it makes step_reward/step_mask.
+      enabled=False,              # TIPS; experiments/producers/verifier.py): it makes step_reward/step_mask.
       suffix=";{steps}?",         # after prompt ⊕ response: what it is asked ({steps}: step count).
       samples=4,                  # verdicts per response: its GRPO group (code 5); the first is
                                   # the policy's process reward (the code's 1 inference rollout).
@@ -290,7 +290,7 @@ def base_config() -> ml_collections.ConfigDict:
       solo_steps=0,               # verifier-only RL steps before the policy's first (code: 40).
   ))
   c.critical = ml_collections.ConfigDict(dict(  # critical steps of failed responses, corrected
-      enabled=False,              # and verified (experiments/critical.py): CSO's step-level DPO
+      enabled=False,              # and verified (experiments/producers/critical.py): CSO's step-level DPO
                                   # pairs or InT's intervention SFT, built each step and added to
                                   # the update: rl_weight·L_RL + weight·L_critical.
       data="corrections",         # corrections (CSO / InT: failed rows corrected at their first

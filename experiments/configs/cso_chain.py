@@ -12,7 +12,7 @@ Score: held-out greedy accuracy 0.837 (DPO term alone) and 0.901 (`:rl`) after 1
 
 The setting is the shared chain setting (`settings.chain_setting`) (8 samples per prompt,
 1-digit operands, running sums, an imperfect demonstrator that forgets carries). Each step
-(`experiments/critical.py`): the failed responses' critical step is the step holding their first
+(`experiments/producers/critical.py`): the failed responses' critical step is the step holding their first
 wrong token (the task's verifiable running sums stand in for CSO's PRM), 4 alternative steps are
 sampled there from the prefix by the policy itself (CSO's expert is a stronger model;
 `critical.context=answer` makes the policy an expert with the gold answer in its prompt), each

@@ -9,7 +9,7 @@ Time: 0.4-0.7 s per RL step (2 CPU cores shared with other jobs), 100 steps, fro
 Score: held-out greedy accuracy 0.862 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 
 The setting is the shared chain setting (`settings.chain_setting`). For the first
-`critical.until` = 20 steps (`experiments/critical.py`), each step takes the failed responses,
+`critical.until` = 20 steps (`experiments/producers/critical.py`), each step takes the failed responses,
 finds the step of their first wrong token (the task's verifiable running sums stand in for InT's
 self-verification against the reference solution), lets the policy propose 4 replacement steps
 there, continues each in the plain context, keeps the first whose continuation is correct (the

@@ -14,7 +14,7 @@ Score: held-out greedy accuracy 0.441 -> 0.883 at step 50 from the privileged wa
   (seed 0).
 
 The setting is the default one (`settings.arithmetic`). Each step the policy plays two roles
-(`experiments/jolt.py`, `credit.advantages.distill.jolt`):
+(`experiments/extensions/jolt.py`, `credit.advantages.distill.jolt`):
   * student role: 32 prompts x 8 samples after the plain prompt, the same tokens re-scored with
     the gold answer before the prompt (`teacher.context=answer`, prefix "answer {answer}: ");
     advantage ℓ_teacher-role − ℓ_student-role per token (`jolt`, ρ = 0);

@@ -13,7 +13,7 @@ The setting is the default one (`settings.arithmetic`), so the estimators compar
 critic is a copy of the warmed-up policy's decoder with a scalar value head (initialised to 0),
 trained after each policy update on the estimator's returns with PPO's clipped value loss (c_v =
 0.5, verl's `cliprange_value`), its own AdamW at the policy's learning rate, 2 minibatches per
-step (`experiments/learners.py`). GAE uses verl's defaults γ = λ = 1 (the advantage is then the
+step (`experiments/producers/learners.py`). GAE uses verl's defaults γ = λ = 1 (the advantage is then the
 return minus the value, whitened over the batch's tokens); the per-step critic metrics are
 `critic_vf_mse`, `critic_vpred_mean`, `critic_loss`, and its time `time_critic`.
 

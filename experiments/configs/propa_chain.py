@@ -14,7 +14,7 @@ The setting is the shared chain setting (`settings.chain_setting`), with `cbpo_c
 per prompt 4 roots, 2 branch points by entropy, 2 continuations each (8 rows). `propa` gives
 every node's children GRPO advantages on log(1 + 10·Q)/log(11) of their subtree values (the
 authors' per-node GRPO). The interleaved SFT (`critical.data=successes`,
-`experiments/critical.py`) follows the authors' `create_SFT_train_*_after_grpo.py`
+`experiments/producers/critical.py`) follows the authors' `create_SFT_train_*_after_grpo.py`
 (code-verified: YanbeiJiang/PROPA): after each batch's GRPO, SFT on at most 2 correct leaves per
 question (the pair whose lowest common ancestor is closest to the root; here: the shortest
 common token prefix), or on the question's ground-truth chain of thought when the tree has no

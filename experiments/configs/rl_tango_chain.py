@@ -10,7 +10,7 @@ Time: 1.77 s per RL step (1.56 s of it the verifier) plus its 91 s warm-up, 100 
 Score: held-out greedy accuracy 0.434 -> 0.887 at step 100 (seed 0; GRPO 0.879).
 
 The setting is the shared chain setting (`settings.chain_setting`) (1-digit operands, running
-sums, a demonstrator that forgets carries). The verifier (`experiments/verifier.py`,
+sums, a demonstrator that forgets carries). The verifier (`experiments/producers/verifier.py`,
 `c.verifier`) is a copy of the warmed-up policy. It first learns the output format by supervised
 steps on the policy's own responses, every verdict labelled with the outcome (it never sees a
 step label), then plays `solo_steps` verifier-only RL steps, then both train: each step the

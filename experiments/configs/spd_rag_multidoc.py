@@ -25,7 +25,7 @@ the demonstrations never show it.
 SPD-RAG (`credit.advantages.turn.spd_rag`) credits every agent call from the final answer,
 normalised within the prompt group per role: the coordinator's dispatch turns (role 0) against
 the group's dispatch turns, the document agents' answers (role 1, rows of their own: the
-runner's experiments/subagents.py) against the group's agent answers, the synthesis turns
+runner's experiments/extensions/subagents.py) against the group's agent answers, the synthesis turns
 (role 2) against the group's synthesis turns; a call longer than `token_budget` = 12 tokens
 (the synthesis "answer(kim)" + eos) loses budget_coef·(excess / budget) (the dispatch turns,
 16-17 tokens, all pay about the same, which the per-role normalisation removes).

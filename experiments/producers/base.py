@@ -51,7 +51,7 @@ class MissingFieldsError(SetupError):
                    for name, (fs, doc) in self.off.items())
     self.reason = why + offs
     super().__init__(f"{why}, which no field producer of this loop makes (it can make "
-                     f"{self.made}){offs}; add a producer to experiments/producers.py or use "
+                     f"{self.made}){offs}; add a producer to experiments/producers/ or use "
                      "a recipe with an environment or critic that provides them")
 
 
@@ -149,7 +149,7 @@ class Producer:
   when: enabled under this config (resolved at setup); off_doc: what enables it (named when a
   needed field is refused). keeps_reference: the run keeps a frozen copy of the initial
   policy in `ctx.ref_params` (and checkpoints it). init: the producer learns
-  (`experiments/learners.py`): `init(setup, policy_params) -> LearnerState` makes its
+  (`experiments/producers/learners.py`): `init(setup, policy_params) -> LearnerState` makes its
   trained state after the warm-up (checkpointed with the run), and `build` returns
   `(produce, after)`, `after(batch, targets, ctx)` running once the estimator has made the
   advantages (`targets`: its value targets, e.g. `returns`). check: `check(c)` raises

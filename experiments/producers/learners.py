@@ -1,6 +1,6 @@
 """Trained field producers: models the run trains next to the policy.
 
-A producer row with an `init` (experiments/producers.py) *learns*: it keeps its own parameters
+A producer row with an `init` (experiments/producers/) *learns*: it keeps its own parameters
 and optimiser state (a `LearnerState` pytree) in `RunState.learners[name]`, initialised from
 the policy after the warm-up, checkpointed with the run and restored exactly on resume. Its
 per-step function reads and replaces `ctx.learners[name]`; an `after` hook runs once the
@@ -201,7 +201,7 @@ def build_prm(s: "Setup", wanted: frozenset):
   score = s.scorer(entropy=False)
   before = s.c.prm.order == "update_first"
   ref_field, pairs = prm_reference(s.c), prm_objective(s.c) == "dpo"
-  # Its learner's name: the producer's (`experiments/producers.py`), one per reference.
+  # Its learner's name: the producer's (`experiments/producers/`), one per reference.
   name = "implicit_prm" if ref_field == "logprob_ref" else "implicit_prm_old"
 
   def produce(state, batch, ctx: "StepContext") -> dict:
