@@ -1,7 +1,7 @@
 """Compile time and steady-state throughput of every registered advantage estimator.
 
     python benchmarks/estimators.py [--batch 1024] [--seq 4096] [--group 8] [--repeats 10]
-                                    [--only a,b] [--quick] [--system-malloc]
+                                    [--only a,b] [--quick] [--system-malloc] [--all-cores]
 
 Every estimator in `credit.registry` is measured. Its inputs are the contract fields it
 needs (its required keyword arguments, `needs`, and the optional inputs its settings switch
@@ -23,7 +23,11 @@ Both wall-clock and process CPU time (`time.process_time`) are reported. On a sh
 (the load average is printed) wall time is inflated by other processes, while CPU time stays
 close to what the work costs; the target column checks >= 1e8 tokens per CPU second (as if one
 core ran it alone; XLA may use more threads, so on an idle machine wall time is at most the CPU
-time). Compile above 2 s of CPU is flagged too.
+time). Compile above 2 s of CPU is flagged too. The process is pinned to one core before XLA
+starts (`--all-cores` to keep every core): with a second core idle, XLA:CPU splits loops over two
+threads and the CPU time then counts both threads' waiting too, so the same program measured
+1.2-1.6x more CPU time on a quiet machine than on a loaded one; pinned, CPU time is the
+single-thread work, whatever the load.
 
 `--quick` (what tests/bench_estimators_test.py runs) takes every estimator once in each setting
 (fast path only) at B=16, T=32, G=4, K=4, checks that its advantages are finite [B,T], and times
@@ -245,8 +249,9 @@ def run(*, batch: int, seq: int, group: int, repeats: int, steps: int = 8,
   """Measures every call and prints the table through `out`; returns the rows."""
   tokens = batch * seq
   fields = BenchFields(batch, seq, group, steps)
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   out(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}, "
-      f"cpus={os.cpu_count()}, load average {os.getloadavg()[0]:.1f} (start), "
+      f"cpus={os.cpu_count()} (this process: {cores}), load average {os.getloadavg()[0]:.1f} (start), "
       f"malloc tuned: {_MALLOC_TUNED}")
   out(f"B={batch} T={seq} G={group} K={steps} tokens={tokens:,} repeats={repeats}"
       f"{' (quick)' if quick else ''}\n")
@@ -320,10 +325,14 @@ def main(argv=None) -> int:
   ap.add_argument("--only", default="", help="comma-separated estimator names")
   ap.add_argument("--quick", action="store_true",
                   help="every estimator once at B=16, T=32, G=4, outputs checked (CI)")
+  ap.add_argument("--all-cores", action="store_true",
+                  help="do not pin the process to one core (see the module docstring)")
   ap.add_argument("--system-malloc", action="store_true",
                   help="keep glibc's malloc defaults (see the module docstring)")
   args = ap.parse_args(argv)
   only = {s for s in args.only.split(",") if s}
+  if not args.all_cores and hasattr(os, "sched_setaffinity"):   # before XLA's thread pool
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
   unknown = only - set(registry.list_estimators())
   if unknown:
     print(f"error: --only names unknown estimators {sorted(unknown)}", file=sys.stderr)
