@@ -30,6 +30,43 @@ def _key_sums(x_BT: Array, key_BT: Array, num_keys: int) -> Array:
   return flat[key_BT.reshape(B * T)].reshape(B, T)
 
 
+def _column_sums(mv_BT, valid_B, gid_B, num_groups, group_size, align):
+  """colsums(parts) -> [colsum(a_BT) for a_BT in parts], colsum(a_BT)[i,t] the sum of a over
+  the rows of i's group at the column of (i,t): by position, or by index among the row's valid
+  tokens (`align="valid_index"`), through the position sums when a group's rows are aligned."""
+  B, T = mv_BT.shape
+  # colsum(a_BT)[i,t]: Σ of a over the rows of i's group at the column of (i,t).
+  if group_size is not None:
+    seg_B, n_seg = jnp.arange(B, dtype=jnp.int32) // group_size, B // group_size
+  else:
+    seg_B, n_seg = jnp.where(valid_B, gid_B, num_groups), num_groups + 1
+  # Row segment sums (B updates of T values) beat a [N,G,T] middle-axis reduction on CPU.
+  colsum_pos = lambda a_BT: jax.ops.segment_sum(a_BT, seg_B, n_seg,
+                                                indices_are_sorted=group_size is not None)[seg_B]
+  if align == "position":
+    colsums = lambda parts: [colsum_pos(a_BT) for a_BT in parts]
+  else:
+    def colsums_by_key(parts):
+      mvi_BT = mv_BT.astype(jnp.int32)   # index among valid tokens = (#valid) − (#valid from t on)
+      pos_BT = (jnp.sum(mvi_BT, axis=-1, keepdims=True)
+                - jax.lax.cumsum(mvi_BT, axis=1, reverse=True))
+      key_BT = jnp.where(mv_BT, seg_B[:, None] * T + pos_BT, n_seg * T)
+      return [_key_sums(a_BT, key_BT, n_seg * T) for a_BT in parts]
+
+    # When every row's tokens are one run and a group's rows start at the same position (G
+    # answers to one prompt), the index among valid tokens is the position less a shared
+    # offset: the position sums add the same values per column, without the B·T-key scatter.
+    start_BT = mv_BT & ~jnp.pad(mv_BT[:, :-1], ((0, 0), (1, 0)))
+    first_B = jnp.min(jnp.where(mv_BT, jnp.arange(T, dtype=jnp.int32)[None, :], T), axis=1)
+    lo_B = jax.ops.segment_min(first_B, seg_B, n_seg)[seg_B]
+    hi_B = jax.ops.segment_max(jnp.where(first_B < T, first_B, -1), seg_B, n_seg)[seg_B]
+    aligned = (jnp.all(jnp.sum(start_BT, axis=1, dtype=jnp.int32) <= 1)
+               & jnp.all((first_B == T) | ((lo_B == first_B) & (hi_B == first_B))))
+    colsums = lambda parts: jax.lax.cond(
+        aligned, lambda p: [colsum_pos(a_BT) for a_BT in p], colsums_by_key, parts)
+  return colsums
+
+
 @register_estimator("optimal_token_baseline",
                     needs=("reward", "group_id", "response_mask", "logprob_old",
                            "sum_pi_squared"),
@@ -41,6 +78,7 @@ def _key_sums(x_BT: Array, key_BT: Array, num_keys: int) -> Array:
                             "verl/trainer/ppo/core_algos.py "
                             "compute_optimal_token_baseline_advantage, "
                             "compute_multi_turn_optimal_token_baseline_advantage"))
+
 def optimal_token_baseline_advantages(
     *, reward: ArrayLike, group_id: ArrayLike, response_mask: ArrayLike,
     logprob_old: ArrayLike, sum_pi_squared: ArrayLike, num_groups: int,
@@ -126,35 +164,7 @@ def optimal_token_baseline_advantages(
     w_BT = w_BT * jnp.square(jnp.where(mv_BT, iw_BT, 0.0))
   cumw_BT = jnp.where(mv_BT, ops.cumsum_blocked(jnp.where(mv_BT, w_BT, 0.0)), 0.0)
 
-  # colsum(a_BT)[i,t]: Σ of a over the rows of i's group at the column of (i,t).
-  if group_size is not None:
-    seg_B, n_seg = jnp.arange(B, dtype=jnp.int32) // group_size, B // group_size
-  else:
-    seg_B, n_seg = jnp.where(valid_B, gid_B, num_groups), num_groups + 1
-  # Row segment sums (B updates of T values) beat a [N,G,T] middle-axis reduction on CPU.
-  colsum_pos = lambda a_BT: jax.ops.segment_sum(a_BT, seg_B, n_seg,
-                                                indices_are_sorted=group_size is not None)[seg_B]
-  if align == "position":
-    colsums = lambda parts: [colsum_pos(a_BT) for a_BT in parts]
-  else:
-    def colsums_by_key(parts):
-      mvi_BT = mv_BT.astype(jnp.int32)   # index among valid tokens = (#valid) − (#valid from t on)
-      pos_BT = (jnp.sum(mvi_BT, axis=-1, keepdims=True)
-                - jax.lax.cumsum(mvi_BT, axis=1, reverse=True))
-      key_BT = jnp.where(mv_BT, seg_B[:, None] * T + pos_BT, n_seg * T)
-      return [_key_sums(a_BT, key_BT, n_seg * T) for a_BT in parts]
-
-    # When every row's tokens are one run and a group's rows start at the same position (G
-    # answers to one prompt), the index among valid tokens is the position less a shared
-    # offset: the position sums add the same values per column, without the B·T-key scatter.
-    start_BT = mv_BT & ~jnp.pad(mv_BT[:, :-1], ((0, 0), (1, 0)))
-    first_B = jnp.min(jnp.where(mv_BT, jnp.arange(T, dtype=jnp.int32)[None, :], T), axis=1)
-    lo_B = jax.ops.segment_min(first_B, seg_B, n_seg)[seg_B]
-    hi_B = jax.ops.segment_max(jnp.where(first_B < T, first_B, -1), seg_B, n_seg)[seg_B]
-    aligned = (jnp.all(jnp.sum(start_BT, axis=1, dtype=jnp.int32) <= 1)
-               & jnp.all((first_B == T) | ((lo_B == first_B) & (hi_B == first_B))))
-    colsums = lambda parts: jax.lax.cond(
-        aligned, lambda p: [colsum_pos(a_BT) for a_BT in p], colsums_by_key, parts)
+  colsums = _column_sums(mv_BT, valid_B, gid_B, num_groups, group_size, align)
   sums = colsums([gc_BT * cumw_BT, cumw_BT]
                  + ([mv_BT.astype(jnp.float32)] if handle_zero_tail else []))
   num_BT = sums[0]
