@@ -3,7 +3,7 @@
 Command (after the shared chain warm-up, exported once with `--config.steps=0`):
   python -m experiments.run --config experiments/configs/c_grpo_chain.py --workdir runs/c_grpo \\
       --config.warm_start_from=runs/chain_warmup/hf_policy --config.sft_steps=0
-Variants: `:tiny` (2 steps, seconds; used by tests/shaping_recipes_test.py).
+Variants: `:tiny` (2 steps, seconds; used by tests/experiments/shaping_recipes_test.py).
 Time: 0.194 s per RL step on an idle 2-core CPU, 100 steps, from the shared chain warm-up.
 Score: held-out greedy accuracy 0.905 after 100 steps (mean of seeds 0-2; GRPO 0.902).
 

@@ -1,6 +1,6 @@
 """AMFT's controller as an extension (`experiments/extensions/amft.py`): its checks, its
 initial state and its step against `credit.losses.amft_step`. The loop end to end is
-`tests/distill_runner_test.py`'s."""
+`tests/experiments/distill_runner_test.py`'s."""
 import importlib
 import types
 

@@ -1,7 +1,7 @@
 """The critical batch's objective as an extension (`experiments/extensions/critical.py`):
 the batch moves out of the rollout's rows into a part of its own and the update descends
 rl_weight·L_RL + weight·L_critical. The producers that make the batch are
-`tests/critical_test.py`'s."""
+`tests/experiments/critical_test.py`'s."""
 import importlib
 import types
 

@@ -1,6 +1,6 @@
 """An estimator's own loss term as an extension (`experiments/extensions/estimator_loss.py`):
 its weight, checks, needs and the term on the policy loss's model pass. The terms trained
-end to end (VIMPO, VeriFree, JEPO) are `tests/experiments_test.py`'s."""
+end to end (VIMPO, VeriFree, JEPO) are `tests/experiments/runner_test.py`'s."""
 import importlib
 
 import jax.numpy as jnp

@@ -1,6 +1,6 @@
 """The group filter as an extension (`experiments/extensions/group_filter.py`): its switch,
 its checks, its stage right after the reward and the step it skips. Which groups it keeps,
-end to end, is `tests/group_filter_test.py`."""
+end to end, is `tests/experiments/group_filter_test.py`."""
 import importlib
 import types
 

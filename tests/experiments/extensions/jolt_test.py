@@ -1,6 +1,6 @@
 """JOLT's teacher role as an extension (`experiments/extensions/jolt.py`): its switch, its row
 set, the rows it adds to the update batch and its placement. The role's rows end to end are
-`tests/jolt_runner_test.py`."""
+`tests/experiments/jolt_runner_test.py`."""
 import importlib
 import types
 

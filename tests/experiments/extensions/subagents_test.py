@@ -1,6 +1,6 @@
 """SPD-RAG's document agents as an extension (`experiments/extensions/subagents.py`): the row
 set, the rows hook (the `episode` credit) and the multi-turn sampler it brings. The agent rows
-end to end are `tests/spd_rag_runner_test.py`."""
+end to end are `tests/experiments/spd_rag_runner_test.py`."""
 import importlib
 import types
 

@@ -21,7 +21,7 @@ from experiments.extensions import estimator_loss
 from experiments.configs import grpo_arithmetic
 from experiments.run import apply_method_overrides, check_overrides, split_method_overrides
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALL_RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(
     os.path.join(ROOT, "experiments", "configs", "*_*.py")) if not os.path.basename(p).startswith("_"))
 # Distillation recipes need a teacher checkpoint, and the teacher recipe is SFT only: both

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from experiments import loop
-from tests.experiments_test import METHOD_RUN, read_metrics, tiny
+from tests.experiments.runner_test import METHOD_RUN, read_metrics, tiny
 
 
 @pytest.mark.parametrize("estimator,producer", [

@@ -2,7 +2,7 @@
 batch, their refusals, and a controlled check that branching at the pivotal position credits it.
 
 The recipes themselves (cbpo_chain, slate_chain, tp_grpo_chain) run end to end in
-tests/experiments_test.py (`:tiny`)."""
+tests/experiments/runner_test.py (`:tiny`)."""
 import numpy as np
 import pytest
 
@@ -11,7 +11,7 @@ from credit import tasks as tasks_lib
 from credit import trees
 from credit.tasks import CharTokenizer
 from experiments import loop, producers
-from tests.producers_test import _one_step_batch, tiny
+from tests.experiments.producers_test import _one_step_batch, tiny
 
 
 def _host(batch, *names):

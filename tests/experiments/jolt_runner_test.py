@@ -20,7 +20,7 @@ from credit.tasks.char_tokenizer import prompt_ids
 from experiments import loop, producers, train
 from experiments.extensions import Step, jolt
 from experiments.configs import jolt_arithmetic
-from tests.experiments_test import read_metrics, tiny
+from tests.experiments.runner_test import read_metrics, tiny
 
 KL_COEF = 0.01
 

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from experiments import loop, producers
-from tests.experiments_test import METHOD_RUN, read_metrics, tiny
+from tests.experiments.runner_test import METHOD_RUN, read_metrics, tiny
 
 
 @pytest.fixture(scope="module")

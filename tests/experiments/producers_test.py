@@ -133,7 +133,7 @@ def test_append_answer_layout():
 def _one_step_batch(c, workdir):
   """(runner, ctx, batch) after the planned producers of one step, checked against the
   contract, and the estimator's advantages on it (finite, 0 outside the response); no update
-  (the update is the same for every estimator and runs in tests/experiments_test.py)."""
+  (the update is the same for every estimator and runs in tests/experiments/runner_test.py)."""
   run, rs = loop.setup(c, workdir)
   ctx = loop._context(run, rs)
   batch = {}
@@ -325,7 +325,7 @@ def test_followups_are_refused_before_any_file(tmp_path, overrides, kwargs, why)
 def test_flr_plans_its_follow_ups_and_gives_finite_advantages(tmp_path):
   """flr by name on the grpo_arithmetic:tiny recipe (default follow-ups, num_positive=1): one
   step's batch through the planned producers and the estimator (the update after it is the
-  same for every estimator and runs in tests/experiments_test.py)."""
+  same for every estimator and runs in tests/experiments/runner_test.py)."""
   c = tiny(estimator="flr")
   plan = {p.producer.name: p.wanted for p in loop.check_method(c).plan}
   assert plan["followup_pass"] == {"logprob_followup"}
@@ -649,7 +649,7 @@ def test_tool_usage_counts_calls_and_rounds():
   assert np.asarray(out["tool_cost"]).tolist() == [n, n + 2, 0]
   # A multi-turn task whose turns are not tool calls (pivot_turn answers a digit per turn)
   # has no tool usage to count: an estimator that needs it is refused at setup, naming why.
-  from tests.experiments_test import tiny
+  from tests.experiments.runner_test import tiny
   c = tiny("igpo_lookup", estimator="trace_cost", task="pivot_turn")
   c.task_kwargs = {}
   with pytest.raises(producers.MissingFieldsError, match="tool_calls.*turns are tool calls") as e:
@@ -676,7 +676,7 @@ SHAPING_RECIPES = {"scrl": "scrl_chain", "c_grpo": "scrl_chain", "verpo_tests": 
 
 def test_every_estimator_plans_by_name_or_is_refused_naming_its_field():
   import credit
-  from tests.experiments_test import tiny
+  from tests.experiments.runner_test import tiny
   for name in credit.list_estimators():
     spec = credit.get_estimator(name)
     family = spec.family
@@ -740,7 +740,7 @@ def test_divergence_pass_matches_model_divergence(tmp_path):
 def test_multi_turn_plans_echo_and_trace_from_the_environment_rollout():
   """ECHO's observation loss and TRACE's reference-scored gold answer plan on a multi-turn
   recipe: obs_mask comes from the environment rollout, the gold scores from gold_pass_ref."""
-  from tests.experiments_test import tiny
+  from tests.experiments.runner_test import tiny
   m = loop.check_method(tiny("igpo_lookup", obs_ce_coef=0.5))
   assert "obs_mask" in m.update_fields and m.plan[0].producer.name == "env_rollout"
   m = loop.check_method(tiny("igpo_lookup", estimator="trace"))  # gold_scorer=auto

@@ -10,7 +10,7 @@ import pytest
 
 from experiments import async_rl
 from experiments.async_rl import Ledger, capacity, nth_free, pack, unpack, unit_examples
-from tests.experiments_test import ROOT, read_metrics, run_cli, tiny
+from tests.experiments.runner_test import ROOT, read_metrics, run_cli, tiny
 
 
 def cap(**kw):

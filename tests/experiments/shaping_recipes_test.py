@@ -3,7 +3,7 @@ atom_searcher_chain, prm_transform_chain, ppr_renorm_chain), cheaply: each recip
 plans its producers and runs one one-step batch (contract check, finite advantages), then its
 shaping producers and estimator run on hand-written responses whose fields and advantages are
 checked against a worked table and a numpy reference; atom_searcher_chain also runs end to end
-(its schedule takes the runner's step). The recipes are left out of experiments_test.py's
+(its schedule takes the runner's step). The recipes are left out of runner_test.py's
 generic tiny runs (its ONE_STEP_RECIPES), so the five add one end-to-end run to CI, not five.
 """
 import jax.numpy as jnp
@@ -12,8 +12,8 @@ import pytest
 
 from credit.tasks.chain import running_sums
 from experiments import loop, producers
-from tests.experiments_test import read_metrics, tiny
-from tests.producers_test import _one_step_batch
+from tests.experiments.runner_test import read_metrics, tiny
+from tests.experiments.producers_test import _one_step_batch
 
 # The fields of each recipe's shaping producers (beyond rollout, verifier and policy pass).
 PLANNED = {

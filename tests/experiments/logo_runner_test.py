@@ -3,7 +3,7 @@
 Engine level: a tiny random decoder plays environments whose observations depend on the whole
 history, so a continuation that did not restart from its parent's saved state would show.
 Runner level: one step of `logo_lookup:tiny` (its end-to-end `:tiny` run is one of the generic
-recipe runs of tests/experiments_test.py).
+recipe runs of tests/experiments/runner_test.py).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from credit.envs.rollout import MultiTurnSampler, TurnLayout
 from credit import tasks as tasks_lib
 from credit.tasks import CharTokenizer
 from experiments import loop, producers
-from tests.producers_test import _one_step_batch, tiny
+from tests.experiments.producers_test import _one_step_batch, tiny
 from tests.tiny_decoder import scaled_tiny_decoder
 
 TOK = CharTokenizer()

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from experiments import loop
-from tests.experiments_test import ROOT, read_metrics, run_cli, tiny
+from tests.experiments.runner_test import ROOT, read_metrics, run_cli, tiny
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
