@@ -22,6 +22,7 @@ from credit.envs.chat import ChatTurns, turn_template  # noqa: E402
 from credit.envs.rollout import MultiTurnSampler, demonstration_episode, encode_episode  # noqa: E402,E501
 from credit.models import hf_tokenizer  # noqa: E402
 from experiments import loop  # noqa: E402
+from tests.hf_checkpoints import write_bpe_tokenizer, write_qwen2_model  # noqa: E402
 
 TEMPLATE = (
     "{% for message in messages %}"
@@ -32,10 +33,7 @@ TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MODEL_VOCAB = 384
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 TASK_KW = {"min_hops": 1, "max_hops": 2, "num_distractors": 4, "demo_early_answer": 0.7}
 
 
@@ -49,48 +47,21 @@ def _messages(prompt, actions, observations):
 
 
 def _train_tokenizer(d):
-  from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
   task = Lookup(**TASK_KW)
   corpus = []
   for e in task.generate(np.random.default_rng(0), 300):
     prompt, actions, observations = demonstration_episode(task, e)
     corpus += [prompt, *actions, *observations]
   corpus += ["<tool_response>\n</tool_response>\nuser\nassistant\nerror: tool failed"] * 20
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.normalizer = normalizers.NFC()
-  tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT), behavior="isolated"),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(corpus, trainers.BpeTrainer(
-      vocab_size=360, special_tokens=SPECIALS,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  assert tok.get_vocab_size() <= MODEL_VOCAB
-  tok.save(str(d / "tokenizer.json"))
-  (d / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-      "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": TEMPLATE,
-      "model_max_length": 1024}))
-  return {s: tok.token_to_id(s) for s in SPECIALS}
+  return write_bpe_tokenizer(d, corpus, vocab_size=360, chat_template=TEMPLATE,
+                             model_max_length=1024, max_vocab=MODEL_VOCAB)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
   d = tmp_path_factory.mktemp("qwen2_lookup")
   ids = _train_tokenizer(d)
-  torch.manual_seed(0)
-  cfg = transformers.Qwen2Config(
-      vocab_size=MODEL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-      eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-  model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-  with torch.no_grad():
-    for p in model.parameters():  # every parameter random: biases and norms too
-      torch.nn.init.normal_(p, mean=0.0, std=0.3)
-  model.save_pretrained(d)
-  (d / "generation_config.json").write_text(json.dumps(
-      {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-       "pad_token_id": ids["<|endoftext|>"]}))
+  write_qwen2_model(d, ids, vocab_size=MODEL_VOCAB, max_positions=1024)
   return d, ids
 
 

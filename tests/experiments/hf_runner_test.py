@@ -17,59 +17,28 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from experiments import loop, producers  # noqa: E402
+from tests.hf_checkpoints import write_bpe_tokenizer, write_qwen2_model  # noqa: E402
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
           "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MODEL_VOCAB = 320
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SYSTEM = "Answer with the number."
 
 
 def _train_tokenizer(d):
-  from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
   rng = np.random.default_rng(0)
   corpus = [f"{a}+{b}={a + b}" for a, b in rng.integers(0, 100, (2000, 2))]
   corpus += [f"Compute {a}-{b}. {SYSTEM}" for a, b in rng.integers(0, 100, (200, 2))]
-  tok = tokenizers.Tokenizer(models.BPE())
-  # Qwen2's pre-tokenizer (one digit per pre-token), which transformers' Qwen2Tokenizer
-  # also installs when it loads a qwen2 directory.
-  tok.normalizer = normalizers.NFC()
-  tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT), behavior="isolated"),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(corpus, trainers.BpeTrainer(
-      vocab_size=300, special_tokens=SPECIALS,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  assert tok.get_vocab_size() <= MODEL_VOCAB
-  tok.save(str(d / "tokenizer.json"))
-  (d / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-      "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": CHATML,
-      "model_max_length": 256}))
-  return {s: tok.token_to_id(s) for s in SPECIALS}
+  return write_bpe_tokenizer(d, corpus, vocab_size=300, chat_template=CHATML,
+                             model_max_length=256, max_vocab=MODEL_VOCAB)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
   d = tmp_path_factory.mktemp("qwen2_bpe")
   ids = _train_tokenizer(d)
-  torch.manual_seed(0)
-  cfg = transformers.Qwen2Config(
-      vocab_size=MODEL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-      eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-  model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-  with torch.no_grad():
-    for p in model.parameters():  # every parameter random: biases and norms too
-      torch.nn.init.normal_(p, mean=0.0, std=0.3)
-  model.save_pretrained(d)
-  (d / "generation_config.json").write_text(json.dumps(
-      {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-       "pad_token_id": ids["<|endoftext|>"]}))
+  write_qwen2_model(d, ids, vocab_size=MODEL_VOCAB, max_positions=256)
   return d, ids
 
 
