@@ -46,19 +46,3 @@ from experiments.producers.teachers import (CHAR_TOKENIZER_FILE, TEACHER_FIELDS,
                                             privileged_prompt, tokenizer_identity)
 
 PRODUCERS: tuple[Producer, ...] = table()
-
-
-# Older spellings, kept while the runner's extension modules move over to the names above.
-def tree_rows(c) -> int:
-  return rollout_rows(c)
-
-
-def tree_on(c) -> bool:
-  return rollout_kind(c) == "tree"
-
-
-def slate_on(c) -> bool:
-  return rollout_kind(c) == "slate"
-
-
-_examples_rows, _prompt_width, _verify = examples_rows, prompt_width, verify_rows
