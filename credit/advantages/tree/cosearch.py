@@ -66,8 +66,9 @@ def cosearch_groups(*, tokens: ArrayLike, query_mask: ArrayLike, group_id: Array
   """Connected components of the graph "Jaccard(query sets) ≥ τ, same prompt group".
 
   Rows that are not `valid` or have no query token have no edge. Label propagation:
-  ℓ ← min(ℓ, min_{neighbours} ℓ), B−1 rounds in `lax.fori_loop` (enough for any path),
-  starting from ℓ_b = b. O(B² H) for the Jaccard matrix, O(B³) for the propagation.
+  ℓ ← min(ℓ, min_{neighbours} ℓ) then ℓ ← ℓ[ℓ], starting from ℓ_b = b, until no label
+  changes (at most B−1 rounds): every row ends with the smallest row index of its component.
+  O(B² H) for the Jaccard matrix, O(B²) per round of the propagation.
   """
   valid_B = jnp.asarray(valid).astype(bool)
   gid_B = jnp.asarray(group_id, jnp.int32)
@@ -83,11 +84,18 @@ def cosearch_groups(*, tokens: ArrayLike, query_mask: ArrayLike, group_id: Array
          & (gid_B[:, None] == gid_B[None, :]))
   adj = jax.lax.stop_gradient(adj)
 
-  def body(_, lab):
+  def body(carry):
+    i, lab, _ = carry
     nb = jnp.min(jnp.where(adj, lab[None, :], B), axis=1)
-    return jnp.minimum(lab, nb)
+    new = jnp.minimum(lab, nb)
+    new = new[new]            # pointer jumping: a label is a row of the same component
+    return i + 1, new, jnp.any(new != lab)
 
-  lab = jax.lax.fori_loop(0, max(B - 1, 0), body, jnp.arange(B, dtype=jnp.int32))
+  # Until no label changes (the fixpoint of the B−1 rounds, reached after about the
+  # components' diameter): each round is O(B²), so the loop costs rounds·B², not B³.
+  start = jnp.arange(B, dtype=jnp.int32)
+  _, lab, _ = jax.lax.while_loop(lambda c: c[2] & (c[0] < B - 1), body,
+                                 (jnp.int32(0), start, jnp.asarray(B > 1)))
   same = (lab[:, None] == lab[None, :]) & valid_B[None, :]
   size = jnp.where(valid_B, jnp.sum(same.astype(jnp.float32), axis=1), 0.0)
   return CoSearchGroups(group_id=lab, size=size)
