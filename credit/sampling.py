@@ -60,7 +60,9 @@ import numpy as np
 from flax import nnx, struct
 from jax.typing import ArrayLike
 
+from credit import parallel
 from credit.contract import Rollout
+from credit.models import sharding as model_sharding
 
 Array = jax.Array
 
@@ -427,9 +429,37 @@ def repeat_rows(tree: Any, repeats: int) -> Any:
   return jnp.repeat(tree, repeats, axis=0)
 
 
+def shard_rows(tree: Any, mesh=None, rules: Sequence[tuple] | None = None) -> Any:
+  """Constrains every row-major array of `tree` (a `SamplingState`, `SampleOutput`, `KVCache` or
+  any pytree of arrays whose axis 0 is the batch; a cache's keys/values carry it on axis 1) to
+  the mesh's batch axes, and a cache's heads to the model's rules, so each device holds and
+  decodes its own rows. Scalars are replicated. A row count the batch axes do not divide stays
+  replicated (callers pad rows: `Sampler`). No-op without a mesh; use under `jit`.
+  """
+  if mesh is None:
+    return tree
+  msh = model_sharding
+  rules = msh.DEFAULT_RULES if rules is None else rules
+
+  def one(x):
+    axes = ("batch",) + (None,) * (x.ndim - 1) if x.ndim else ()
+    return jax.lax.with_sharding_constraint(x, msh.logical_sharding(mesh, axes, rules, x.shape))
+
+  def walk(t):
+    if hasattr(t, "k") and hasattr(t, "valid") and hasattr(t, "index"):  # a KVCache
+      return jax.lax.with_sharding_constraint(t, msh.cache_sharding(t, mesh, rules))
+    if isinstance(t, SamplingState):
+      return t.replace(cache=walk(t.cache), **{f.name: jax.tree.map(one, getattr(t, f.name))
+                                               for f in dataclasses.fields(t)
+                                               if f.name not in ("cache", "pad_id")})
+    return jax.tree.map(one, t)
+
+  return walk(tree)
+
+
 def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Array,
             max_new_tokens: int, max_new_B: ArrayLike, params: SamplingParams, pad_id: int = 0,
-            cache_dtype=None, share: int = 1) -> SamplingState:
+            cache_dtype=None, share: int = 1, mesh=None, rules=None) -> SamplingState:
   """Runs the prompts through the model once, fills the cache and draws the first new token.
 
   With `share = k > 1` each of the N prefixes is run through the model once and its cache
@@ -447,15 +477,17 @@ def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Arr
     pad_id: id written into padding.
     cache_dtype: KV cache dtype (default: the model's compute dtype).
     share: static number of rows per prefix.
+    mesh, rules: optional device mesh and logical-axis rules (static): rows on the mesh's batch
+      axes, the cache's heads on the rules (`shard_rows`); parameters keep their own sharding.
 
   Returns:
     `SamplingState` of N·share rows after one draw (step = 1).
   """
-  tokens_BP, mask_BP = left_align(prompt_tokens, prompt_mask)
+  tokens_BP, mask_BP = shard_rows(left_align(prompt_tokens, prompt_mask), mesh, rules)
   N, P = tokens_BP.shape
   L = P + max_new_tokens
   positions_BP = jnp.maximum(jnp.cumsum(mask_BP.astype(jnp.int32), axis=-1) - 1, 0)
-  cache = model.init_cache(N, L, dtype=cache_dtype)
+  cache = shard_rows(model.init_cache(N, L, dtype=cache_dtype), mesh, rules)
   hidden_BPD, cache = model(tokens_BP, positions_BP, mask_BT=mask_BP, cache=cache,
                             return_hidden=True)
   logits_BV = model.logits(hidden_BPD[:, -1:])[:, 0]  # unembed only the last position
@@ -475,7 +507,7 @@ def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Arr
       logprob_sampler_BL=jnp.zeros((B, L), jnp.float32),
       logprob_raw_BL=jnp.zeros((B, L), jnp.float32),
       prompt_width=jnp.asarray(P, jnp.int32), pad_id=pad_id)
-  state = state.replace(done_B=state.max_new_B <= 0)
+  state = shard_rows(state.replace(done_B=state.max_new_B <= 0), mesh, rules)
   return _record(state, logits_BV, params)
 
 
@@ -504,15 +536,17 @@ def feed_last(model, state: SamplingState, *, return_hidden: bool = False):
 
 
 def decode(model, state: SamplingState, params: SamplingParams, *,
-           max_new_tokens: int) -> SamplingState:
-  """`lax.while_loop` of `decode_step` until every row is done or `max_new_tokens` were drawn."""
+           max_new_tokens: int, mesh=None, rules=None) -> SamplingState:
+  """`lax.while_loop` of `decode_step` until every row is done or `max_new_tokens` were drawn.
+
+  With a `mesh` the carried state keeps its rows on the batch axes (`shard_rows`)."""
   graphdef, model_state = nnx.split(model)
 
   def cond(s):
     return (s.step < max_new_tokens) & ~jnp.all(s.done_B)
 
   def body(s):
-    return decode_step(nnx.merge(graphdef, model_state), s, params)
+    return shard_rows(decode_step(nnx.merge(graphdef, model_state), s, params), mesh, rules)
 
   return jax.lax.while_loop(cond, body, state)
 
@@ -646,13 +680,15 @@ def _vocab_size(model) -> int:
 def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
              max_new_B: Array | None, params: SamplingParams, max_new_tokens: int,
              num_samples: int = 1, pad_id: int = 0, cache_dtype=None,
-             share_prefix: bool = False) -> SampleOutput:
+             share_prefix: bool = False, mesh=None, rules=None) -> SampleOutput:
   """Pure core of `sample` (no validation): repeat prompts, prefill, decode, convert.
 
-  Static: `max_new_tokens`, `num_samples`, `pad_id`, `cache_dtype`, `share_prefix` and the
-  static fields of `params`. Everything else may be traced. `share_prefix`: prefill each
-  prompt once and repeat its cache for its G rows (same draws up to float rounding of a
-  different batch size; prefill cost / G).
+  Static: `max_new_tokens`, `num_samples`, `pad_id`, `cache_dtype`, `share_prefix`, `mesh`,
+  `rules` and the static fields of `params`. Everything else may be traced. `share_prefix`:
+  prefill each prompt once and repeat its cache for its G rows (same draws up to float
+  rounding of a different batch size; prefill cost / G). `mesh`: rows on its batch axes
+  throughout (`shard_rows`; each device decodes its own rows); per-row keys make the draws
+  independent of the number of devices.
   """
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   N = prompt_tokens.shape[0]
@@ -666,9 +702,10 @@ def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
   group_id_B = jnp.repeat(jnp.arange(N, dtype=jnp.int32), G)
   state = prefill(model, prompt_tokens=tokens_BP, prompt_mask=mask_BP, key=key,
                   max_new_tokens=max_new_tokens, max_new_B=max_new_B, params=params,
-                  pad_id=pad_id, cache_dtype=cache_dtype, share=G // reps)
-  state = decode(model, state, params, max_new_tokens=max_new_tokens)
-  return to_output(state, group_id_B)
+                  pad_id=pad_id, cache_dtype=cache_dtype, share=G // reps, mesh=mesh,
+                  rules=rules)
+  state = decode(model, state, params, max_new_tokens=max_new_tokens, mesh=mesh, rules=rules)
+  return shard_rows(to_output(state, group_id_B), mesh, rules)
 
 
 def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = None, key: Array,
@@ -726,12 +763,28 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
 
 
 def _generate_split(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params, *,
-                    max_new_tokens, num_samples, pad_id, cache_dtype, share_prefix=False):
+                    max_new_tokens, num_samples, pad_id, cache_dtype, share_prefix=False,
+                    mesh=None, rules=None, num_rows=None):
   model = nnx.merge(graphdef, model_state)
-  return generate(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, key=key,
-                  max_new_B=max_new_B, params=params, max_new_tokens=max_new_tokens,
-                  num_samples=num_samples, pad_id=pad_id, cache_dtype=cache_dtype,
-                  share_prefix=share_prefix)
+  out = generate(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, key=key,
+                 max_new_B=max_new_B, params=params, max_new_tokens=max_new_tokens,
+                 num_samples=num_samples, pad_id=pad_id, cache_dtype=cache_dtype,
+                 share_prefix=share_prefix, mesh=mesh, rules=rules)
+  if num_rows is not None:  # drop the padding rows `Sampler` added for an even split
+    out = shard_rows(jax.tree.map(lambda x: x[:num_rows], out), mesh, rules)
+  return out
+
+
+def replicate_key(key: Array, mesh) -> Array:
+  """A PRNG key (typed or raw) replicated over `mesh` (every process holds the same key)."""
+  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  data = parallel.replicate(np.asarray(jax.random.key_data(key) if typed else key), mesh)
+  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)) if typed else data
+
+
+def pad_rows(n: int, mesh) -> int:
+  """Rows to add to `n` so the mesh's batch axes divide them (0 without a mesh)."""
+  return 0 if mesh is None else -n % parallel.batch_divisor(mesh)
 
 
 class Sampler:
@@ -742,6 +795,13 @@ class Sampler:
   limits, the key) are traced: changing them does not recompile; changing shapes, `top_k`,
   `max_new_tokens`, `num_samples`, or switching top_p / min_p on or off does.
 
+  With a `mesh`, generation is sharded like training: the prompts are placed with their rows on
+  the mesh's batch axes (padded with finished copies of row 0 up to a multiple of those axes,
+  dropped again before returning), every device prefills and decodes its own rows, and the
+  outputs come back row-sharded (`shard_rows`), ready for scoring and the update. Parameters
+  keep the sharding they come with (the model's logical rules, `credit.models.shard_model`).
+  Row b draws with `fold_in(key, b)`, so the tokens do not depend on the number of devices.
+
   >>> sampler = Sampler(model, pad_id=0)                                     # doctest: +SKIP
   >>> out = sampler(nnx.state(model), prompt_tokens=p, prompt_mask=m, key=jax.random.key(0),
   ...               max_new_tokens=64, temperature=0.9, top_k=10, top_p=0.95)  # doctest: +SKIP
@@ -749,13 +809,15 @@ class Sampler:
 
   def __init__(self, model: nnx.Module, *, pad_id: int | None = None,
                stop_tokens: Sequence[int] | None = None, max_length: int | None = None,
-               cache_dtype=None):
+               cache_dtype=None, mesh=None, rules: Sequence[tuple] | None = None):
     """Args:
       model: a `credit.models.Decoder` (only its graph definition and config are kept).
       pad_id: padding id (default: config.pad_token_id, else 0).
       stop_tokens: default stop ids (default: config eos ids).
       max_length: optional cap on P + max_new_tokens (default: none).
       cache_dtype: KV cache dtype (default: model compute dtype).
+      mesh: optional `jax.sharding.Mesh`: rows split over its batch axes (see above).
+      rules: logical-axis rules of the cache (default `credit.models.DEFAULT_RULES`).
     """
     self.graphdef, _ = nnx.split(model)
     self.config = getattr(model, "config", None)
@@ -767,10 +829,11 @@ class Sampler:
     self.stop_tokens = tuple(int(s) for s in stop_tokens)
     self.max_length = max_length
     self.cache_dtype = cache_dtype
+    self.mesh, self.rules = mesh, (None if rules is None else tuple(rules))
     self._jitted = jax.jit(
         functools.partial(_generate_split, self.graphdef),
         static_argnames=("max_new_tokens", "num_samples", "pad_id", "cache_dtype",
-                         "share_prefix"))
+                         "share_prefix", "mesh", "rules", "num_rows"))
 
   def __call__(self, model_state, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = None,
                key: Array, max_new_tokens: int, num_samples: int = 1,
@@ -799,10 +862,22 @@ class Sampler:
     # Always an array, so that passing limits or not shares one compiled program.
     if max_new_tokens_per_row is None:
       max_new_tokens_per_row = np.full((np.shape(prompt_tokens)[0],), max_new_tokens, np.int32)
-    max_new_tokens_per_row = jnp.asarray(max_new_tokens_per_row, jnp.int32)
-    return self._jitted(model_state, jnp.asarray(prompt_tokens, jnp.int32),
-                        jnp.asarray(prompt_mask, bool), key, max_new_tokens_per_row, params,
-                        max_new_tokens=max_new_tokens, num_samples=num_samples,
-                        pad_id=self.pad_id, cache_dtype=self.cache_dtype,
-                        share_prefix=share_prefix)
+    rows = dict(prompt_tokens=np.asarray(prompt_tokens, np.int32),
+                prompt_mask=np.asarray(prompt_mask, bool),
+                max_new=np.asarray(max_new_tokens_per_row, np.int32))
+    N = rows["prompt_tokens"].shape[0]
+    extra = pad_rows(N, self.mesh)
+    if extra:  # finished copies of row 0 (no new token), so every device gets as many rows
+      rows = {k: np.concatenate([v, np.repeat(np.zeros_like(v[:1]) if k == "max_new" else v[:1],
+                                              extra, 0)]) for k, v in rows.items()}
+    if self.mesh is None:
+      rows = jax.tree.map(jnp.asarray, rows)
+    else:
+      rows, key = parallel.shard_batch(rows, self.mesh), replicate_key(key, self.mesh)
+    return self._jitted(model_state, rows["prompt_tokens"], rows["prompt_mask"], key,
+                        rows["max_new"], params, max_new_tokens=max_new_tokens,
+                        num_samples=num_samples, pad_id=self.pad_id,
+                        cache_dtype=self.cache_dtype, share_prefix=share_prefix,
+                        mesh=self.mesh, rules=self.rules,
+                        num_rows=N * num_samples if extra else None)
 
