@@ -42,11 +42,15 @@ class TrainState(struct.PyTreeNode):
 
 def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int,
                    weight_decay: float, grad_clip: float,
-                   trainable: Any | None = None) -> optax.GradientTransformation:
+                   trainable: Any | None = None,
+                   master_dtype: str | None = None) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and linear warm-up + cosine decay to 10%.
 
   `trainable` is an optional pytree of bools matching the params (LoRA: only
   adapters train); frozen leaves get zero updates and no optimiser moments.
+  `master_dtype` ("float32"; None: off): parameters stored in a narrower float dtype
+  (bfloat16) get a master copy in this dtype, and the clipping, the Adam moments and the
+  update run in it (`with_master_copy`); without it they follow the parameters' dtype.
   """
   sched = optax.warmup_cosine_decay_schedule(
       init_value=0.0 if warmup_steps else learning_rate, peak_value=learning_rate,
@@ -54,10 +58,74 @@ def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int,
       end_value=0.1 * learning_rate)
   tx = optax.chain(optax.clip_by_global_norm(grad_clip),
                    optax.adamw(sched, weight_decay=weight_decay))
+  if master_dtype is not None:
+    tx = with_master_copy(tx, dtype=master_dtype)
   if trainable is not None:
     tx = optax.multi_transform({True: tx, False: optax.set_to_zero()},
                                jax.tree.map(bool, trainable))
   return tx
+
+
+class MasterState(NamedTuple):
+  """`with_master_copy`'s state: `master` holds the wide copy of each narrow float parameter
+  (`optax.MaskedNode` at the others), `inner` the wrapped optimiser's state (over the wide
+  copies, so its moments are wide too)."""
+  master: Any
+  inner: Any
+
+
+def _masked(x) -> bool:
+  return isinstance(x, optax.MaskedNode)
+
+
+def with_master_copy(tx: optax.GradientTransformation,
+                     dtype: str = "float32") -> optax.GradientTransformation:
+  """`tx` run in `dtype` for parameters stored narrower (mixed-precision training).
+
+  Each floating-point parameter narrower than `dtype` (bfloat16 under float32) gets a master
+  copy w in `dtype`, kept in the state. An update casts the gradient to `dtype`, runs `tx` on
+  w (so clipping and the Adam moments are in `dtype`), sets w ← w + u, and returns the update
+  `w − p` in `dtype`, which `optax.apply_updates` adds to the stored p in `dtype` before
+  rounding: the new parameter is w rounded to its storage dtype. Steps far below the storage
+  dtype's spacing accumulate in w instead of being rounded away (lr·1 < 2⁻⁸ never moves a
+  bfloat16 weight of 1 on its own). Parameters already in `dtype` (or wider) and masked
+  leaves (LoRA's frozen base) keep no copy and get `tx`'s update unchanged.
+
+  Args:
+    tx: the optimiser to wrap.
+    dtype: the master dtype, "float32".
+
+  Returns:
+    A `GradientTransformation` whose state is a `MasterState`.
+  """
+  wide = jnp.dtype(dtype)
+
+  def narrow(p) -> bool:
+    return (hasattr(p, "dtype") and jnp.issubdtype(p.dtype, jnp.floating)
+            and jnp.finfo(p.dtype).bits < jnp.finfo(wide).bits)
+
+  def widened(params, master):
+    return jax.tree.map(lambda m, p: p if _masked(m) else m, master, params, is_leaf=_masked)
+
+  def init(params):
+    master = jax.tree.map(lambda p: p.astype(wide) if narrow(p) else optax.MaskedNode(),
+                          params)
+    return MasterState(master, tx.init(widened(params, master)))
+
+  def update(grads, state, params=None):
+    if params is None:
+      raise ValueError("with_master_copy needs the params in update(grads, state, params)")
+    full = widened(params, state.master)
+    g = jax.tree.map(lambda x, p: x.astype(wide) if narrow(p) else x, grads, params)
+    updates, inner = tx.update(g, state.inner, full)
+    new = optax.apply_updates(full, updates)
+    master = jax.tree.map(lambda m, n: m if _masked(m) else n, state.master, new,
+                          is_leaf=_masked)
+    out = jax.tree.map(lambda m, u, n, p: u if _masked(m) else n - p.astype(wide),
+                       state.master, updates, new, params, is_leaf=_masked)
+    return out, MasterState(master, inner)
+
+  return optax.GradientTransformation(init, update)
 
 
 def state_shardings(tx: optax.GradientTransformation, params: Any, opt_state: Any, mesh) -> tuple:
