@@ -61,6 +61,9 @@ def turn_reduce(x: ArrayLike, turn_id: ArrayLike, num_turns: int,
   return s / jnp.maximum(per_turn(ok.astype(jnp.float32)), 1.0)
 
 
+_SELECT_TURNS = 16  # turn_broadcast: up to this many turns, selects instead of a gather
+
+
 def turn_broadcast(x_BK: ArrayLike, turn_id: ArrayLike, mask: ArrayLike | None = None) -> Array:
   """[B,K] -> [B,T]: each token gets its turn's value, 0 outside turns / mask."""
   x = as_f32(x_BK)
@@ -70,7 +73,12 @@ def turn_broadcast(x_BK: ArrayLike, turn_id: ArrayLike, mask: ArrayLike | None =
   ok = (tid >= 0) & (tid < K)
   if mask is not None:
     ok = ok & jnp.asarray(mask, bool)
-  out = jnp.take_along_axis(x, jnp.clip(tid, 0, K - 1), axis=1)
+  if K <= _SELECT_TURNS:   # a chain of K selects: ~5x faster than a gather on XLA CPU
+    out = jnp.zeros(tid.shape, jnp.float32)
+    for k in range(K):
+      out = jnp.where(tid == k, x[:, k:k + 1], out)
+  else:
+    out = jnp.take_along_axis(x, jnp.clip(tid, 0, K - 1), axis=1)
   return jnp.where(ok, out, 0.0)
 
 

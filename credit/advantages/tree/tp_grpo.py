@@ -27,13 +27,14 @@ MODES = ("increment_main", "global_main")
 def _top_by_magnitude(sel_M: Array, mag_M: Array, keep: Array) -> Array:
   """[M] bool: the `keep` entries of `sel` with the largest `mag`, ties by ascending index.
 
-  An O(M²) rank (M = B·K): rank_i = #{j selected : mag_j > mag_i or (mag_j = mag_i, j < i)}.
+  rank_i = #{j selected : mag_j > mag_i or (mag_j = mag_i, j < i)}, the position of i in a
+  stable sort of the selected entries by descending magnitude (O(M log M), M = B·K; the
+  others sort after them).
   """
   M = sel_M.shape[0]
-  earlier = jnp.arange(M)[None, :] < jnp.arange(M)[:, None]
-  ahead = sel_M[None, :] & ((mag_M[None, :] > mag_M[:, None])
-                            | ((mag_M[None, :] == mag_M[:, None]) & earlier))
-  return sel_M & (jnp.sum(ahead, axis=1) < keep)
+  order_M = jnp.argsort(jnp.where(sel_M, -mag_M, jnp.inf), stable=True)
+  rank_M = jnp.zeros(M, jnp.int32).at[order_M].set(jnp.arange(M, dtype=jnp.int32))
+  return sel_M & (rank_M < keep)
 
 
 def tp_grpo_step_rewards(*, reward: ArrayLike, step_value: ArrayLike, start_value: ArrayLike,
