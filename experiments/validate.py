@@ -5,7 +5,8 @@
 status 2. In order:
 
 * the workdir: not a file, inside a writable directory; the mesh spec (and, once the JAX
-  backend may start, that it fits the devices: `check_mesh(c, devices=True)`);
+  backend may start, that it fits the devices: `check_mesh(c, devices=True)`, and that the
+  run's memory plan per device fits a device: `check_memory`, `experiments/memory.py`);
 * every size, count and step range-checked (`SIZES`, `RANGES`), and no NaN anywhere in the
   config or the method's keyword arguments;
 * every name resolved against what exists, with the closest match offered: estimator,
@@ -81,6 +82,7 @@ SIZES: tuple[tuple[str, int, str], ...] = (
     ("num_heatmap_samples", 0, "responses in the heatmap"),
     ("samples_every", 0, "steps between written samples, 0 = off"),
     ("samples_per_step", 0, "samples written per such step"),
+    ("log_every", 0, "steps between progress lines, 0 = about 20 per phase"),
     ("scoring_chunk_size", 0, "positions per scoring chunk, 0 = auto"),
     ("top_k", 0, "sampling top-k, 0 = off"),
     ("model.hidden_size", 1, "the model width"),
@@ -89,6 +91,8 @@ SIZES: tuple[tuple[str, int, str], ...] = (
     ("model.num_heads", 1, "query heads"),
     ("model.num_kv_heads", 1, "key/value heads"),
     ("model.head_dim", 1, "the per-head width"),
+    ("model.preset_layers", 0, "blocks kept of a preset, 0 = all"),
+    ("memory.prompt_tokens", 0, "prompt positions planned for, 0 = estimated"),
     ("tree.branches", 0, "continuations per branch point, 0 = off"),
     ("tree.points", 1, "branch points per group"),
     ("tree.depth", 1, "branching rounds"),
@@ -133,6 +137,7 @@ RANGES: tuple[tuple[str, float, float, bool, str], ...] = (
     ("top_p", 0.0, 1.0, False, "the nucleus-sampling mass"),
     ("kl_coef", 0.0, math.inf, True, "the KL coefficient, 0 = off"),
     ("obs_ce_coef", 0.0, math.inf, True, "the observation cross-entropy weight, 0 = off"),
+    ("memory.device_gb", 0.0, math.inf, True, "a device's memory in GiB, 0 = measured"),
     ("group_filter.min_accuracy", 0.0, 1.0, True, "a group accuracy"),
     ("group_filter.max_accuracy", 0.0, 1.0, True, "a group accuracy"),
 )
@@ -218,6 +223,7 @@ def _names() -> dict[str, tuple[Callable[[], Any], str]]:
   import credit
   from credit import tasks as tasks_lib
   from credit.models.config import DTYPES, FAMILIES
+  from credit.models.presets import list_presets
   from experiments.producers.rollouts import ROLLOUT_KINDS
   return {
       "estimator": (credit.list_estimators, "registered estimator"),
@@ -229,6 +235,8 @@ def _names() -> dict[str, tuple[Callable[[], Any], str]]:
       "model.family": (lambda: FAMILIES, "model family"),
       "model.param_dtype": (lambda: tuple(DTYPES), "dtype"),
       "model.compute_dtype": (lambda: tuple(DTYPES), "dtype"),
+      "model.preset": (lambda: ["", *list_presets()], "model preset"),
+      "model.optimizer_dtype": (lambda: ("param", "float32"), "optimizer dtype"),
       "teacher.param_dtype": (lambda: tuple(DTYPES), "dtype"),
       "teacher.compute_dtype": (lambda: tuple(DTYPES), "dtype"),
       "tree.criterion": (lambda: ("entropy", "surprisal", "step", "first_error"),
@@ -495,13 +503,48 @@ def check_mesh(c: ml_collections.ConfigDict, *, devices: bool = False) -> None:
   starts the JAX backend: call it after the device and multi-process settings)."""
   from credit import parallel
   try:
-    if devices:
-      parallel.make_mesh(c.mesh)
-    else:
-      parallel.parse_mesh_spec(c.mesh)
+    mesh = parallel.make_mesh(c.mesh) if devices else parallel.parse_mesh_spec(c.mesh)
   except ValueError as e:
     raise refuse(f"--config.mesh={c.mesh!r}", f"is refused: {' '.join(str(e).split())}",
                  "e.g. --config.mesh=data=-1 puts every device on the data axis") from None
+  if devices:
+    check_memory(c, dict(mesh.shape))
+
+
+def check_memory(c: ml_collections.ConfigDict, mesh_shape: dict) -> None:
+  """The run's memory plan per device (`experiments/memory.py`) against one device's memory:
+  a planned peak above 90% of it is refused with the plan's numbers (`c.memory.check`)."""
+  from experiments import memory
+  if not c.get("memory", {}).get("check", True):
+    return
+  plan = memory.plan_run(c, mesh_shape=mesh_shape, device_bytes=memory.device_memory(c))
+  why = memory.refusal(plan) if plan is not None else None
+  if why:
+    raise Refusal(why)
+
+
+def check_preset(c: ml_collections.ConfigDict) -> None:
+  """A model preset with a checkpoint (init_from) must name the checkpoint's shapes."""
+  from experiments import memory
+  from credit.models import preset
+  name = c.get("model", {}).get("preset", "")
+  if not name or not c.get("init_from", ""):
+    return
+  ckpt = memory._checkpoint_config(c.init_from, None, None)  # pylint: disable=protected-access
+  if ckpt is None:
+    return  # the loop reports an unreadable checkpoint
+  want = preset(name)
+  if c.model.preset_layers:
+    want = want.replace(num_layers=int(c.model.preset_layers))
+  keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim", "tie_embeddings", "family")
+  diff = [f"{k} {getattr(ckpt, k)} (preset {getattr(want, k)})" for k in keys
+          if getattr(ckpt, k) != getattr(want, k)]
+  if diff:
+    raise refuse(f"--config.model.preset={name!r}",
+                 f"does not match --config.init_from={c.init_from!r}: {', '.join(diff)}",
+                 "drop the preset (the checkpoint's config.json sets the shapes) or load a "
+                 "checkpoint of that model")
 
 
 def check(c: ml_collections.ConfigDict, workdir: str | None) -> None:
@@ -512,6 +555,7 @@ def check(c: ml_collections.ConfigDict, workdir: str | None) -> None:
   check_sizes(c)
   check_mesh(c)
   check_method_kwargs(c)
+  check_preset(c)
   task = builtin_task(c)
   check_method(c)
   check_data(c, task)

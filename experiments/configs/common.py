@@ -63,6 +63,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.prompt_template = "{prompt}"  # init_from only: the user message (or plain prompt) made from
                                   # the task prompt, e.g. "Compute {prompt}".
   c.model = ml_collections.ConfigDict(dict(
+      preset="",                  # a published model's exact shapes, randomly initialised
+                                  # (credit.models.list_presets(): qwen3-0.6b, qwen3-1.7b,
+                                  # qwen3-4b, qwen2.5-0.5b, qwen2.5-1.5b, llama-3.2-1b,
+                                  # llama-3.2-3b); the shape fields below are then unused.
+                                  # With init_from: refused unless the checkpoint has its shapes.
+      preset_layers=0,            # preset only: keep the first n blocks (0 = all of them).
       hidden_size=128,            # width D.
       intermediate_size=512,      # SwiGLU width.
       num_layers=2,               # decoder blocks.
@@ -74,8 +80,20 @@ def base_config() -> ml_collections.ConfigDict:
       remat=False,                # activation checkpointing per block (also for init_from models).
       param_dtype="float32",      # parameter storage: float32 | bfloat16 (policy and reference).
       compute_dtype="float32",    # activations: float32 | bfloat16; log-prob scoring and the
-                                  # losses accumulate in float32 either way (Adam moments follow
-                                  # param_dtype).
+                                  # losses accumulate in float32 either way.
+      optimizer_dtype="param",    # param: Adam moments and the update in param_dtype | float32:
+                                  # bfloat16 parameters get a float32 master copy, and the
+                                  # clipping, moments and update run in float32
+                                  # (experiments/train.py with_master_copy).
+  ))
+  # The memory plan per device (experiments/memory.py), checked when the mesh is made: a run
+  # whose planned peak exceeds 90% of a device's memory is refused before anything compiles.
+  c.memory = ml_collections.ConfigDict(dict(
+      device_gb=0.0,              # one device's memory in GiB; 0 = measured (the accelerator's
+                                  # bytes_limit; on CPU the available host memory / devices).
+      prompt_tokens=0,            # prompt positions planned for; 0 = the longest of a sample
+                                  # of the task's prompts (x1 per character, + the template).
+      check=True,                 # False: print the plan but refuse nothing.
   ))
   c.warm_start_from = ""          # hf_policy/ exported by an earlier from-scratch run (same task):
                                   # start from its weights (architecture from its config.json),
@@ -338,7 +356,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.samples_every = 10            # steps between rollouts written to samples.jsonl (and the last
                                   # step); 0 = off.
   c.samples_per_step = 4          # rollouts written per such step (mixed-reward groups first).
-  c.progress = True               # tqdm bar.
+  c.progress = True               # a tqdm bar when stderr is a terminal; False: never a bar.
+  c.log_every = 0                 # steps between plain progress lines, printed instead of the bar
+                                  # off a terminal (a file, a pipe, CI) and always written to
+                                  # <workdir>/log.txt, for the warm-up and the RL steps alike;
+                                  # 0 = about 20 lines per phase.
   # --- asynchronous RL (experiments/async_rl.py; ASearcher / AReaL) ---
   c.async_rollouts = False        # rollout workers in separate processes, never waiting for the
                                   # trainer; use policy_loss="decoupled_ppo".

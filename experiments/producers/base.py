@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from credit import CONTRACT, parallel
+from credit.models import ModelConfig
 from credit import tasks as tasks_lib
 from credit.tasks.char_tokenizer import prompt_ids
 from experiments import train
@@ -92,6 +93,32 @@ class Setup:
     """[N] host values -> [B=N*G] row-sharded array (each prompt's value for its G samples)."""
     return parallel.shard_batch(np.repeat(np.asarray(per_prompt), self.group_size), self.mesh)
 
+
+
+def model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
+  """The from-scratch policy's `ModelConfig`: the shapes of `c.model.preset` (a
+  `credit.models.PRESETS` name: vocabulary, widths, heads, RoPE, norms, tied embeddings; with
+  `c.model.preset_layers` > 0 only that many blocks), else the explicit fields of `c.model`
+  (vocabulary = the tokenizer's); special ids from the run's tokenizer `tok`; dtypes and remat
+  from `c.model`. SetupError when the tokenizer has more ids than the preset's vocabulary."""
+  m = c.model
+  run = dict(eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
+             remat=bool(m.remat), param_dtype=m.param_dtype, dtype=m.compute_dtype)
+  name = m.get("preset", "")
+  if name:
+    from credit.models import preset
+    cfg = preset(name, **run)
+    if m.get("preset_layers", 0):
+      cfg = cfg.replace(num_layers=int(m.preset_layers))
+    if tok.vocab_size > cfg.vocab_size:
+      raise SetupError(f"model.preset={name!r} has {cfg.vocab_size} token ids but the run's "
+                       f"tokenizer {tok.vocab_size}")
+    return cfg
+  return ModelConfig(vocab_size=tok.vocab_size, hidden_size=m.hidden_size,
+                     intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                     num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                     rope_theta=m.rope_theta, family=m.family, qk_norm=m.family == "qwen3",
+                     qkv_bias=m.family == "qwen2", tie_embeddings=False, **run)
 
 
 def scoring_temperature(c: ml_collections.ConfigDict) -> float:
