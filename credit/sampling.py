@@ -782,6 +782,16 @@ def replicate_key(key: Array, mesh) -> Array:
   return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)) if typed else data
 
 
+def params_mesh(model_state: Any):
+  """The mesh the parameters live on (the first leaf with a `NamedSharding`), else None: a
+  sampler given no mesh samples on the mesh its parameters were placed on."""
+  for x in jax.tree.leaves(model_state):
+    sh = getattr(x, "sharding", None)
+    if isinstance(sh, jax.sharding.NamedSharding) and isinstance(sh.mesh, jax.sharding.Mesh):
+      return sh.mesh
+  return None
+
+
 def pad_rows(n: int, mesh) -> int:
   """Rows to add to `n` so the mesh's batch axes divide them (0 without a mesh)."""
   return 0 if mesh is None else -n % parallel.batch_divisor(mesh)
@@ -795,7 +805,8 @@ class Sampler:
   limits, the key) are traced: changing them does not recompile; changing shapes, `top_k`,
   `max_new_tokens`, `num_samples`, or switching top_p / min_p on or off does.
 
-  With a `mesh`, generation is sharded like training: the prompts are placed with their rows on
+  On a mesh (given, or the one the parameters were placed on, `params_mesh`), generation is
+  sharded like training: the prompts are placed with their rows on
   the mesh's batch axes (padded with finished copies of row 0 up to a multiple of those axes,
   dropped again before returning), every device prefills and decodes its own rows, and the
   outputs come back row-sharded (`shard_rows`), ready for scoring and the update. Parameters
@@ -816,7 +827,8 @@ class Sampler:
       stop_tokens: default stop ids (default: config eos ids).
       max_length: optional cap on P + max_new_tokens (default: none).
       cache_dtype: KV cache dtype (default: model compute dtype).
-      mesh: optional `jax.sharding.Mesh`: rows split over its batch axes (see above).
+      mesh: a `jax.sharding.Mesh` whose batch axes split the rows (see above); default: the
+        mesh of the parameters each call gets (none for parameters on one device).
       rules: logical-axis rules of the cache (default `credit.models.DEFAULT_RULES`).
     """
     self.graphdef, _ = nnx.split(model)
@@ -866,18 +878,19 @@ class Sampler:
                 prompt_mask=np.asarray(prompt_mask, bool),
                 max_new=np.asarray(max_new_tokens_per_row, np.int32))
     N = rows["prompt_tokens"].shape[0]
-    extra = pad_rows(N, self.mesh)
+    mesh = self.mesh if self.mesh is not None else params_mesh(model_state)
+    extra = pad_rows(N, mesh)
     if extra:  # finished copies of row 0 (no new token), so every device gets as many rows
       rows = {k: np.concatenate([v, np.repeat(np.zeros_like(v[:1]) if k == "max_new" else v[:1],
                                               extra, 0)]) for k, v in rows.items()}
-    if self.mesh is None:
+    if mesh is None:
       rows = jax.tree.map(jnp.asarray, rows)
     else:
-      rows, key = parallel.shard_batch(rows, self.mesh), replicate_key(key, self.mesh)
+      rows, key = parallel.shard_batch(rows, mesh), replicate_key(key, mesh)
     return self._jitted(model_state, rows["prompt_tokens"], rows["prompt_mask"], key,
                         rows["max_new"], params, max_new_tokens=max_new_tokens,
                         num_samples=num_samples, pad_id=self.pad_id,
                         cache_dtype=self.cache_dtype, share_prefix=share_prefix,
-                        mesh=self.mesh, rules=self.rules,
+                        mesh=mesh, rules=self.rules,
                         num_rows=N * num_samples if extra else None)
 

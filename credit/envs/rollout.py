@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from credit import sampling
+from credit import parallel, sampling
 from credit.contract import Rollout
 from credit.envs.base import StepResult
 from credit.envs.calls import Call, call_all
@@ -209,29 +209,42 @@ def _turn_keys(key_B: Array, k: Array) -> Array:
 
 
 def _start(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params, *,
-           layout: TurnLayout, pad_id: int, cache_dtype):
-  """Prefill of the prompts into a cache of `layout.buffer_width` slots; draws turn 0's token 0."""
+           layout: TurnLayout, pad_id: int, cache_dtype, share: int = 1, mesh=None, rules=None):
+  """Prefill of the prompts into a cache of `layout.buffer_width` slots; draws turn 0's token 0.
+  With `share` = k, each of the B/k prompts is prefilled once for its k rows."""
   model = nnx.merge(graphdef, model_state)
   extra = layout.buffer_width - layout.prompt_width
   state = sampling.prefill(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
                            key=key, max_new_tokens=extra, max_new_B=max_new_B, params=params,
-                           pad_id=pad_id, cache_dtype=cache_dtype)
+                           pad_id=pad_id, cache_dtype=cache_dtype, share=share, mesh=mesh,
+                           rules=rules)
   return state
 
 
 def _run_turn(graphdef, model_state, state: sampling.SamplingState, params, *,
-              layout: TurnLayout):
+              layout: TurnLayout, mesh=None, rules=None):
   """Decodes the rest of a turn, then feeds its last drawn token into the cache."""
   model = nnx.merge(graphdef, model_state)
-  state = sampling.decode(model, state, params, max_new_tokens=layout.max_action_tokens)
+  state = sampling.decode(model, state, params, max_new_tokens=layout.max_action_tokens,
+                          mesh=mesh, rules=rules)
   # The loop drew `step` tokens and fed all but the last one; feed it (valid only for the rows
   # that really sampled it), so every action token is in the cache before the observation.
   _, cache = sampling.feed_last(model, state, return_hidden=True)
-  return state.replace(cache=cache)
+  return sampling.shard_rows(state.replace(cache=cache), mesh, rules)
+
+
+def shared_run(tokens_BP: np.ndarray, mask_BP: np.ndarray) -> int:
+  """The largest k such that every block of k consecutive rows holds one prefix (the same
+  valid tokens at the same columns): G episodes of a prompt, L continuations of one saved
+  state. 1 when no two neighbouring rows agree."""
+  tok = np.where(mask_BP, tokens_BP, -1)
+  same = (tok[1:] == tok[:-1]).all(1)
+  starts = np.flatnonzero(np.concatenate([[True], ~same]))
+  return int(np.gcd.reduce(np.diff(np.append(starts, tok.shape[0]))))
 
 
 def _observe(graphdef, model_state, state: sampling.SamplingState, obs_BO, obs_mask_BO,
-             active_B, max_new_B, turn, params, *, layout: TurnLayout):
+             active_B, max_new_B, turn, params, *, layout: TurnLayout, mesh=None, rules=None):
   """Feeds the observations of turn `turn` (one chunk at its observation block) and draws the
   first token of turn `turn + 1` from each row's last observation token."""
   model = nnx.merge(graphdef, model_state)
@@ -256,7 +269,7 @@ def _observe(graphdef, model_state, state: sampling.SamplingState, obs_BO, obs_m
       num_new_B=jnp.zeros((B,), jnp.int32), max_new_B=max_new_B,
       prompt_len_B=before_B + n_obs_B, key_B=_turn_keys(state.key_B, turn + 1),
       prompt_width=jnp.asarray(next_col, jnp.int32))
-  return sampling._record(nxt, logits_BV, params)
+  return sampling.shard_rows(sampling._record(nxt, logits_BV, params), mesh, rules)
 
 
 # --------------------------------------------------------------------------
@@ -298,12 +311,20 @@ class MultiTurnSampler:
   Results are laid out by row, so they do not depend on which step finished first.
   Environments with `parallel_steps = False` (e.g. ones that call the policy themselves) are
   stepped one after another in row order on the calling thread, with no time limit.
+
+  On a mesh (`mesh`, or the one the parameters were placed on), the rows sit on the mesh's
+  batch axes and every device decodes its own (padded with finished rows to an even split;
+  `credit.sampling.Sampler`); only the tokens the environments read come to the host. A
+  prefix held by k neighbouring rows (G episodes of a prompt, the continuations of one saved
+  state) is prefilled once and its cache copied to the k rows (`shared_run`). Row b draws
+  with its own key, so neither changes the tokens.
   """
 
   def __init__(self, model: nnx.Module, *, tokenizer, layout: TurnLayout,
                stop_tokens: Sequence[int] | None = None, pad_id: int | None = None,
                cache_dtype=None, max_concurrent_steps: int = 64,
-               step_timeout_s: float | None = 60.0):
+               step_timeout_s: float | None = 60.0, mesh=None,
+               rules: Sequence[tuple] | None = None):
     if max_concurrent_steps < 1:
       raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps}")
     if step_timeout_s is not None and not step_timeout_s > 0:
@@ -319,13 +340,23 @@ class MultiTurnSampler:
     if stop_tokens is None:
       stop_tokens = (tokenizer.eos_id,)
     self.stop_tokens = tuple(int(s) for s in stop_tokens)  # () : a turn ends at its budget
+    self.mesh, self.rules = mesh, (None if rules is None else tuple(rules))
+    static = ("layout", "mesh", "rules")
     self._start = jax.jit(functools.partial(_start, self.graphdef),
-                          static_argnames=("layout", "pad_id", "cache_dtype"))
-    self._run_turn = jax.jit(functools.partial(_run_turn, self.graphdef),
-                             static_argnames=("layout",))
-    self._observe = jax.jit(functools.partial(_observe, self.graphdef),
-                            static_argnames=("layout",))
+                          static_argnames=static + ("pad_id", "cache_dtype", "share"))
+    self._run_turn = jax.jit(functools.partial(_run_turn, self.graphdef), static_argnames=static)
+    self._observe = jax.jit(functools.partial(_observe, self.graphdef), static_argnames=static)
     self.cache_dtype = cache_dtype
+
+  @staticmethod
+  def _device_rows(x: np.ndarray, *, rows: int, mesh, first: bool = False) -> Array:
+    """Host rows `x` padded to `rows` (copies of row 0 with `first`, else zeros / False) and
+    placed on the device(s): row-sharded over the mesh's batch axes when there is a mesh."""
+    x = np.asarray(x)
+    if rows > x.shape[0]:
+      fill = x[:1] if first else np.zeros_like(x[:1])
+      x = np.concatenate([x, np.repeat(fill, rows - x.shape[0], 0)])
+    return jnp.asarray(x) if mesh is None else parallel.shard_batch(x, mesh)
 
   # -- tokenisation -----------------------------------------------------------
 
@@ -510,17 +541,27 @@ class MultiTurnSampler:
     n_action_tokens = 0
     n_obs_tokens = 0
 
+    # Device rows: a prefix shared by k neighbouring rows is prefilled once for them; rows
+    # are padded (finished from the start, never read back) so the mesh's batch axes divide.
+    mesh = self.mesh if self.mesh is not None else sampling.params_mesh(model_state)
+    shard = dict(mesh=mesh, rules=self.rules)
+    share = shared_run(p_tok, p_mask)
+    n_pre = B // share
+    n_pre += sampling.pad_rows(n_pre, mesh)
+    dev = functools.partial(self._device_rows, rows=n_pre * share, mesh=mesh)
     t_dev = time.perf_counter()
-    state = self._start(model_state, jnp.asarray(p_tok), jnp.asarray(p_mask), key,
-                        jnp.asarray(max_new_B), params, layout=lay.device(), pad_id=self.pad_id,
-                        cache_dtype=self.cache_dtype)
+    state = self._start(model_state, dev(p_tok[::share], rows=n_pre, first=True),
+                        dev(p_mask[::share], rows=n_pre, first=True),
+                        key if mesh is None else sampling.replicate_key(key, mesh),
+                        dev(max_new_B), params, layout=lay.device(), pad_id=self.pad_id,
+                        cache_dtype=self.cache_dtype, share=share, **shard)
     t_dev = time.perf_counter() - t_dev
     for k in range(K):
       t1 = time.perf_counter()
-      state = self._run_turn(model_state, state, params, layout=lay.device())
-      num_new = np.asarray(state.num_new_B)
+      state = self._run_turn(model_state, state, params, layout=lay.device(), **shard)
       a0 = lay.action_column(k)
-      block = np.asarray(state.tokens_BL[:, a0:a0 + W_a])
+      num_new, block = (x[:B] for x in parallel.to_host(
+          (state.num_new_B, state.tokens_BL[:, a0:a0 + W_a])))
       t_dev += time.perf_counter() - t1
       t1 = time.perf_counter()
       texts: list[str | None] = [None] * B
@@ -575,18 +616,17 @@ class MultiTurnSampler:
         if newer is not None:
           model_state = nnx.state(newer) if isinstance(newer, nnx.Module) else newer
       t1 = time.perf_counter()
-      state = self._observe(model_state, state, jnp.asarray(obs), jnp.asarray(obs_mask),
-                            jnp.asarray(active), jnp.asarray(max_new_B),
-                            jnp.asarray(k, jnp.int32), params, layout=lay.device())
+      state = self._observe(model_state, state, dev(obs), dev(obs_mask), dev(active),
+                            dev(max_new_B),
+                            jnp.asarray(k, jnp.int32), params, layout=lay.device(), **shard)
       t_dev += time.perf_counter() - t1
     t1 = time.perf_counter()
     # A row whose step timed out is abandoned (its environment may still be running): 0.
     outcome = np.asarray([0.0 if (rec.tool_status[b] == TOOL_TIMEOUT).any() else
                           float(envs[b].outcome()) for b in range(B)], np.float32)
     t_env += time.perf_counter() - t1
-    tokens_BL = np.asarray(state.tokens_BL)
-    lp_s = np.asarray(state.logprob_sampler_BL)
-    lp_r = np.asarray(state.logprob_raw_BL)
+    tokens_BL, lp_s, lp_r = (x[:B] for x in parallel.to_host(
+        (state.tokens_BL, state.logprob_sampler_BL, state.logprob_raw_BL)))
     trajs = [Trajectory(prompts[b], actions[b], observations[b], results[b], float(outcome[b]),
                         bool(truncated[b])) for b in range(B)]
     out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, width, self.pad_id)
