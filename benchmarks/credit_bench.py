@@ -358,6 +358,7 @@ def estimator_config(base: ml_collections.ConfigDict, name: str,
   c = ml_collections.ConfigDict(base.to_dict())
   c.estimator = name
   c.estimator_kwargs = dict(BENCH_KWARGS.get(name, {}))
+  c.update(METHOD_CONFIG.get(name, {}))
   c.teacher.init_from = teacher
   if name in credit.list_estimators() and "reward_components" in credit.get_estimator(
       name).needs:
@@ -372,6 +373,13 @@ def estimator_config(base: ml_collections.ConfigDict, name: str,
 # for a few search calls; with one step per character it is a length penalty that makes an
 # empty response the best one.
 BENCH_KWARGS = {"pica": {"penalty": 0.0}}
+
+# Runner settings that are part of a method, not of the bench (its recipe sets them too): the
+# shared defaults would run it as another method. SIPO's two self-teacher contexts are the gold
+# answer and the gold answer with the group's mistake (`experiments/configs/sipo_arithmetic.py`);
+# the default alt contexts ("correct: " / "wrong: ") are CSCR's and T-REG's, which hold neither.
+METHOD_CONFIG = {"sipo": {"alt_context_pos": "answer {answer}: ",
+                          "alt_context_neg": "answer {answer}, not {mistake}: "}}
 
 # The reward components of the multi-reward estimators: the task's outcome and the format
 # check (the response ended with its stop token, not at the length limit).

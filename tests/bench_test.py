@@ -376,6 +376,23 @@ def test_step_reward_estimators_get_per_character_steps():
   assert tuple(g.reward_components) == ()
 
 
+def test_sipo_is_scored_with_its_own_self_teacher_contexts():
+  # SIPO's contrast is between the gold answer and the gold answer plus a group mistake; the
+  # shared alt contexts ("correct: " / "wrong: ") are CSCR's and hold neither.
+  from benchmarks import credit_bench
+  base = credit_bench.base_config("pivotal", credit_bench.QUICK)
+  c = credit_bench.estimator_config(base, "sipo")
+  assert "{answer}" in c.alt_context_pos and "{answer}" in c.alt_context_neg
+  assert "{mistake}" in c.alt_context_neg and "{mistake}" not in c.alt_context_pos
+  from experiments.configs import sipo_arithmetic
+  recipe = sipo_arithmetic.get_config()
+  assert (c.alt_context_pos, c.alt_context_neg) == (recipe.alt_context_pos,
+                                                    recipe.alt_context_neg)
+  other = credit_bench.estimator_config(base, "cscr")
+  assert (other.alt_context_pos, other.alt_context_neg) == (base.alt_context_pos,
+                                                            base.alt_context_neg)
+
+
 def test_tree_skips_are_the_ones_missing_only_branch_fields():
   from benchmarks import credit_bench as cb
   tree = cb.Skip("estimator 'cbpo' needs ['parent_id', 'prefix_len']", ["parent_id", "prefix_len"])
