@@ -21,6 +21,9 @@ CORE = [
     "matplotlib",
     "math-verify==0.9.0",
     "jinja2",  # chat templates of HF tokenizers
+    # BM25 for the search tool (credit/envs/search.py): maintained, pure Python on numpy,
+    # sparse precomputed scores (fast queries), offline (nothing downloaded).
+    "bm25s==0.3.16",
 ]
 TEST = [
     "pytest==9.2.*",

@@ -23,6 +23,8 @@ and optionally
                                               fixed per task); the runner's
                                               `logprob_interventions` producer re-scores the
                                               response after each (SCAPO)
+  verify_many(examples, responses) -> [B]     `verify` of a batch at once (e.g. concurrent
+                                              sandboxed runs); `verify_batch` uses it
   answer_marker: str                          the response is reasoning, this marker, then
                                               the answer (`chain`: "46,41=41"); `answer` is
                                               then the final answer alone, and the runner's
@@ -146,6 +148,10 @@ def verify_batch(task: Any, examples: Sequence[Mapping[str, Any]] | Mapping[str,
     examples = [{k: examples[k][i] for k in keys} for i in range(b)]
   if len(examples) != len(responses):
     raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+  many = getattr(task, "verify_many", None)  # a task that verifies a batch at once
+  if many is not None:
+    return np.asarray(many([as_example(e) for e in examples], list(responses)),
+                      dtype=np.float32)
   return np.asarray([task.verify(as_example(e), r) for e, r in zip(examples, responses)],
                     dtype=np.float32)
 
