@@ -151,6 +151,34 @@ def test_smallest_k_equals_a_stable_argsort(xm, data):
   np.testing.assert_array_equal(got, ref_smallest_k(x, np.ones(x.shape, bool), k))
 
 
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(xm=arrays(), data=st.data())
+def test_row_smallest_k_equals_smallest_k_per_row(xm, data):
+  x, mask = xm
+  k = np.asarray(data.draw(st.lists(st.integers(-1, x.shape[1] + 1), min_size=x.shape[0],
+                                    max_size=x.shape[0])), np.int32)
+  got = np.asarray(jax.jit(ops.row_smallest_k_mask)(x, k, mask))
+  for b in range(x.shape[0]):
+    np.testing.assert_array_equal(got[b], ref_smallest_k(x[b:b + 1], mask[b:b + 1], k[b])[0])
+  v, below, equal = map(np.asarray, jax.jit(ops.row_smallest_k)(x, k, mask))
+  for b in range(x.shape[0]):
+    s = ref_sorted(x[b:b + 1], mask[b:b + 1])
+    if not len(s):
+      assert v[b] == 0 and below[b] == 0 and equal[b] == 0
+      continue
+    np.testing.assert_array_equal(v[b], s[np.clip(k[b] - 1, 0, len(s) - 1)])
+
+
+def test_row_smallest_k_blocks_rows():
+  """More rows than one block (and not a multiple of it): the padded blocks are dropped."""
+  rng = np.random.default_rng(3)
+  x = rng.integers(0, 5, (70, 9)).astype(np.float32)
+  mask, k = rng.random((70, 9)) < 0.7, rng.integers(0, 10, 70).astype(np.int32)
+  got = np.asarray(jax.jit(ops.row_smallest_k_mask)(x, k, mask))
+  want = np.asarray(jax.jit(jax.vmap(ops.smallest_k_mask))(x, k, mask))
+  np.testing.assert_array_equal(got, want)
+
+
 def test_ties_are_broken_by_flat_index():
   x = np.array([[1.0, 0.0, 1.0, -0.0], [1.0, 5.0, 0.0, 1.0]], np.float32)
   for k, want in [(1, [[0, 1, 0, 0], [0, 0, 0, 0]]), (2, [[0, 1, 0, 1], [0, 0, 0, 0]]),

@@ -35,7 +35,8 @@ from credit.ops.masked import (masked_mean, masked_sum, masked_var, masked_white
 from credit.ops.returns import (RECURRENCE_BLOCK, broadcast_to_tokens, cumsum_blocked,
                                 discounted_reverse_cumsum, last_token_mask, next_valid_value,
                                 outcome_to_token_rewards, sequence_lengths)
-from credit.ops.select import masked_order_statistics, masked_quantiles, smallest_k_mask
+from credit.ops.select import (masked_order_statistics, masked_quantiles, row_smallest_k,
+                               row_smallest_k_mask, smallest_k_mask)
 from credit.ops.turns import (TURN_NORMS, previous_valid, row_grpo, turn_broadcast, turn_counts,
                                turn_edges, turn_layout, turn_normalize, turn_reduce,
                                turn_returns, turn_segments)

@@ -20,9 +20,9 @@ _PAPER = "VERPO: evidence-conditioned guidance with a Fisher Evidence Contrast, 
 
 
 # Per row, the k largest scores among the accepted tokens (ties: the earlier token), [B,T]
-# bool. Jitted on its own (inlined under the caller's jit): run eagerly, the radix select
-# of `ops.smallest_k_mask` would be dispatched op by op (~5 s on CPU for a doctest).
-_kept_per_row = jax.jit(lambda score_BT, accepted_BT, k_B: jax.vmap(ops.smallest_k_mask)(
+# bool. Jitted on its own (inlined under the caller's jit): run eagerly, the row-wise
+# select would be dispatched op by op.
+_kept_per_row = jax.jit(lambda score_BT, accepted_BT, k_B: ops.row_smallest_k_mask(
     -score_BT, k_B, accepted_BT))
 
 

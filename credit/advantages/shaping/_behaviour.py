@@ -92,12 +92,12 @@ def pair_distances(x_BD: Array, y_BRD: Array) -> Array:
 def mean_nearest(dist_BR: Array, ok_BR: Array, k: ArrayLike) -> Array:
   """Mean of the k smallest allowed distances of each row [B] (fewer when fewer are allowed;
   0 when none is). Novelty search's novelty of a descriptor against its reference set."""
-  r = dist_BR.shape[-1]
-  srt = jnp.sort(jnp.where(ok_BR, dist_BR, jnp.inf), axis=-1)
   n_B = jnp.sum(ok_BR, axis=-1)
   k_B = jnp.minimum(jnp.asarray(k, jnp.int32), n_B)
-  take = jnp.arange(r)[None, :] < k_B[:, None]
-  total = jnp.sum(jnp.where(take, srt, 0.0), axis=-1)
+  # Sort-free: the k-th smallest v, then Σ of the entries below v plus its needed copies.
+  v_B, below_B, _ = ops.row_smallest_k(dist_BR, k_B, ok_BR)
+  total = (jnp.sum(jnp.where(ok_BR & (dist_BR < v_B[:, None]), dist_BR, 0.0), axis=-1)
+           + (k_B - below_B).astype(jnp.float32) * v_B)
   return jnp.where(k_B > 0, total / jnp.maximum(k_B, 1).astype(jnp.float32), 0.0)
 
 
