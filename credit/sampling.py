@@ -680,7 +680,7 @@ def _vocab_size(model) -> int:
 def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
              max_new_B: Array | None, params: SamplingParams, max_new_tokens: int,
              num_samples: int = 1, pad_id: int = 0, cache_dtype=None,
-             share_prefix: bool = False, mesh=None, rules=None) -> SampleOutput:
+             share_prefix: bool = True, mesh=None, rules=None) -> SampleOutput:
   """Pure core of `sample` (no validation): repeat prompts, prefill, decode, convert.
 
   Static: `max_new_tokens`, `num_samples`, `pad_id`, `cache_dtype`, `share_prefix`, `mesh`,
@@ -714,7 +714,7 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
            stop_tokens: Sequence[int] | ArrayLike = (), min_new_tokens: ArrayLike = 0,
            max_new_tokens_per_row: ArrayLike | None = None, pad_id: int = 0,
            max_length: int | None = None, cache_dtype=None,
-           share_prefix: bool = False) -> SampleOutput:
+           share_prefix: bool = True) -> SampleOutput:
   """Samples `num_samples` continuations of each prefix (pure; jit it with `nnx.jit` or use `Sampler`).
 
   Concrete inputs are validated eagerly (under a trace only the static ones are). Python numbers
@@ -735,8 +735,9 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
     pad_id: id used for padding in the output.
     max_length: optional limit on P + max_new_tokens (e.g. the model's context).
     cache_dtype: KV cache dtype (default: model compute dtype).
-    share_prefix: prefill each prefix once and repeat its KV cache for its G rows (branch
-      sampling; `generate`).
+    share_prefix: prefill each prefix once and repeat its KV cache for its G rows (the
+      default; `generate`); False prefills it for every row (G times the prefill cost, the same
+      draws up to float rounding).
 
   Returns:
     `SampleOutput` with B = N·G rows.
@@ -763,7 +764,7 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
 
 
 def _generate_split(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params, *,
-                    max_new_tokens, num_samples, pad_id, cache_dtype, share_prefix=False,
+                    max_new_tokens, num_samples, pad_id, cache_dtype, share_prefix=True,
                     mesh=None, rules=None, num_rows=None):
   model = nnx.merge(graphdef, model_state)
   out = generate(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, key=key,
@@ -852,7 +853,7 @@ class Sampler:
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                stop_tokens: Sequence[int] | None = None, min_new_tokens: int = 0,
                max_new_tokens_per_row: ArrayLike | None = None,
-               share_prefix: bool = False) -> SampleOutput:
+               share_prefix: bool = True) -> SampleOutput:
     """Validates eagerly, then runs the jitted sampler. Arguments as in `sample`.
 
     `model_state` is `nnx.state(model)` (or the model itself, whose state is then taken).

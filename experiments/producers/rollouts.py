@@ -184,12 +184,14 @@ def _build_rollout(s: Setup, wanted: frozenset) -> Produce:
       turn = np.where(resp, np.minimum(split(host["tokens"], resp), c.max_steps - 1),
                       -1).astype(np.int32)
     fields = parallel.shard_batch({
-        "tokens": host["tokens"], "response_mask": resp, "group_id": group_id,
+        "group_id": group_id, "obs_mask": obs, "turn_id": turn,
         "prompt_id": np.repeat(np.asarray(ctx.examples["index"], np.int32), G),
-        "obs_mask": obs, "turn_id": turn,
     }, s.mesh)
-    return dict(fields, logprob_sampler=out.logprob_sampler, logprob_raw=out.logprob_raw,
-                attn_mask=parallel.shard_batch(host["prompt_mask"] | resp, s.mesh),
+    # The sampler's arrays are already row-sharded on the run's mesh (its parameters'); the
+    # host copies serve the verifiers only.
+    return dict(fields, tokens=out.tokens, response_mask=out.response_mask,
+                logprob_sampler=out.logprob_sampler, logprob_raw=out.logprob_raw,
+                attn_mask=out.prompt_mask | out.response_mask,
                 host=dict(host, group_id=group_id, obs_mask=obs, turn_id=turn))
 
   return produce
@@ -302,11 +304,11 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
       sharded = parallel.shard_batch((tree.tokens, tree.prompt_mask | tree.path_mask), s.mesh)
       return np.asarray(parallel.to_host(entropy(state.params, *sharded)[1]))
 
-    def sample_fn(prefix, mask, budget, key):
-      return s.sampler(model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
-                       max_new_tokens=c.max_new_tokens, num_samples=t.branches,
-                       temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                       max_new_tokens_per_row=budget, share_prefix=True)
+    def sample_fn(prefix, mask, budget, key):  # rows sharded on the mesh, read on the host
+      return parallel.to_host(s.sampler(
+          model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
+          max_new_tokens=c.max_new_tokens, num_samples=t.branches, temperature=c.temperature,
+          top_k=c.top_k, top_p=c.top_p, max_new_tokens_per_row=budget, share_prefix=True))
 
     tree, stats = trees.grow_tree(
         roots, sample_fn, num_groups=s.num_groups, branches=t.branches, points=t.points,
@@ -363,11 +365,12 @@ def _build_slate_rollout(s: Setup, wanted: frozenset) -> Produce:
     model_state = s.model_state(state.params)
     rows = examples_rows(ctx.examples)
 
-    def sample_fn(prefix, mask, budget, key):
-      return s.sampler(model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
-                       max_new_tokens=c.max_new_tokens, num_samples=sl.candidates,
-                       temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                       stop_tokens=stops, max_new_tokens_per_row=budget, share_prefix=True)
+    def sample_fn(prefix, mask, budget, key):  # rows sharded on the mesh, read on the host
+      return parallel.to_host(s.sampler(
+          model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
+          max_new_tokens=c.max_new_tokens, num_samples=sl.candidates, temperature=c.temperature,
+          top_k=c.top_k, top_p=c.top_p, stop_tokens=stops, max_new_tokens_per_row=budget,
+          share_prefix=True))
 
     def judge_fn(n, before, step, t):
       think, other, answer = task.judge_step(rows[n], [tok.decode(list(b)) for b in before],
