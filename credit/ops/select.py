@@ -288,16 +288,15 @@ def _smallest_k(x, k, mask):
 _ROW_BLOCK = 32
 
 
-def _row_kth_key(key_BR: Array, valid_BR: Array, rank_B: Array) -> Array:
+def _row_kth_key(key_BR: Array, valid_BR: Array, rank_B: Array, bits: int = 32) -> Array:
   """[B] uint32: the `rank_B`-th smallest (0-based) valid key of each row: the largest v
-  with #{valid keys < v} ≤ rank, built from the top bit down."""
+  with #{valid keys < v} ≤ rank, built from the top bit down (keys below 2^bits)."""
   def search(key_CR, valid_CR, rank_C):
-    ans = jnp.zeros(key_CR.shape[0], jnp.uint32)
-    for bit in range(31, -1, -1):
-      cand = ans | jnp.uint32(1 << bit)
+    def step(i, ans):
+      cand = ans | jnp.left_shift(jnp.uint32(1), (bits - 1 - i).astype(jnp.uint32))
       below = jnp.sum(valid_CR & (key_CR < cand[:, None]), axis=1, dtype=jnp.int32)
-      ans = jnp.where(below <= rank_C, cand, ans)
-    return ans
+      return jnp.where(below <= rank_C, cand, ans)
+    return jax.lax.fori_loop(0, bits, step, jnp.zeros(key_CR.shape[0], jnp.uint32))
 
   b, r = key_BR.shape
   if b <= _ROW_BLOCK:
@@ -359,8 +358,11 @@ def row_smallest_k_mask(x: ArrayLike, k: ArrayLike, mask: ArrayLike | None = Non
   need_B = jnp.minimum(k_B, n_B) - below_B          # ties of the k-th value to take
   tie_BR = valid_BR & (key_BR == kth_B[:, None])
 
-  def some_ties(_):   # the first need_b ties of each row, by column
-    return tie_BR & (jnp.cumsum(tie_BR, axis=1, dtype=jnp.int32) <= need_B[:, None])
+  def some_ties(_):   # the first need_b ties of each row: up to the need_b-th tie's column
+    col_BR = jnp.broadcast_to(jnp.arange(x_BR.shape[1], dtype=jnp.uint32), x_BR.shape)
+    last_B = _row_kth_key(col_BR, tie_BR, jnp.maximum(need_B - 1, 0),
+                          bits=max(int(x_BR.shape[1] - 1).bit_length(), 1))
+    return tie_BR & (col_BR <= last_B[:, None]) & (need_B > 0)[:, None]
 
   ties_BR = jax.lax.cond(jnp.any(need_B < equal_B), some_ties, lambda _: tie_BR, None)
   sel_BR = valid_BR & (key_BR < kth_B[:, None]) | ties_BR
