@@ -24,8 +24,9 @@ only the agents' answers. A demonstration (h + 1 coordinator turns, as multidoc'
 Who answers an `ask`: the environment's `agent(doc, question) -> (text, record)`. A freshly
 made environment has the oracle (`oracle_answer`: the document's fact, else "none"), which
 the demonstrations and the agents' warm-up targets use; `AgentsMultiTurnSampler` binds the
-policy's agents (`DocAgents`: one sampler call per `ask`, the sampler's log-probs recorded)
-to every environment it plays, for training rollouts and evaluation alike. The `record` of a
+policy's agents (`DocAgents`: the `ask` calls of a turn sampled as one batch across the
+episodes, the sampler's log-probs recorded) to every environment it plays, for training
+rollouts and evaluation alike. The `record` of a
 call (its prompt, tokens, masks and sampler log-probs, in the single-turn sampler's layout)
 is the step's `info["agent_call"]`, from which the runner (experiments/extensions/subagents.py) builds
 the agents' training rows. An `ask` on the episode's last turn (its answer would never be
@@ -54,11 +55,12 @@ import jax
 import numpy as np
 from flax import nnx
 
+from credit import parallel
 from credit.envs.base import Limits, Turn, task_limits
 from credit.envs.lookup import RELATIONS
 from credit.envs.multidoc import MultiDoc, MultiDocEnv
 from credit.envs.rollout import MultiTurnSampler, demonstration_episode
-from credit.envs.tools import ANSWER, Action
+from credit.envs.tools import ANSWER, MALFORMED, Action, parse_action
 from credit.tasks.base import register_task, text_field
 from credit.tasks.char_tokenizer import decode_responses, encode_prompts
 
@@ -192,6 +194,25 @@ class MultiDocAgentsEnv(MultiDocEnv):
   def _role(self, action: Action) -> int:
     return SYNTHESIS if action.kind == ANSWER else COORDINATOR
 
+  def _asked_doc(self, action: Action) -> int | None:
+    """The document index of a well-formed `ask` (d in 1..n, a question of 1 to
+    QUESTION_CHARS characters), else None."""
+    arg, question = action.args
+    n = len(self.docs)
+    ok = arg in [str(i) for i in range(1, n + 1)] and 0 < len(question) <= QUESTION_CHARS
+    return int(arg) - 1 if ok else None
+
+  def agent_request(self, action: str) -> tuple[str, str] | None:
+    """The (document text, question) that `step(action)` would put to an agent now, else
+    None; changes nothing (the multi-turn engine batches a turn's calls with it)."""
+    ep = self._ep
+    if not ep.started or ep.done or self.num_turns + 1 >= self.limits.max_turns:
+      return None
+    parsed = parse_action(action, self.fmt, self.tools)
+    if parsed.kind in (MALFORMED, ANSWER) or self._asked_doc(parsed) is None:
+      return None
+    return self.docs[self._asked_doc(parsed)][:self.doc_chars], parsed.args[1]
+
   def _gold_calls(self, state: tuple[bool, ...]) -> tuple[str, ...]:
     for i, seen in enumerate(state):
       if not seen:
@@ -208,7 +229,7 @@ class MultiDocAgentsEnv(MultiDocEnv):
                                "agent_call": None})
     arg, question = action.args
     n = len(self.docs)
-    if arg not in [str(i) for i in range(1, n + 1)] or not 0 < len(question) <= QUESTION_CHARS:
+    if self._asked_doc(action) is None:
       return state, Turn(f"error: write ask(d, name relation), d in 1..{n}", correct=False,
                          info={"gold_calls": gold, "doc": None, "gold_revealed": (),
                                "agent_call": None, "valid": False})
@@ -232,10 +253,14 @@ class MultiDocAgentsEnv(MultiDocEnv):
 
 class DocAgents:
   """The policy as per-document agents for one rollout: each call samples one short turn
-  after `agent_prompt(doc, question)` (a batch of one; the k-th call's key is
-  fold_in(key, k)) and returns (decoded answer, record). The record holds the row in the
-  single-turn sampler's layout ([P + W] prompt then response, right-padded): `prompt`,
-  `tokens`, `prompt_mask`, `response_mask`, `logprob_sampler`, `logprob_raw` (numpy)."""
+  after `agent_prompt(doc, question)` and returns (decoded answer, record). The record holds
+  the row in the single-turn sampler's layout ([P + W] prompt then response, right-padded):
+  `prompt`, `tokens`, `prompt_mask`, `response_mask`, `logprob_sampler`, `logprob_raw` (numpy).
+
+  The calls of one turn across all episodes are sampled as one batch (`prefetch`, which
+  `AgentsMultiTurnSampler` runs before stepping the environments); they are then answered in
+  order. Calls are numbered in the order they are asked; a batch starting at call c draws its
+  i-th row with fold_in(fold_in(key, c), i) (a call not prefetched: a batch of one)."""
 
   def __init__(self, sampler, tokenizer, model_state, key, *, prompt_width: int,
                max_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -245,19 +270,34 @@ class DocAgents:
     self.prompt_width, self.max_tokens = prompt_width, max_tokens
     self.kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     self.calls = 0
+    self.ready: list[tuple[tuple[str, str], tuple[str, dict]]] = []  # prefetched, in order
 
-  def __call__(self, doc: str, question: str) -> tuple[str, dict]:
-    prompt = agent_prompt(doc, question)
-    toks, mask = encode_prompts(self.tokenizer, [prompt], self.prompt_width)
+  def _sample(self, requests: Sequence[tuple[str, str]]) -> list[tuple[str, dict]]:
+    prompts = [agent_prompt(doc, question) for doc, question in requests]
+    toks, mask = encode_prompts(self.tokenizer, prompts, self.prompt_width)
     out = self.sampler(self.model_state, prompt_tokens=toks, prompt_mask=mask,
                        key=jax.random.fold_in(self.key, self.calls),
                        max_new_tokens=self.max_tokens, **self.kw)
-    self.calls += 1
-    host = {k: np.asarray(getattr(out, k))[0] for k in
-            ("tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw")}
-    text = decode_responses(self.tokenizer, host["tokens"][None],
-                            host["response_mask"][None])[0].strip()
-    return text, dict(host, prompt=prompt, answer=text)
+    self.calls += len(requests)
+    host = parallel.to_host({k: getattr(out, k) for k in (
+        "tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw")})
+    texts = decode_responses(self.tokenizer, host["tokens"], host["response_mask"])
+    return [(t.strip(), dict({k: v[i] for k, v in host.items()}, prompt=p, answer=t.strip()))
+            for i, (t, p) in enumerate(zip(texts, prompts))]
+
+  def prefetch(self, requests: Sequence[tuple[str, str]]) -> None:
+    """Samples the answers to `requests` ((doc, question) pairs, in the order they will be
+    asked) as one batch; the next calls are answered from them."""
+    if requests:
+      self.ready = list(zip(requests, self._sample(requests)))
+
+  def __call__(self, doc: str, question: str) -> tuple[str, dict]:
+    if self.ready:
+      (asked, answer), self.ready = self.ready[0], self.ready[1:]
+      if asked == (doc, question):
+        return answer
+      self.ready = []  # asked otherwise than foreseen: sample this call on its own
+    return self._sample([(doc, question)])[0]
 
 
 class AgentsMultiTurnSampler(MultiTurnSampler):
@@ -279,6 +319,17 @@ class AgentsMultiTurnSampler(MultiTurnSampler):
                      jax.random.fold_in(key, _AGENT_FOLD), prompt_width=self.layout.prompt_width,
                      max_tokens=self.agent_max_tokens, **sampling_kw)
 
+  def _step_envs(self, envs, texts):
+    """Batches the turn's agent calls across the episodes: the calls the environments'
+    steps will make (`agent_request`) are sampled as one batch (`DocAgents.prefetch`), then
+    the environments are stepped, in row order, and answered from it."""
+    agents = getattr(self, "_agents", None)
+    if agents is not None:
+      asked = [env.agent_request(text) for env, text in zip(envs, texts)
+               if getattr(env, "agent", None) is agents and hasattr(env, "agent_request")]
+      agents.prefetch([a for a in asked if a is not None])
+    return super()._step_envs(envs, texts)
+
   def __call__(self, model_state, envs, *, key, **kw):
     if isinstance(model_state, nnx.Module):
       model_state = nnx.state(model_state)
@@ -288,4 +339,8 @@ class AgentsMultiTurnSampler(MultiTurnSampler):
     for env in envs:
       if hasattr(env, "bind_agent"):
         env.bind_agent(agents)
-    return super().__call__(model_state, envs, key=key, **kw)
+    self._agents = agents
+    try:
+      return super().__call__(model_state, envs, key=key, **kw)
+    finally:
+      self._agents = None
