@@ -14,7 +14,8 @@ local rows in the multi-turn engine:
 3. `local_rollouts` restores L fresh environments of the episode's example to that snapshot
    and plays L continuations (`MultiTurnSampler.continue_episodes`: the prefix — prompt,
    turns < k and their observations, token for token as the episode had them — is
-   re-prefilled as context, then turns k, k+1, ... are sampled to the end of the episode).
+   prefilled again as context, once for the L siblings, whose rows share its cache; then
+   turns k, k+1, ... are sampled to the end of the episode).
 
 The batch is the B episodes followed by P·L local rows (static: `num_parents` × `local_size`),
 siblings of one parent contiguous. Row fields: `parent_id` −1 for an episode, the parent
@@ -32,8 +33,9 @@ parent's prompt group, local rows outside the global statistics) follows the pap
 and the authors' local normalisation. Ours, not from the paper or its code (neither says how
 Memory-R2 picks the states): the choice
 of states (uniform over episodes with a boundary, then uniform over their boundaries), P and
-L, the padding rows, and the re-prefill of the prefix (the first rollout's KV cache is not
-kept; the continuation's log-probs equal one forward pass over the whole row, tested).
+L, the padding rows, and the prefill of the prefix once per saved state (the first rollout's
+KV cache is not kept; the continuation's log-probs equal one forward pass over the whole row,
+tested).
 """
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ Observation tokens never receive policy gradient: they are outside `response_mas
 Saved states (Memory-R2's local re-rollouts, `credit.envs.branching`): with
 `keep_snapshots=True` the sampler keeps each environment's `snapshot()` after every turn that
 did not end its episode; `continue_episodes` plays episodes on from such a state, given the
-episode's tokens up to there (re-prefilled as context, then turns k, k+1, ... as above).
+episode's tokens up to there (prefilled again as context, once for the neighbouring rows that
+continue the same state, then turns k, k+1, ... as above).
 """
 from __future__ import annotations
 
@@ -443,7 +444,8 @@ class MultiTurnSampler:
     `prefixes[r]` holds the tokens of that episode up to there, as `__call__` returned them
     (compacted: prompt, actions and observations of turns < k, no pads), of which the first
     `prompt_len[r]` are the prompt. The prefix is fed again (one prefill of the whole prefix
-    as the context; the first rollout's cache is not kept), then turns k, k+1, ... are played
+    as the context, shared by neighbouring rows with the same prefix, `shared_run`; the first
+    rollout's cache is not kept), then turns k, k+1, ... are played
     as in `__call__` until the environment says done, turn K−1, or the episode's budget
     (`max_total_tokens`, counting the prefix's actions and observations) runs out. With the
     same parameters, the continuation is a draw from the policy's distribution given that

@@ -512,7 +512,8 @@ def _check_logo(c: ml_collections.ConfigDict) -> None:
           doc="env_rollout's G episodes per prompt, then Memory-R2's local re-rollouts: "
               "c.logo.branch_rows episodes (distinct, >= 2 turns) each restored to its "
               "environment's snapshot after a turn k >= 1 (uniform) and continued "
-              "c.logo.local_size times from the same token prefix (re-prefilled; the prefix is "
+              "c.logo.local_size times from the same token prefix (prefilled once for the "
+              "siblings, who share its cache; the prefix is "
               "context, the continuation the loss tokens); parent_id = the episode's row, "
               "reward = each continuation's own outcome",
           when=lambda c: rollout_kind(c) == "logo",
