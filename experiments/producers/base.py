@@ -121,6 +121,21 @@ def model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
                      qkv_bias=m.family == "qwen2", tie_embeddings=False, **run)
 
 
+def init_policy(cfg: ModelConfig, mesh, seed: int) -> nnx.Module:
+  """A randomly initialised `Decoder(cfg)` whose parameters are created already sharded on
+  `mesh` by their logical axes (`credit.models.logical_to_mesh_sharding`): one jitted init
+  whose outputs carry those shardings, so each device draws only its own shard. Eager
+  creation (even under `jax.set_mesh`) makes every array whole first, on one device or on
+  each, which at a real vocabulary (151,936 x 1024) costs gigabytes per device."""
+  from credit.models import Decoder, logical_to_mesh_sharding
+  abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
+  graphdef, abstract_state = nnx.split(abstract)
+  shardings = logical_to_mesh_sharding(abstract_state, mesh)
+  state = jax.jit(lambda: nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1],
+                  out_shardings=shardings)()
+  return nnx.merge(graphdef, state)
+
+
 def scoring_temperature(c: ml_collections.ConfigDict) -> float:
   """The temperature τ the rows were sampled at, under which the passes over them score
   (softmax(z/τ)), so the recomputed old log-probs are the behaviour policy's: π_old/π_behav = 1.
