@@ -9,7 +9,8 @@ qa.jsonl` (JSON lines: {"id", "title", "text"} per document, {"question", "answe
 question; docs/guides/tools.md), with a checkpoint's tokenizer (`--config.init_from`) when the
 texts leave the character tokenizer's vocabulary. The GRPO baseline on the same setting:
 `--config.estimator=grpo`; exact match as the outcome: `--config.task_kwargs.reward=em`.
-Time: the tiny variant ~20-40 s on a loaded 2-core CPU; the full run is not yet measured.
+Time: `:tiny` 40 s of CPU time (2.6 min wall at load average 15 on a 2-core CPU; igpo_lookup
+  `:tiny` 45 s CPU measured alongside); the full run is not yet measured.
 Score: not yet measured.
 
 The setting (`credit.envs.search`, `credit.envs.corpus`). The built-in corpus describes 40
