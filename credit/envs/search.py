@@ -286,8 +286,8 @@ class SearchQA:
 
   Attributes:
     corpus_path: a JSON-lines corpus; "" = the built-in corpus.
-    questions_path: JSON-lines questions over it; "" = generated from the built-in corpus
-      (needs corpus_path "").
+    questions_path: JSON-lines questions over the corpus (the built-in one or yours); "" =
+      questions generated from the built-in corpus.
     eval_fraction: the held-out share: of the questions file, or of the built-in corpus's
       people (questions starting from them go to the eval split).
     corpus_seed, num_people: the built-in corpus.
@@ -384,6 +384,10 @@ class SearchQA:
 
   @property
   def max_action_chars(self) -> int:
+    """The longest demonstrated action: a search for a question of the file (its text), or
+    "search(<relation> of <name>)"."""
+    if self.questions_path:
+      return len(self.fmt.call("search", "x" * self.max_prompt_chars))
     words = max(len(r) for r in corpus_lib.RELATIONS)
     return len(self.fmt.call("search", "x" * (words + len(" of ") + 3)))
 
@@ -466,7 +470,7 @@ class SearchQA:
 
   def chain(self, example: Mapping[str, Any]) -> tuple[corpus_lib.Fact, ...] | None:
     """The facts a built-in question follows (None for questions from a file)."""
-    if self._corpus is None:
+    if self._corpus is None or self.questions_path:
       return None
     prompt = text_field(example, "prompt")
     chain = corpus_lib.question_chain(self._corpus, prompt)

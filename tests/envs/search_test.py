@@ -148,3 +148,19 @@ def test_a_batch_of_episodes_plays_concurrently_and_deterministically(task):
       r[0].observation for r in batches[1].results]
   fields = batches[0].turn_fields(task.max_turns)
   assert fields["step_mask"][:, 0].all() and not fields["step_mask"][:, 1:].any()
+
+
+def test_questions_from_a_file_over_the_built_in_corpus(tmp_path):
+  """A user's questions over the built-in corpus: scored by F1, progress from the answer."""
+  c = corpus_lib.make_corpus(0, num_people=24)
+  (s, r), v = next((k, v) for k, v in c.facts.items() if k[1] == "city")
+  path = tmp_path / "qa.jsonl"
+  path.write_text(json.dumps({"question": f"where does {s} live?", "answer": v}) + "\n")
+  task = SearchQA(num_people=24, questions_path=str(path), eval_fraction=0.0)
+  e = task.generate(np.random.default_rng(0), 1)[0]
+  assert task.demonstration_turns(e) == [f"search(where does {s} live)", f"answer({v})"]
+  assert len(task.demonstration_turns(e)[0]) <= task.max_action_chars
+  env = task.make_env(e)
+  env.reset()
+  res = env.step(f"search(city of {s})")
+  assert res.progress == 1.0 and v in res.observation
