@@ -54,7 +54,8 @@ reward-hacking moves of a policy (reading the tests, writing elsewhere, calling 
 spawning), but a determined adversary with a memory-corruption bug in CPython or a C
 extension could get past it. There is no network namespace or seccomp filter (both need
 privileges). Run untrusted code from strangers in a container or VM (gVisor, nsjail,
-firejail) and use this sandbox inside it.
+firejail) and use this sandbox inside it. Linux only: the limits are `resource` rlimits and
+descriptors are resolved through /proc/self/fd.
 
 >>> run_python("print(6 * 7)").stdout                                   # doctest: +SKIP
 '42\\n'
