@@ -17,7 +17,13 @@ Rows (forward only unless noted, no gradient):
 Columns: median ms of --repeats calls after a compile, and the ratio to "policy pass" in the
 same run.
 
+With `--real`, the same rows at a real vocabulary: the student has Qwen3-0.6B's shapes and the
+teacher Qwen3-1.7B's (`credit.models.preset`: V = 151,936, widths 1024 and 2048, tied
+embeddings), each cut to `--layers` blocks (the unembedding, which a real vocabulary makes the
+largest matmul of a short sequence, is whole), B = `--batch` rows of P = R = 16 tokens.
+
   python benchmarks/teacher.py [--batch 256] [--context 24] [--repeats 5]
+  python benchmarks/teacher.py --real [--batch 16] [--layers 2] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from credit import scoring
-from credit.models import Decoder
+from credit import parallel
+from credit.models import Decoder, preset
 from credit.models.config import tiny_config
 from credit.tasks import CharTokenizer
 
@@ -47,19 +54,42 @@ def model(width: int, layers: int, heads: int) -> Decoder:
   return Decoder(cfg, rngs=nnx.Rngs(0))
 
 
+def real_models(layers: int) -> tuple[Decoder, Decoder]:
+  """Student and teacher of Qwen3-0.6B's and Qwen3-1.7B's shapes, `layers` blocks each,
+  initialised by one jitted program each (eager init of a 151,936-row table is slow)."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from experiments.producers.base import init_policy
+  mesh = parallel.make_mesh("data=1")
+  return tuple(init_policy(preset(name, num_layers=layers), mesh, seed)
+               for seed, name in enumerate(("qwen3-0.6b", "qwen3-1.7b")))
+
+
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--batch", type=int, default=256)
+  ap.add_argument("--batch", type=int, default=0, help="rows (default 256; --real: 16)")
   ap.add_argument("--context", type=int, default=24)
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--real", action="store_true",
+                  help="Qwen3-0.6B student, Qwen3-1.7B teacher, V = 151,936")
+  ap.add_argument("--layers", type=int, default=2, help="--real: blocks of each model")
   a = ap.parse_args()
-  V = CharTokenizer().vocab_size
+  global P, R
+  if a.real:
+    P, R = 16, 16
+    student, teacher = real_models(a.layers)
+    V = student.config.vocab_size
+    batch = a.batch or 16
+    shapes = (f"student Qwen3-0.6B shapes, teacher Qwen3-1.7B shapes, {a.layers} blocks each")
+  else:
+    V = CharTokenizer().vocab_size
+    batch = a.batch or 256
+    student, teacher = model(128, 2, 4), model(192, 3, 6)
+    shapes = "student 128x2, teacher 192x3"
   key = jax.random.PRNGKey(0)
-  tokens = jax.random.randint(key, (a.batch, P + R), 3, V)
+  tokens = jax.random.randint(key, (batch, P + R), 3, V)
   mask = jnp.ones(tokens.shape, bool)
-  ctx_tokens = jax.random.randint(key, (a.batch, P + a.context + R), 3, V)
+  ctx_tokens = jax.random.randint(key, (batch, P + a.context + R), 3, V)
   ctx_mask = jnp.ones(ctx_tokens.shape, bool)
-  student, teacher = model(128, 2, 4), model(192, 3, 6)
   s_def, s_par = nnx.split(student)
   t_def, t_par = nnx.split(teacher)
 
@@ -104,8 +134,8 @@ def main():
       ("update fwd+bwd", lambda f=update(False): f(s_par)),
       ("update + top-16", lambda f=update(True): f(s_par)),
   ]
-  print(f"B={a.batch}, P={P}, R={R}, V={V}; student 128x2, teacher 192x3; "
-        f"{jax.devices()[0].platform}")
+  print(f"B={batch}, P={P}, R={R}, V={V}; {shapes}; {jax.devices()[0].platform}, "
+        f"load {os.getloadavg()[0]:.1f}")
   print(f"{'pass':38s} {'ms':>8s} {'x policy':>9s}")
   base = None
   for name, fn in rows:
