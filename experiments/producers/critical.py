@@ -189,7 +189,7 @@ def _pack(rows: list[list[int]], width: int, pad: int) -> tuple[np.ndarray, np.n
 
 def _new_tokens(out) -> list[list[int]]:
   """The sampled tokens of each output row."""
-  toks, resp = np.asarray(out.tokens), np.asarray(out.response_mask)
+  toks, resp = parallel.to_host((out.tokens, out.response_mask))  # rows sharded on the mesh
   return [toks[r, resp[r]].tolist() for r in range(toks.shape[0])]
 
 
