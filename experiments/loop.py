@@ -9,12 +9,16 @@
   step-0 checkpoint.
 * `rl_step`: the planned producers in order (rollout, rewards, the extra passes the method
   needs), the estimator with exactly its data fields, the update with exactly the loss's.
-* `record`: periodic eval, metrics, sampled rollouts, progress, checkpoints.
+* `record`: progress, periodic eval, metrics, sampled rollouts, checkpoints.
 * `finish`: HF export, plots, summary.
 
-What a run writes for its reader (process 0): metrics.jsonl (+ TensorBoard), samples.jsonl
-(a few rollouts every `c.samples_every` steps, as the model saw them), curves.png,
-token_credit.png, summary.md (before / after, wall time).
+What a run writes for its reader (process 0): log.txt (what it printed: progress lines
+every `c.log_every` steps, each evaluation, messages; `experiments/progress.py`),
+metrics.jsonl (+ TensorBoard), warmup.jsonl (the warm-up's loss per step), samples.jsonl (a
+few rollouts every `c.samples_every` steps, as the model saw them), curves.png,
+token_credit.png, token_change.png (log π of the starting policy's greedy held-out answers,
+final minus start: `probe.npz`), summary.md (before / after, wall time, where learning
+happened); `reporting.write_run_report`.
 
 Everything threaded from step to step is in `RunState` (the checkpointed pytree, the
 loader position, the step count), not in closures.
@@ -42,7 +46,7 @@ from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_epi
                                  encode_episode)
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import checkpointing, extensions, producers, reporting, train
+from experiments import checkpointing, extensions, producers, progress, reporting, train
 
 SetupError = producers.SetupError
 
@@ -461,7 +465,7 @@ def _sft_batches(data: Data, c, rng: np.random.Generator):
 
 
 def evaluate(sampler, model_state, data: Data, c, batch_size: int,
-             step: int = 0) -> dict[str, float]:
+             step: int = 0, probe: bool = False):
   """Held-out evaluation: greedy accuracy and mean reward; with `c.eval_samples = k > 0` also
   k samples per prompt at the training temperature / top_k / top_p:
 
@@ -469,12 +473,16 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int,
     eval_pass_at_k = fraction of prompts with at least one correct (reward >= 1) sample.
 
   The sampling key depends only on (c.seed, step), so a resumed run evaluates identically.
+  With `probe`, returns (metrics, the first batch's greedy answers: host tokens,
+  prompt_mask, response_mask, prompt texts, reward of its `rows` real rows), or (metrics,
+  None) for multi-turn tasks.
   """
   k = max(0, int(c.get("eval_samples", 0) or 0))
   key = jax.random.fold_in(jax.random.key(c.seed + 7_919), step)
   if getattr(sampler, "layout", None) is not None:  # a MultiTurnSampler: play episodes
-    return _evaluate_episodes(sampler, model_state, data, c, batch_size, k, key)
-  greedy, sampled = [], []
+    m = _evaluate_episodes(sampler, model_state, data, c, batch_size, k, key)
+    return (m, None) if probe else m
+  greedy, sampled, first = [], [], None
   ex = data.eval
   for n, i in enumerate(range(0, len(ex), batch_size)):
     chunk = ex[i:i + batch_size]
@@ -486,6 +494,10 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int,
     host = parallel.to_host({"tokens": out.tokens, "response_mask": out.response_mask})
     texts = tasks_lib.decode_responses(data.tokenizer, host["tokens"], host["response_mask"])
     greedy.append(tasks_lib.verify_batch(data.task, chunk, texts[:len(chunk)]))
+    if probe and n == 0:
+      first = dict(parallel.to_host({"prompt_mask": out.prompt_mask}), **host,
+                   reward=np.asarray(greedy[0], np.float32), rows=len(chunk),
+                   prompt=np.asarray([e["prompt"] for e in chunk]))
     if k:  # rows n*k .. n*k+k-1 continue prompt n
       out = sampler(model_state, prompt_tokens=toks, prompt_mask=mask,
                     key=jax.random.fold_in(key, n), max_new_tokens=c.max_new_tokens,
@@ -501,7 +513,7 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int,
     s = np.concatenate(sampled)
     m["eval_mean_at_k"] = float(np.mean(s))
     m["eval_pass_at_k"] = float(np.mean(np.any(s >= 1.0, axis=1)))
-  return m
+  return (m, first) if probe else m
 
 
 def _evaluate_episodes(sampler, model_state, data: Data, c, batch_size: int, k: int,
@@ -567,11 +579,13 @@ class Runner:
   ckpt: checkpointing.Checkpointer
   eval_batch_size: int
   is_main: bool
+  log: progress.RunLog | None = None  # <workdir>/log.txt (process 0)
 
   def say(self, message: str) -> None:
-    """A progress message (process 0 only), through tqdm so it never breaks the bar."""
+    """A message on stdout and in log.txt (process 0 only), through tqdm so it never breaks
+    the bar."""
     if self.is_main:
-      reporting.write_message(f"[credit] {message}")
+      progress.say(message, self.log)
 
 
 class StepBatch(NamedTuple):
@@ -598,7 +612,8 @@ class RunState:
   with a mixed-reward group (else of the most recent step), for the token-credit heatmap.
   samples: this step's rows for samples.jsonl (empty on other steps and other processes).
   best_eval: with `c.keep_best_eval`, the step and eval_accuracy of <workdir>/best_policy
-  (saved in the checkpoint's meta).
+  (saved in the checkpoint's meta). probe: the starting policy's greedy answers to the first
+  held-out batch with their log-probs under it (`PROBE_FILE`), for token_change.png.
   """
   train: train.TrainState
   ref_params: Any
@@ -609,6 +624,7 @@ class RunState:
   heatmap: StepBatch | None = None
   samples: list = dataclasses.field(default_factory=list)
   best_eval: dict = dataclasses.field(default_factory=dict)  # keep_best_eval: step, accuracy
+  probe: dict | None = None
 
   def checkpoint(self) -> dict[str, Any]:
     return {"train": self.train, "ref_params": self.ref_params, "learners": self.learners}
@@ -704,7 +720,9 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
       extensions=tuple(built),
       ckpt=checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       max_to_keep=c.keep_checkpoints),
-      eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0)
+      eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0,
+      log=(progress.RunLog(workdir, header=reporting.run_headline(c))
+           if jax.process_index() == 0 else None))
   keep_copy = method.keeps_reference and not reference_from_adapters(c, method)
   ref = state.params if keep_copy else None  # restore template only
   return runner, RunState(state, ref, tasks_lib.make_loader(data.train, c.prompts_per_step,
@@ -757,6 +775,9 @@ def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
                              best_eval=dict(restored.meta.get("best_eval") or {}))
     run.say(f"resumed from step {rs.step} in {run.ckpt.directory}")
     return rs
+  stale = os.path.join(run.workdir, progress.WARMUP_FILE)
+  if run.is_main and not run.c.sft_steps and os.path.exists(stale):
+    os.remove(stale)  # an earlier run's warm-up in this workdir
   state = warm_up(run, rs.train) if run.c.sft_steps else rs.train
   # A copy: the update donates state.params, which would delete buffers shared with it.
   keep_copy = run.method.keeps_reference and not reference_from_adapters(run.c, run.method)
@@ -781,10 +802,27 @@ def warm_up(run: Runner, state: train.TrainState) -> train.TrainState:
   p = jax.tree.map(jnp.copy, state.params)
   o = jax.jit(sft_tx.init, out_shardings=so_sh)(state.params)
   batches = _sft_batches(run.data, c, np.random.default_rng(c.seed + 7))
-  t0 = time.perf_counter()
-  for _ in range(c.sft_steps):
+  bar = progress.ProgressBar(c.sft_steps, desc="warm-up", disable=None if c.progress else True,
+                             fields=progress.WARMUP_FIELDS, every=c.get("log_every", 0),
+                             log=run.log, quiet=not run.is_main)
+  record = progress.WarmupRecord(run.workdir) if run.is_main else None
+  t0 = seen = time.perf_counter()
+  pending = []  # the metrics of steps not yet read back (reading waits for the device)
+  for i in range(c.sft_steps):
     p, o, m = sft_step(p, o, parallel.shard_batch(next(batches), run.mesh))
+    pending.append(m)
+    if ((i + 1) % bar.every == 0 or i + 1 in (1, c.sft_steps)
+        or (bar.live and time.perf_counter() - seen > 0.5)):
+      for step, row in enumerate(jax.device_get(pending), i + 2 - len(pending)):
+        row = {k: float(v) for k, v in row.items()}
+        bar.update(step, row)
+        if record:
+          record.write(step, row)
+      pending, seen = [], time.perf_counter()
   jax.block_until_ready(p)
+  bar.close()
+  if record:
+    record.close()
   run.say(f"SFT warm-up: {c.sft_steps} steps, loss {float(m['sft_loss']):.4f}, "
           f"{time.perf_counter() - t0:.1f}s")
   return state.replace(params=p, opt_state=jax.jit(run.tx.init, out_shardings=o_sh)(p))
@@ -879,8 +917,23 @@ def learn(run: Runner, rs: RunState, ctx: producers.StepContext, batch: dict, ti
                              c.samples_per_step)
   metrics = _step_metrics(dict(upd, **ctx.metrics), host, adv, time.perf_counter() - t_step,
                           times)
+  lp = _sampling_logprob(c, batch)
+  if lp is not None:  # −log π of the sampled tokens: an entropy estimate, without a pass
+    lp = jnp.where(batch["response_mask"], lp, 0.0)
+    metrics["sampled_entropy"] = float(-jnp.sum(lp) / max(1, int(host["response_mask"].sum())))
   return dataclasses.replace(rs, train=state, step=step, checked=True, heatmap=heatmap,
                              samples=samples, learners=ctx.learners), metrics
+
+
+def _sampling_logprob(c, batch: dict):
+  """log π_sample(y_t) [B,T] of the sampled tokens under the distribution they were drawn from,
+  when the batch has it: `logprob_sampler`, or the sampler's `logprob_raw` when sampling was
+  plain (temperature 1, no truncation); else None. Its mean negative over the response tokens
+  is a one-sample estimate of the sampling policy's per-token entropy."""
+  if "logprob_sampler" in batch:
+    return batch["logprob_sampler"]
+  plain = float(c.temperature) == 1.0 and not producers.truncated_sampling(c)
+  return batch.get("logprob_raw") if plain else None
 
 
 def _host_view(batch: dict) -> dict:
@@ -943,13 +996,30 @@ def _step_metrics(upd, host, adv, step_time: float, times: dict) -> dict[str, fl
   return m
 
 
-def _evaluate(run: Runner, rs: RunState) -> dict[str, float]:
-  m = evaluate(run.setup.multi_sampler or run.setup.sampler,
-               run.setup.model_state(rs.train.params), run.data, run.c,
-               run.eval_batch_size, step=rs.step)
+def _evaluate(run: Runner, rs: RunState, probe: bool = False):
+  """`evaluate` on the current policy (with `probe`: (metrics, the first batch's answers)),
+  the best policy kept, and one line on the terminal and in log.txt."""
+  t0 = time.perf_counter()
+  m, first = evaluate(run.setup.multi_sampler or run.setup.sampler,
+                      run.setup.model_state(rs.train.params), run.data, run.c,
+                      run.eval_batch_size, step=rs.step, probe=True)
   if run.c.keep_best_eval and m["eval_accuracy"] > rs.best_eval.get("eval_accuracy", -1):
     keep_best(run, rs, m["eval_accuracy"])
-  return m
+  run.say(progress.eval_line(rs.step, m, seconds=time.perf_counter() - t0,
+                             num_prompts=len(run.data.eval), samples=run.c.eval_samples))
+  return (m, first) if probe else m
+
+
+PROBE_FILE = "probe.npz"
+
+
+def _probe_logprobs(run: Runner, params, probe: dict) -> np.ndarray:
+  """log π(y_t) [R,T] of the probe's tokens under `params` (the raw model: temperature 1)."""
+  score = run.setup.scorer(entropy=False, tempered=False)
+  dev = parallel.shard_batch({"tokens": probe["tokens"],
+                              "attn_mask": probe["prompt_mask"] | probe["response_mask"]},
+                             run.mesh)
+  return np.asarray(parallel.to_host(score(params, dev["tokens"], dev["attn_mask"])[0]))
 
 
 def keep_best(run: Runner, rs: RunState, accuracy: float) -> None:
@@ -996,9 +1066,11 @@ class Outputs:
 
 
 def record(run: Runner, rs: RunState, metrics: dict, out: Outputs | None, bar) -> None:
-  """After a step: periodic eval, metrics row (with `wall_time`), sampled rollouts, progress,
-  checkpoint, the test kill hook."""
+  """After a step: progress (the bar, or a plain line every `c.log_every` steps), periodic eval
+  (one line), metrics row (with `wall_time`), sampled rollouts, checkpoint, the test kill
+  hook."""
   c, done = run.c, rs.step
+  bar.update(done, metrics)
   if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
     t0 = time.perf_counter()
     metrics.update(_evaluate(run, rs))
@@ -1006,7 +1078,6 @@ def record(run: Runner, rs: RunState, metrics: dict, out: Outputs | None, bar) -
   if out:
     out.metrics.write(done, dict(metrics, wall_time=out.wall_time()))
     out.samples.write(rs.samples)
-  bar.update(done, metrics)
   if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.steps):
     save(run, rs)
   if done == c.kill_at_step:
@@ -1018,6 +1089,9 @@ def finish(run: Runner, rs: RunState, out: Outputs | None) -> dict[str, Any]:
   across processes), then plots and summary on process 0."""
   run.ckpt.close()
   c, s = run.c, run.setup
+  change = None  # the probe's log-probs now, before the export merges LoRA into the weights
+  if rs.probe is not None and rs.step > 0:
+    change = dict(rs.probe, logprob_end=_probe_logprobs(run, rs.train.params, rs.probe))
   if c.export_hf:
     export_policy(train.merge_model(s.graphdef, rs.train.params, s.rest), run.mcfg,
                   os.path.join(run.workdir, "hf_policy"), init_from=c.init_from,
@@ -1028,7 +1102,20 @@ def finish(run: Runner, rs: RunState, out: Outputs | None) -> dict[str, Any]:
   if not out:
     return {}
   out.close()
-  return _finish_outputs(run.workdir, c, run.data, heatmap, reporting)
+  try:
+    family = credit.get_estimator(c.estimator).family
+  except (KeyError, ValueError):
+    family = ""
+  result = reporting.write_run_report(run.workdir, c, run.data.tokenizer, heatmap,
+                                      change=change, step=rs.step, family=family)
+  first, last = result["eval_accuracy_first"], result["eval_accuracy_last"]
+  evals = ("" if first is None else f": held-out accuracy {first:.3f} -> {last:.3f} (best "
+           f"{result['eval_accuracy_best']:.3f} at step {result['eval_best_step']})")
+  run.say(f"done at step {rs.step} in {progress.duration(out.wall_time())}{evals}; summary.md, "
+          f"curves.png and log.txt in {run.workdir}")
+  if run.log is not None:
+    run.log.close()
+  return result
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -1045,20 +1132,39 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   resumed = rs.step > 0
   out = (Outputs.open(workdir, resume_step=rs.step if resumed else None, t0=t_start)
          if runner.is_main else None)
-  bar = reporting.ProgressBar(config.steps, initial=rs.step,
-                              disable=None if config.progress else True)
   if not resumed:
     t0 = time.perf_counter()
-    ev = _evaluate(runner, rs)
+    ev, first = _evaluate(runner, rs, probe=True)
     ev["eval_time"] = time.perf_counter() - t0
     if out:
       out.metrics.write(0, dict(ev, warm_up_time=warm_up_time, wall_time=out.wall_time()))
-    runner.say(f"step 0 eval_accuracy {ev['eval_accuracy']:.3f}")
+    rs.probe = _start_probe(runner, rs, first)
+  else:
+    rs.probe = reporting.read_npz(os.path.join(workdir, PROBE_FILE))
+  bar = progress.ProgressBar(config.steps, initial=rs.step, desc="RL",
+                             disable=None if config.progress else True,
+                             every=config.get("log_every", 0), log=runner.log,
+                             line_fields=progress.RL_LINE_FIELDS, quiet=not runner.is_main)
   while rs.step < config.steps:
     rs, metrics = rl_step(runner, rs)
     record(runner, rs, metrics, out, bar)
   bar.close()
   return finish(runner, rs, out)
+
+
+def _start_probe(run: Runner, rs: RunState, first: dict | None) -> dict | None:
+  """A fresh run's probe: the step-0 evaluation's first batch (`first`) with its log-probs
+  under the starting policy, saved to <workdir>/probe.npz for a resumed run; None (and no
+  file) for multi-turn tasks or a run without RL steps."""
+  path = os.path.join(run.workdir, PROBE_FILE)
+  if first is None or not run.c.steps:
+    if run.is_main and os.path.exists(path):
+      os.remove(path)
+    return None
+  probe = dict(first, logprob_start=_probe_logprobs(run, rs.train.params, first))
+  if run.is_main:
+    reporting.write_npz_atomic(path, probe)
+  return probe
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -1082,66 +1188,3 @@ def export_policy(model: Decoder, mcfg: ModelConfig, out_dir: str, *, init_from:
       src = os.path.join(init_from, name)
       if os.path.exists(src):
         shutil.copyfile(src, os.path.join(out_dir, name))
-
-
-def _token_label(tokenizer, t: int) -> str:
-  """One response token as the heatmap writes it: its text, or <eos> / <id> (a byte
-  fragment or control character of a BPE tokenizer)."""
-  if t == tokenizer.eos_id:
-    return "<eos>"
-  text = tokenizer.decode([t])
-  return text if text and (text.isprintable() or text.isspace()) else f"<{t}>"
-
-
-def _heatmap(workdir, c, data: Data, batch: StepBatch, reporting) -> None:
-  """token_credit.png: up to `c.num_heatmap_samples` responses of `batch`, three per group
-  from groups with mixed rewards first (good and bad side by side), each labelled with its
-  prompt and reward."""
-  host = batch.host
-  toks, advs, labels = [], [], []
-  obs_all = host.get("obs_mask")
-  obs = [] if obs_all is not None else None
-  for i in reporting.select_rows(host["reward"], host["group_id"], c.num_heatmap_samples,
-                                 per_group=3):
-    m = host["response_mask"][i]
-    if obs is not None:  # multi-turn: observations shown in place, greyed
-      m = m | obs_all[i]
-      obs.append(obs_all[i][m])
-    toks.append([_token_label(data.tokenizer, int(t)) for t in host["tokens"][i][m]])
-    advs.append(batch.adv[i][m])
-    labels.append(f"{reporting.short_text(batch.prompts[int(host['group_id'][i])])} "
-                  f"r={float(host['reward'][i]):g}")
-  note = "" if batch.mixed else " (no group with mixed rewards)"
-  reporting.plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
-                              labels=labels, observations=obs,
-                              title=f"{c.estimator}: per-token advantages, step {batch.step}{note}")
-
-
-def _settings(c) -> dict[str, Any]:
-  """The config essentials summary.md opens with."""
-  def with_kwargs(name, kwargs):
-    kwargs = dict(kwargs)
-    return f"{name} {kwargs}" if kwargs else name
-  return {"estimator": with_kwargs(c.estimator, c.estimator_kwargs),
-          "policy_loss": with_kwargs(c.policy_loss, c.loss_kwargs),
-          "task": c.data_path if c.task in ("jsonl", "tfds") else c.task,
-          "policy": c.init_from or c.warm_start_from or "from scratch", "steps": c.steps,
-          "prompts x samples per step": f"{c.prompts_per_step} x {c.group_size}",
-          "SFT warm-up steps": c.sft_steps, "seed": c.seed}
-
-
-def _finish_outputs(workdir, c, data: Data, heatmap: StepBatch | None,
-                    reporting) -> dict[str, Any]:
-  """Plots, the token-credit heatmap and summary.md from what the run wrote."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  reporting.plot_curves(path, os.path.join(workdir, "curves.png"))
-  if heatmap is not None:
-    _heatmap(workdir, c, data, heatmap, reporting)
-  rows = reporting.read_metrics(path)
-  reporting.write_text_atomic(os.path.join(workdir, "summary.md"), reporting.run_summary(
-      rows, title=f"{c.estimator} / {c.policy_loss} on {c.task}", settings=_settings(c)))
-  evals = [(r["eval_accuracy"], r["step"]) for r in rows if "eval_accuracy" in r]
-  best = max(evals, key=lambda e: (e[0], -e[1])) if evals else (None, None)
-  return {"eval_accuracy_first": evals[0][0] if evals else None,
-          "eval_accuracy_last": evals[-1][0] if evals else None,
-          "eval_accuracy_best": best[0], "eval_best_step": best[1], "rows": len(rows)}

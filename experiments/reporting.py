@@ -9,14 +9,19 @@
 * `SamplesWriter`: a few rollouts per step as the model saw them (prompt,
   response, reward, per-token advantages) appended to ``workdir/samples.jsonl``,
   truncated on resume like the metrics file.
-* `ProgressBar`: tqdm with reward / accuracy / step time in the postfix;
-  disabled off a TTY. `write_message` prints progress messages through `tqdm.write`.
-* `plot_curves`, `plot_token_credit`: PNGs drawn with matplotlib's object API
+* `ProgressBar`, `write_message`: in `experiments.progress` (a bar on a terminal, plain
+  lines and log.txt elsewhere); importable from here too.
+* `plot_curves` (one panel per recorded quantity, the warm-up's loss included),
+  `plot_token_credit` (responses coloured by advantage, with `credit_caption` saying what
+  the estimator put per token), `plot_token_change` (where a per-token quantity moved, right
+  and wrong answers apart): PNGs drawn with matplotlib's object API
   (`matplotlib.figure.Figure`, Agg canvas), so importing this module changes
   no global pyplot backend.
 * `select_rows`: which rollouts of a step to show (groups with mixed rewards first).
 * `summary_table`: a markdown table of first / last / best value per metric;
   `run_summary`: the whole ``summary.md`` (before / after, wall time, that table).
+* `write_run_report`: what a finished run leaves for its reader (the plots and
+  ``summary.md``) from the files it wrote.
 
 Files that a reader could mistake for complete when half-written (PNGs,
 summaries, the rewritten metrics file on resume) are written to a temporary
@@ -31,19 +36,17 @@ import numbers
 import os
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from experiments import tb_events
+from experiments import progress, tb_events
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 TB_DIR = "tb"
-DEFAULT_CURVE_KEYS = ("reward_mean", "accuracy", "eval_accuracy", "response_length", "loss",
-                      "step_time")
 
 
 # --------------------------------------------------------------------------
@@ -381,78 +384,18 @@ def short_text(text: str, max_chars: int = 40) -> str:
 
 
 # --------------------------------------------------------------------------
-# Progress bar.
+# Progress (in experiments/progress.py; these names stay importable from here).
 # --------------------------------------------------------------------------
 
-# (label shown, metric key) pairs for the postfix.
-DEFAULT_POSTFIX = (("reward", "reward_mean"), ("acc", "accuracy"), ("s/step", "step_time"))
+DEFAULT_POSTFIX = progress.DEFAULT_POSTFIX
+ProgressBar = progress.ProgressBar
+write_message = progress.write_message
 
 
 def _fmt(value: float) -> str:
   if isinstance(value, float) and not math.isfinite(value):
     return str(value)
   return f"{value:.4g}"
-
-
-def write_message(message: str, file=None) -> None:
-  """Prints a progress message (default: stdout) with `tqdm.write`, which clears and redraws
-  any live tqdm bar around it, so messages and the bar never interleave."""
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  tqdm.write(message, file=sys.stdout if file is None else file)
-
-
-class ProgressBar:
-  """A tqdm bar over training steps with live metrics in the postfix.
-
-  Args:
-    total: the last step of the run.
-    initial: the step the run starts from (the restored step on resume).
-    desc: text before the bar.
-    disable: True hides the bar; None (default) hides it when `file` is not a
-      TTY (CI logs, tests); False always shows it.
-    fields: (label, metric key) pairs shown in the postfix when present.
-    file: the stream (default stderr).
-  """
-
-  def __init__(self, total: int, *, initial: int = 0, desc: str = "train",
-               disable: bool | None = None,
-               fields: Sequence[tuple[str, str]] = DEFAULT_POSTFIX, file=None):
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    file = sys.stderr if file is None else file
-    if disable is None:
-      disable = not (hasattr(file, "isatty") and file.isatty())
-    self.disabled = bool(disable)
-    self.fields = tuple(fields)
-    self.postfix: dict[str, str] = {}
-    self._bar = tqdm(total=total, initial=initial, desc=desc, disable=self.disabled,
-                     file=file, dynamic_ncols=True, unit="step")
-    self._n = initial
-
-  def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-    """Moves the bar to `step` and shows the fields present in `metrics`."""
-    step = int(step)
-    if metrics:
-      for label, key in self.fields:
-        if key in metrics:
-          self.postfix[label] = _fmt(_to_scalar(key, metrics[key]))
-    if not self.disabled:
-      if self.postfix:
-        self._bar.set_postfix(self.postfix, refresh=False)
-      self._bar.update(step - self._n)
-    self._n = step
-
-  def write(self, message: str) -> None:
-    """Prints a line on stdout without breaking the bar (shown whether or not the bar is)."""
-    write_message(message)
-
-  def close(self) -> None:
-    self._bar.close()
-
-  def __enter__(self) -> ProgressBar:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
 
 
 # --------------------------------------------------------------------------
@@ -481,65 +424,127 @@ def _moving_average(y: np.ndarray, window: int) -> np.ndarray:
   return np.concatenate([head, np.convolve(y, kernel, mode="valid")])
 
 
-def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike,
-                keys: Sequence[str] = DEFAULT_CURVE_KEYS, *, title: str | None = None,
-                dpi: int = 110) -> list[str]:
-  """Plots metric curves against the step, one subplot per key present.
+# (panel title, the metric keys drawn in it). A panel is drawn when a key of it was recorded.
+CURVE_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("train reward", ("reward_mean",)),
+    ("train accuracy", ("accuracy",)),
+    ("held-out accuracy", ("eval_accuracy", "eval_pass_at_k", "eval_mean_at_k")),
+    ("response length (tokens)", ("response_length",)),
+    ("loss", ("loss",)),
+    ("KL (nats/token)", ("kl", "approx_kl")),
+    ("entropy (nats/token)", ("entropy", "sampled_entropy")),
+    ("clip fraction", ("clipfrac",)),
+    ("grad norm", ("grad_norm",)),
+    ("step time (s)", ("step_time",)),
+)
+DEFAULT_CURVE_KEYS = tuple(k for _, keys in CURVE_PANELS for k in keys)
+# What a line is, where a panel holds several.
+CURVE_LABELS = {"eval_accuracy": "greedy", "eval_pass_at_k": "pass@k (sampled)",
+                "eval_mean_at_k": "mean@k (sampled)", "kl": "to the reference (KL term)",
+                "approx_kl": "behaviour \u2192 updated policy", "entropy": "policy (loss pass)",
+                "sampled_entropy": "\u2212log \u03c0 of the sampled tokens"}
 
-  Sparse series (fewer than 30 points, e.g. periodic eval) are drawn with
-  markers; dense ones (per-step training metrics) as a faint raw line plus a
-  moving average over max(5, 1/20 of the points). Non-finite values are left out.
-  The default keys are what a reader of a run checks first: train reward and
-  accuracy, held-out accuracy (step 0 included), mean response length, loss,
-  step time. A timing series whose first point (the compiling step) dwarfs the rest is
-  drawn without it, its value written in the panel's corner.
+
+def _same_series(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+  return a[0].shape == b[0].shape and np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1])
+
+
+def _draw_series(ax, x: np.ndarray, y: np.ndarray, *, label: str | None, color) -> None:
+  """Sparse series (< 30 points) with markers; dense ones raw (faint) plus a moving average
+  over max(5, 1/20 of the points)."""
+  if x.size < 30:
+    ax.plot(x, y, marker="o", markersize=3, linewidth=1.2, color=color, label=label)
+    return
+  window = max(5, x.size // 20)
+  ax.plot(x, y, linewidth=0.8, alpha=0.35, color=color, label=None if label else "raw")
+  ax.plot(x, _moving_average(y, window), linewidth=1.6, color=color,
+          label=f"{label}, moving avg ({window})" if label else f"moving avg ({window})")
+
+
+def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike,
+                keys: Sequence[str] | None = None, *,
+                warmup: str | os.PathLike | Sequence[Mapping[str, Any]] | None = None,
+                title: str | None = None, dpi: int = 110) -> list[str]:
+  """Plots a run's curves against the step, one panel per quantity the run recorded.
+
+  By default (`keys` None) the panels of `CURVE_PANELS`: train reward and accuracy, held-out
+  accuracy (greedy, with pass@k and mean@k where measured; step 0 included), response length,
+  loss, KL, entropy, clip fraction, grad norm, step time; before them the supervised warm-up's
+  loss (`warmup`, against the warm-up step). A panel is drawn only when the run recorded one of
+  its metrics. Train accuracy is left out when it equals the train reward at every step (binary
+  rewards), the reward panel then saying so. Sparse series (fewer than 30 points, e.g.
+  periodic eval) are drawn with markers; dense ones as a faint raw line plus a moving average
+  over max(5, 1/20 of the points). Non-finite values are left out. A timing series whose first
+  point (the compiling step) dwarfs the rest is drawn without it, its value written in the
+  panel's corner.
 
   Args:
     metrics_jsonl_path: a file written by `MetricsWriter`.
     out_png: where the PNG goes (written atomically).
-    keys: metric names to plot; names without any finite value are skipped.
+    keys: metric names, one panel each, instead of the default panels; names without any
+      finite value are skipped.
+    warmup: the warm-up's rows (`progress.WarmupRecord`'s file, or its rows): an "sft_loss"
+      per warm-up step.
     title: figure title.
     dpi: resolution.
 
   Returns:
-    The keys that were plotted. When none is present the PNG says so.
+    The keys that were plotted, in panel order ("sft_loss" for the warm-up). When none is
+    present the PNG says so.
   """
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   rows = read_metrics(metrics_jsonl_path)
-  series = {k: _series(rows, k) for k in keys}
-  present = [k for k in keys if series[k][0].size]
-  ncols = max(1, min(len(present), 3))
-  nrows = max(1, math.ceil(len(present) / ncols))
+  panels = [(k, (k,)) for k in keys] if keys is not None else list(CURVE_PANELS)
+  series = {k: _series(rows, k) for _, ks in panels for k in ks}
+  plan: list[tuple[str, list[tuple[str, tuple[np.ndarray, np.ndarray]]], str]] = []
+  if warmup is not None:
+    warm_rows = read_metrics(warmup) if isinstance(warmup, (str, os.PathLike)) else warmup
+    w = _series(warm_rows, "sft_loss")
+    if w[0].size:
+      plan.append(("warm-up loss (SFT)", [("sft_loss", w)], "warm-up step"))
+  same = (keys is None and series["reward_mean"][0].size
+          and _same_series(series["reward_mean"], series["accuracy"]))
+  for name, ks in panels:
+    if same and ks == ("accuracy",):
+      continue
+    if same and ks == ("reward_mean",):
+      name = "train reward (= train accuracy)"
+    drawn = [(k, series[k]) for k in ks if series[k][0].size]
+    if len(ks) > 1 and len(drawn) == 1:  # say which of the panel's quantities it is
+      name = f"{name}: {CURVE_LABELS.get(drawn[0][0], drawn[0][0])}"
+    if drawn:
+      plan.append((name, drawn, "step"))
+  n = len(plan)
+  ncols = max(1, min(n, 4 if n > 6 else 3))
+  nrows = max(1, math.ceil(n / ncols))
   fig = _figure(4.2 * ncols, 3.0 * nrows)
   axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-  for ax, key in zip(axes, present):
-    x, y = series[key]
-    if "time" in key and y.size > 2 and y[0] > 3 * np.max(y[1:]):
-      # The first step compiles: drawn without it, its value written in the panel.
-      ax.set_title(f"step {int(x[0])} (compiling): {_fmt(float(y[0]))}", fontsize=7,
-                   loc="right")
-      x, y = x[1:], y[1:]
-    if x.size < 30:
-      ax.plot(x, y, marker="o", markersize=3, linewidth=1.2)
-    else:
-      window = max(5, x.size // 20)
-      ax.plot(x, y, linewidth=0.8, alpha=0.35, label="raw")
-      ax.plot(x, _moving_average(y, window), linewidth=1.6,
-              label=f"moving avg ({window})")
+  colors = [f"C{i}" for i in range(10)]
+  for ax, (name, drawn, xlabel) in zip(axes, plan):
+    for i, (key, (x, y)) in enumerate(drawn):
+      if "time" in key and y.size > 2 and y[0] > 3 * np.max(y[1:]):
+        # The first step compiles: drawn without it, its value written in the panel.
+        ax.set_title(f"step {int(x[0])} (compiling): {_fmt(float(y[0]))}", fontsize=7,
+                     loc="right")
+        x, y = x[1:], y[1:]
+      label = CURVE_LABELS.get(key, key) if len(drawn) > 1 else None
+      _draw_series(ax, x, y, label=label, color=colors[i % len(colors)])
+    if len(drawn) > 1 or max(x.size for _, (x, _) in drawn) >= 30:
       ax.legend(fontsize=7, loc="best")
-    ax.set_title(key, fontsize=10)
-    ax.set_xlabel("step")
+    ax.set_title(name, fontsize=10)
+    ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-  for ax in axes[len(present):]:
+  for ax in axes[n:]:
     ax.set_axis_off()
-  if not present:
-    axes[0].text(0.5, 0.5, f"no data for {', '.join(keys)}", ha="center",
+  if not plan:
+    wanted = keys if keys is not None else [k for _, ks in panels for k in ks]
+    axes[0].text(0.5, 0.5, f"no data for {', '.join(wanted)}", ha="center",
                  va="center", transform=axes[0].transAxes)
   if title:
     fig.suptitle(title)
   _save_figure_atomic(fig, out_png, dpi)
-  return present
+  return [k for _, drawn, _ in plan for k, _ in drawn]
 
 
 _VISIBLE = {"\n": "\u21b5", "\t": "\u2192", "\r": "\u240d", " ": "\u00b7"}
@@ -554,13 +559,145 @@ def _visible_token(token: str, max_chars: int) -> str:
   return text
 
 
+def token_label(tokenizer: Any, token_id: int) -> str:
+  """One response token as the token plots write it: its text, or <eos> / <id> (a byte
+  fragment or control character of a BPE tokenizer)."""
+  if token_id == tokenizer.eos_id:
+    return "<eos>"
+  text = tokenizer.decode([token_id])
+  return text if text and (text.isprintable() or text.isspace()) else f"<{token_id}>"
+
+
+class _Grid(NamedTuple):
+  """Responses wrapped into a grid: rows of (text, value) cells, (grid row, label) pairs,
+  the (row, column) cells of observation tokens, the [R, wrap] values (NaN where empty)."""
+  rows: list
+  labels: list
+  grey: list
+  values: np.ndarray
+  wrap: int
+  label_width: float
+
+
+def _token_grid(tokens, values, labels, observations, *, wrap: int, max_tokens: int,
+                max_chars: int, what: str = "advantages") -> _Grid:
+  if len(tokens) != len(values):
+    raise ValueError(f"{len(tokens)} token lists but {len(values)} {what} arrays")
+  if labels is not None and len(labels) != len(tokens):
+    raise ValueError(f"{len(labels)} labels for {len(tokens)} responses")
+  if not tokens:
+    raise ValueError("nothing to plot")
+  responses: list[list[tuple[str, float]]] = []
+  obs_cells: set = set()  # (response, index) of observation tokens
+  for i, (toks, val) in enumerate(zip(tokens, values)):
+    val = np.asarray(val, np.float64)
+    if val.ndim != 1 or val.shape[0] != len(toks):
+      raise ValueError(f"response {i}: {len(toks)} tokens but {what} of shape {val.shape}")
+    if observations is not None:
+      flags = np.asarray(observations[i], bool)
+      if flags.shape != (len(toks),):
+        raise ValueError(f"response {i}: {len(toks)} tokens but {flags.shape} observation flags")
+      val = np.where(flags, math.nan, val)
+      obs_cells.update((i, j) for j in np.flatnonzero(flags[:max_tokens]))
+    cells = [(_visible_token(t, max_chars), a) for t, a in
+             zip(toks[:max_tokens], val[:max_tokens])]
+    if len(toks) > max_tokens:
+      cells.append(("\u2026", math.nan))
+    responses.append(cells or [("(empty)", math.nan)])
+  # No wider than the longest response: short answers get a narrow grid, not empty columns.
+  wrap = max(1, min(wrap, max(len(cells) for cells in responses)))
+  label_texts = [labels[i] if labels is not None else f"#{i}" for i in range(len(tokens))]
+  grid_rows: list[list[tuple[str, float]]] = []
+  label_rows: list[tuple[int, str]] = []
+  grey: list[tuple[int, int]] = []  # grid (row, column) of observation cells
+  multi_row = any(len(cells) > wrap for cells in responses)
+  for i, (cells, label) in enumerate(zip(responses, label_texts)):
+    if grid_rows and multi_row:
+      grid_rows.append([])  # separator between responses that span several rows
+    label_rows.append((len(grid_rows), label))
+    for start in range(0, len(cells), wrap):
+      grey += [(len(grid_rows), j - start) for j in range(start, min(start + wrap, len(cells)))
+               if (i, j) in obs_cells]
+      grid_rows.append(cells[start:start + wrap])
+  grid = np.full((len(grid_rows), wrap), np.nan)
+  for r, row in enumerate(grid_rows):
+    for c, (_, a) in enumerate(row):
+      grid[r, c] = a
+  return _Grid(grid_rows, label_rows, grey, grid, wrap,
+               0.06 * max(len(t) for t in label_texts))
+
+
+def _draw_token_grid(ax, grid: _Grid, vmax: float | None):
+  """Draws `grid` on `ax` (diverging colours symmetric around 0); returns the image."""
+  from matplotlib import colors  # pylint: disable=g-import-not-at-top
+  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+  from matplotlib.patches import Rectangle  # pylint: disable=g-import-not-at-top
+  finite = grid.values[np.isfinite(grid.values)]
+  if vmax is None:
+    vmax = float(np.max(np.abs(finite))) if finite.size else 1.0
+  vmax = vmax if vmax > 0 else 1.0
+  norm = colors.Normalize(vmin=-vmax, vmax=vmax)
+  cmap = colormaps["RdBu"].with_extremes(bad="white")
+  image = ax.imshow(np.ma.masked_invalid(grid.values), cmap=cmap, norm=norm,
+                    aspect="auto", interpolation="nearest")
+  for r, c in grid.grey:
+    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, color="0.85", linewidth=0))
+  grey_set = set(grid.grey)
+  for r, row in enumerate(grid.rows):
+    for c, (text, a) in enumerate(row):
+      dark = math.isfinite(a) and abs(a) / vmax > 0.6
+      obs = (r, c) in grey_set
+      ax.text(c, r, text, ha="center", va="center", fontsize=7,
+              color="white" if dark else ("0.3" if obs else "black"),
+              style="italic" if obs else "normal", parse_math=False)
+  # Thin cell borders on filled cells only.
+  for r, row in enumerate(grid.rows):
+    if row:
+      ax.hlines([r - 0.5, r + 0.5], -0.5, len(row) - 0.5, color="0.85", linewidth=0.4)
+      ax.vlines(np.arange(len(row) + 1) - 0.5, r - 0.5, r + 0.5, color="0.85",
+                linewidth=0.4)
+  ax.set_yticks([r for r, _ in grid.labels], [lab for _, lab in grid.labels], fontsize=8)
+  ax.set_xticks([])
+  for spine in ax.spines.values():
+    spine.set_visible(False)
+  ax.tick_params(length=0)
+  return image
+
+
+def _wrapped(text: str, width_in: float) -> str:
+  """`text` wrapped to about the characters of 8-point type that fit `width_in` inches."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+  return "\n".join(textwrap.wrap(text, max(30, int(width_in / 0.075))))
+
+
+def credit_caption(estimator: str, advantages: Sequence[Any], *, family: str = "") -> str:
+  """What an estimator put per token in the responses a heatmap shows: one value per response
+  (every token of a row shares it: sequence-level credit) or values that vary along a
+  response (token-level credit).
+
+  >>> credit_caption("grpo", [np.full(3, 0.5), np.full(2, -0.5)], family="outcome")[:58]
+  'grpo (outcome): one advantage per response, the same on ev'
+  """
+  rows = [np.asarray(a, np.float64) for a in advantages]
+  rows = [a[np.isfinite(a)] for a in rows]
+  flat = all(a.size == 0 or np.ptp(a) <= 1e-6 * max(1.0, float(np.max(np.abs(a))))
+             for a in rows)
+  name = f"{estimator} ({family})" if family else estimator
+  if flat:
+    return (f"{name}: one advantage per response, the same on every token of it "
+            "(sequence-level credit); blue rows are pushed up, red rows down")
+  return (f"{name}: an advantage per token, varying along a response (token-level credit); "
+          "blue tokens are pushed up, red tokens down")
+
+
 def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]],
                       advantages: Sequence[Any], *,
                       title: str = "Per-token advantages",
                       labels: Sequence[str] | None = None, wrap: int = 20,
                       max_tokens: int = 160, max_chars: int = 7,
                       vmax: float | None = None, dpi: int = 110,
-                      observations: Sequence[Any] | None = None) -> None:
+                      observations: Sequence[Any] | None = None,
+                      caption: str | None = None) -> None:
   """Draws sampled responses as token grids coloured by advantage.
 
   Each response is wrapped into rows of `wrap` tokens; a cell shows the token
@@ -585,95 +722,168 @@ def plot_token_credit(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]
     observations: per response, a bool per token: True for environment tokens of a
       multi-turn episode (they get no advantage and are drawn grey, in italics, so the
       policy's turns stand apart).
+    caption: a sentence under the grid (e.g. `credit_caption`: what the estimator puts per
+      token), wrapped to the figure's width.
 
   Raises:
     ValueError: lengths of `tokens`, `advantages` or `labels` disagree.
   """
-  from matplotlib import colors  # pylint: disable=g-import-not-at-top
-  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
-  if len(tokens) != len(advantages):
-    raise ValueError(f"{len(tokens)} token lists but {len(advantages)} advantage arrays")
-  if labels is not None and len(labels) != len(tokens):
-    raise ValueError(f"{len(labels)} labels for {len(tokens)} responses")
-  if not tokens:
-    raise ValueError("nothing to plot")
-  responses: list[list[tuple[str, float]]] = []
-  obs_cells: set = set()  # (response, index) of observation tokens
-  for i, (toks, adv) in enumerate(zip(tokens, advantages)):
-    adv = np.asarray(adv, np.float64)
-    if adv.ndim != 1 or adv.shape[0] != len(toks):
-      raise ValueError(f"response {i}: {len(toks)} tokens but advantages of "
-                       f"shape {adv.shape}")
-    if observations is not None:
-      flags = np.asarray(observations[i], bool)
-      if flags.shape != (len(toks),):
-        raise ValueError(f"response {i}: {len(toks)} tokens but {flags.shape} observation flags")
-      adv = np.where(flags, math.nan, adv)
-      obs_cells.update((i, j) for j in np.flatnonzero(flags[:max_tokens]))
-    cells = [(_visible_token(t, max_chars), a) for t, a in
-             zip(toks[:max_tokens], adv[:max_tokens])]
-    if len(toks) > max_tokens:
-      cells.append(("\u2026", math.nan))
-    responses.append(cells or [("(empty)", math.nan)])
-  # No wider than the longest response: short answers get a narrow grid, not empty columns.
-  wrap = max(1, min(wrap, max(len(cells) for cells in responses)))
-  label_texts = [labels[i] if labels is not None else f"#{i}" for i in range(len(tokens))]
-  grid_rows: list[list[tuple[str, float]]] = []
-  label_rows: list[tuple[int, str]] = []
-  grey: list[tuple[int, int]] = []  # grid (row, column) of observation cells
-  multi_row = any(len(cells) > wrap for cells in responses)
-  for i, (cells, label) in enumerate(zip(responses, label_texts)):
-    if grid_rows and multi_row:
-      grid_rows.append([])  # separator between responses that span several rows
-    label_rows.append((len(grid_rows), label))
-    for start in range(0, len(cells), wrap):
-      grey += [(len(grid_rows), j - start) for j in range(start, min(start + wrap, len(cells)))
-               if (i, j) in obs_cells]
-      grid_rows.append(cells[start:start + wrap])
-
-  values = np.full((len(grid_rows), wrap), np.nan)
-  for r, row in enumerate(grid_rows):
-    for c, (_, a) in enumerate(row):
-      values[r, c] = a
-  finite = values[np.isfinite(values)]
-  if vmax is None:
-    vmax = float(np.max(np.abs(finite))) if finite.size else 1.0
-  vmax = vmax if vmax > 0 else 1.0
-  norm = colors.Normalize(vmin=-vmax, vmax=vmax)
-  cmap = colormaps["RdBu"].with_extremes(bad="white")
-
+  grid = _token_grid(tokens, advantages, labels, observations, wrap=wrap,
+                     max_tokens=max_tokens, max_chars=max_chars)
   # Size from the content: cells, the widest label, the colorbar; at least the title's width.
-  label_width = 0.06 * max(len(t) for t in label_texts)
-  width = max(0.62 * wrap + label_width + 1.5, 0.085 * len(title) + 0.8)
-  fig = _figure(width, 0.34 * len(grid_rows) + 1.3)
+  width = max(0.62 * grid.wrap + grid.label_width + 1.5, 0.085 * len(title) + 0.8)
+  text = _wrapped(caption, width) if caption else ""
+  fig = _figure(width, 0.34 * len(grid.rows) + 1.3 + 0.16 * (text.count("\n") + 1 if text else 0))
   ax = fig.add_subplot()
-  image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm,
-                    aspect="auto", interpolation="nearest")
-  from matplotlib.patches import Rectangle  # pylint: disable=g-import-not-at-top
-  for r, c in grey:
-    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, color="0.85", linewidth=0))
-  grey_set = set(grey)
-  for r, row in enumerate(grid_rows):
-    for c, (text, a) in enumerate(row):
-      dark = math.isfinite(a) and abs(a) / vmax > 0.6
-      obs = (r, c) in grey_set
-      ax.text(c, r, text, ha="center", va="center", fontsize=7,
-              color="white" if dark else ("0.3" if obs else "black"),
-              style="italic" if obs else "normal", parse_math=False)
-  # Thin cell borders on filled cells only.
-  for r, row in enumerate(grid_rows):
-    if row:
-      ax.hlines([r - 0.5, r + 0.5], -0.5, len(row) - 0.5, color="0.85", linewidth=0.4)
-      ax.vlines(np.arange(len(row) + 1) - 0.5, r - 0.5, r + 0.5, color="0.85",
-                linewidth=0.4)
-  ax.set_yticks([r for r, _ in label_rows], [lab for _, lab in label_rows], fontsize=8)
-  ax.set_xticks([])
-  for spine in ax.spines.values():
-    spine.set_visible(False)
-  ax.tick_params(length=0)
+  image = _draw_token_grid(ax, grid, vmax)
   ax.set_title(title, fontsize=10)
+  if text:
+    ax.set_xlabel(text, fontsize=8)
   fig.colorbar(image, ax=ax, label="advantage", fraction=0.04, pad=0.02)
   _save_figure_atomic(fig, out_png, dpi)
+
+
+# --------------------------------------------------------------------------
+# Where learning happened: per-token log-prob change on a fixed batch.
+# --------------------------------------------------------------------------
+
+
+def token_change_by_position(delta: Sequence[Any], correct: Sequence[bool]
+                             ) -> dict[str, np.ndarray]:
+  """Mean per-token change by response position, for right and wrong responses apart.
+
+  Args:
+    delta: per response, a 1-D array (e.g. log π_end(y_t) − log π_start(y_t) of its tokens).
+    correct: per response, whether it was right.
+
+  Returns:
+    {"position": [L] 0..L-1, "right": [L] mean over the right responses long enough (NaN
+    where none is), "right_n": [L] their count, "wrong", "wrong_n": the same for the wrong}.
+
+  >>> out = token_change_by_position([np.array([1.0, 2.0]), np.array([-1.0])], [True, False])
+  >>> out["right"].tolist(), out["wrong"].tolist(), out["wrong_n"].tolist()
+  ([1.0, 2.0], [-1.0, nan], [1, 0])
+  """
+  if len(delta) != len(correct):
+    raise ValueError(f"{len(delta)} delta arrays but {len(correct)} correct flags")
+  rows = [np.asarray(d, np.float64).reshape(-1) for d in delta]
+  length = max((r.size for r in rows), default=0)
+  out: dict[str, np.ndarray] = {"position": np.arange(length)}
+  for name, want in (("right", True), ("wrong", False)):
+    total, count = np.zeros(length), np.zeros(length, np.int64)
+    for r, ok in zip(rows, correct):
+      if bool(ok) == want:
+        total[:r.size] += np.where(np.isfinite(r), r, 0.0)
+        count[:r.size] += np.isfinite(r)
+    out[name] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    out[f"{name}_n"] = count
+  return out
+
+
+def token_change_table(delta: Sequence[Any], correct: Sequence[bool], *,
+                       max_positions: int = 12) -> str:
+  """A markdown table of `token_change_by_position` (first `max_positions` positions)."""
+  by = token_change_by_position(delta, correct)
+  cell = lambda m, n: f"{m:+.3f} ({n})" if n else "\u2013"  # noqa: E731
+  lines = ["| response position | right answers: mean change (n) | wrong answers: mean change "
+           "(n) |", "|---:|---:|---:|"]
+  for p in by["position"][:max_positions]:
+    lines.append(f"| {p} | {cell(by['right'][p], by['right_n'][p])} | "
+                 f"{cell(by['wrong'][p], by['wrong_n'][p])} |")
+  return "\n".join(lines) + "\n"
+
+
+def _most_changed(delta, correct, want: bool, num: int) -> list[int]:
+  """Up to `num` responses with `correct == want`, largest total |change| first."""
+  rows = [i for i, ok in enumerate(correct) if bool(ok) == want]
+  size = [float(np.nansum(np.abs(np.asarray(delta[i], np.float64)))) for i in rows]
+  return [rows[j] for j in np.argsort(size, kind="stable")[::-1][:num]]
+
+
+def plot_token_change(out_png: str | os.PathLike, tokens: Sequence[Sequence[str]],
+                      delta: Sequence[Any], correct: Sequence[bool], *,
+                      prompts: Sequence[str] | None = None, title: str = "",
+                      samples: int = 2, wrap: int = 20, dpi: int = 110) -> None:
+  """Where learning happened: a per-token change on fixed responses, right against wrong.
+
+  Top: the mean change at each response position, for the right and the wrong responses
+  apart (the count of each in the legend). Below: the `samples` right and `samples` wrong
+  responses that changed most (largest total |change|), their tokens coloured by the change
+  (blue up, red down, symmetric scale).
+
+  Args:
+    out_png: where the PNG goes (written atomically).
+    tokens: per response, its token strings.
+    delta: per response, a 1-D array with the change at each of its tokens (e.g.
+      log π_end(y_t) − log π_start(y_t)).
+    correct: per response, whether it was right.
+    prompts: per response, its prompt (for the labels).
+    title: figure title.
+    samples: right and wrong responses drawn as tokens, each.
+    wrap: tokens per grid row at most.
+    dpi: resolution.
+  """
+  by = token_change_by_position(delta, correct)
+  show = _most_changed(delta, correct, True, samples) + _most_changed(delta, correct, False,
+                                                                     samples)
+  labels = [f"{'right' if correct[i] else 'wrong'}: "
+            f"{short_text(prompts[i]) if prompts is not None else f'#{i}'}" for i in show]
+  grid = (_token_grid([tokens[i] for i in show], [delta[i] for i in show], labels, None,
+                      wrap=wrap, max_tokens=160, max_chars=7, what="delta")
+          if show else None)
+  grid_w = 0.62 * grid.wrap + grid.label_width + 1.5 if grid else 0.0
+  width = max(7.0, grid_w, 0.075 * len(title) + 0.8)
+  grid_h = 0.34 * len(grid.rows) + 1.0 if grid else 0.0
+  fig = _figure(width, 3.0 + grid_h)
+  top, bottom = fig.subfigures(2, 1, height_ratios=[3.0, grid_h]) if grid else (fig, None)
+  ax = top.add_subplot()
+  for name, color in (("right", "C0"), ("wrong", "C3")):
+    keep = by[f"{name}_n"] > 0
+    n = int(sum(1 for ok in correct if bool(ok) == (name == "right")))
+    if keep.any():
+      ax.plot(by["position"][keep], by[name][keep], marker="o", markersize=3, color=color,
+              label=f"{name} answers (n={n})")
+  ax.axhline(0.0, color="0.5", linewidth=0.8)
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.set_xlabel("response position (token)")
+  ax.set_ylabel("mean change")
+  ax.grid(alpha=0.3)
+  if by["position"].size:
+    ax.legend(fontsize=8, loc="best")
+  ax.set_title(_wrapped(title, width) if title else "", fontsize=9)
+  if grid:  # cells as in the token-credit heatmap, centred under the curve
+    pad = (width - grid_w) / 2 + 1e-3
+    axg = bottom.add_subplot(bottom.add_gridspec(1, 3, width_ratios=[pad, grid_w, pad])[0, 1])
+    image = _draw_token_grid(axg, grid, None)
+    bottom.colorbar(image, ax=axg, label="change", fraction=0.04, pad=0.02)
+    right = sum(1 for i in show if correct[i])
+    axg.set_xlabel(_wrapped(f"the answers that changed most ({right} right, "
+                            f"{len(show) - right} wrong; blue: more likely now, red: less "
+                            "likely)", grid_w), fontsize=8)
+  _save_figure_atomic(fig, out_png, dpi)
+
+
+def write_npz_atomic(path: str | os.PathLike, arrays: Mapping[str, Any]) -> None:
+  """numpy arrays to a .npz file via a temporary file and `os.replace`."""
+  path = os.fspath(path)
+  tmp = _tmp_name(path)
+  try:
+    with open(tmp, "wb") as f:
+      np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
+  """The arrays of a .npz file; None when it is missing or unreadable."""
+  try:
+    with np.load(os.fspath(path)) as f:
+      return {k: f[k] for k in f.files}
+  except (OSError, ValueError):
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -739,18 +949,27 @@ def _span(first: float, last: float) -> str:
   return f"step {first}" if first == last else f"steps {first}\u2013{last}"
 
 
-def before_after_table(metrics_rows: Sequence[Mapping[str, Any]], *, window: int = 10) -> str:
+def before_after_table(metrics_rows: Sequence[Mapping[str, Any]], *, window: int = 10,
+                       warmup_rows: Sequence[Mapping[str, Any]] = ()) -> str:
   """A markdown table of where the run started and where it ended.
 
   Held-out metrics (eval_*): the first evaluation (the starting policy at step 0) against the
-  last. Training metrics (reward, accuracy, response length): the mean over the first
-  `window` steps against the mean over the last `window` (fewer when the run has under
-  2 x `window` steps, so the two never overlap). Metrics absent from the rows are left out.
+  last. Training metrics (reward, accuracy, response length; the warm-up's loss from
+  `warmup_rows`): the mean over the first `window` steps against the mean over the last
+  `window` (fewer when there are under 2 x `window` steps, so the two never overlap). Metrics
+  absent from the rows are left out.
 
   Returns:
     The table as a string ending in a newline ("" when no metric is present).
   """
   lines = []
+  steps, values = _series(warmup_rows, "sft_loss")
+  if values.size:
+    w = min(window, max(1, values.size // 2))
+    lines.append((f"SFT warm-up loss, mean of {w} step{'s' if w > 1 else ''}",
+                  values[:w].mean(), values[-w:].mean(),
+                  f"warm-up {_span(steps[0], steps[w - 1])} \u2192 "
+                  f"{_span(steps[-w], steps[-1])}"))
   for key, name in _EVAL_ROWS:
     steps, values = _series(metrics_rows, key)
     if values.size:
@@ -839,7 +1058,8 @@ def time_table(metrics_rows: Sequence[Mapping[str, Any]]) -> str:
 
 def run_summary(metrics_rows: Sequence[Mapping[str, Any]], *, title: str,
                 settings: Mapping[str, Any] | None = None, keys: Sequence[str] = SUMMARY_KEYS,
-                window: int = 10) -> str:
+                window: int = 10, warmup_rows: Sequence[Mapping[str, Any]] = (),
+                sections: Mapping[str, str] | None = None) -> str:
   """The text of a run's ``summary.md``: settings, before / after, wall time, per metric.
 
   Args:
@@ -848,6 +1068,8 @@ def run_summary(metrics_rows: Sequence[Mapping[str, Any]], *, title: str,
     settings: name -> value of the config essentials (estimator, loss, task, steps, seed).
     keys: metrics of the first / last / best table (`summary_table`), those present.
     window: steps averaged at each end for the training rows of `before_after_table`.
+    warmup_rows: the warm-up's rows (`progress.WarmupRecord`), for its loss in that table.
+    sections: heading -> markdown of further sections, after the time tables.
 
   Returns:
     Plain markdown.
@@ -856,12 +1078,115 @@ def run_summary(metrics_rows: Sequence[Mapping[str, Any]], *, title: str,
   if settings:
     parts.append("| setting | value |\n|---|---|\n" + "".join(
         f"| {k} | {v} |\n" for k, v in settings.items()))
-  before_after = before_after_table(metrics_rows, window=window)
+  before_after = before_after_table(metrics_rows, window=window, warmup_rows=warmup_rows)
   if before_after:
     parts.append("## Before / after\n\n" + before_after)
   times = time_table(metrics_rows)
   if times:
     parts.append("## Time\n\n" + times)
+  for heading, text in (sections or {}).items():
+    parts.append(f"## {heading}\n\n{text}")
   present = [k for k in keys if any(k in r for r in metrics_rows)]
   parts.append("## Metrics (first / last / best)\n\n" + summary_table(metrics_rows, present))
   return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------
+# The run's report.
+# --------------------------------------------------------------------------
+
+
+def write_token_credit(workdir: str, c, tokenizer: Any, batch: Any, *, family: str = "") -> None:
+  """token_credit.png: up to `c.num_heatmap_samples` responses of `batch` (the runner's
+  `StepBatch`: step, host arrays, adv, prompts, mixed), three per group from groups with
+  mixed rewards first (good and bad side by side), each labelled with its prompt and reward;
+  the caption says what the estimator (of `family`) put per token (`credit_caption`)."""
+  host = batch.host
+  toks, advs, labels = [], [], []
+  obs_all = host.get("obs_mask")
+  obs = [] if obs_all is not None else None
+  for i in select_rows(host["reward"], host["group_id"], c.num_heatmap_samples, per_group=3):
+    m = host["response_mask"][i]
+    if obs is not None:  # multi-turn: observations shown in place, greyed
+      m = m | obs_all[i]
+      obs.append(obs_all[i][m])
+    toks.append([token_label(tokenizer, int(t)) for t in host["tokens"][i][m]])
+    advs.append(batch.adv[i][m])
+    labels.append(f"{short_text(batch.prompts[int(host['group_id'][i])])} "
+                  f"r={float(host['reward'][i]):g}")
+  note = "" if batch.mixed else " (no group with mixed rewards)"
+  plot_token_credit(os.path.join(workdir, "token_credit.png"), toks, advs,
+                    labels=labels, observations=obs,
+                    title=f"{c.estimator}: per-token advantages, step {batch.step}{note}",
+                    caption=credit_caption(c.estimator, advs, family=family))
+
+
+def write_token_change(workdir: str, tokenizer: Any, change: Mapping[str, Any], step: int) -> str:
+  """token_change.png (`plot_token_change`) of the runner's probe: log π(y_t) after `step`
+  RL steps minus under the starting policy, on the starting policy's greedy answers to the
+  first held-out batch; returns summary.md's section (the mean change by position)."""
+  n, resp = int(change["rows"]), change["response_mask"]
+  delta = change["logprob_end"] - change["logprob_start"]
+  toks = [[token_label(tokenizer, int(t)) for t in change["tokens"][i][resp[i]]]
+          for i in range(n)]
+  deltas = [delta[i][resp[i]] for i in range(n)]
+  correct = [bool(r >= 1.0) for r in change["reward"][:n]]
+  plot_token_change(
+      os.path.join(workdir, "token_change.png"), toks, deltas, correct,
+      prompts=[str(p) for p in change["prompt"][:n]],
+      title=f"Where learning happened: log \u03c0(y_t) after RL step {step} minus under the "
+            f"starting policy, on the starting policy's greedy answers to {n} held-out prompts")
+  return (f"The change in log \u03c0(y_t) from the starting policy to the policy after step "
+          f"{step}, on the starting policy's greedy answers to {n} held-out prompts "
+          f"({sum(correct)} right, {n - sum(correct)} wrong), by response position "
+          "(token_change.png draws it, with the answers that changed most):\n\n"
+          + token_change_table(deltas, correct))
+
+
+def run_settings(c) -> dict[str, Any]:
+  """The config essentials summary.md opens with."""
+  def with_kwargs(name, kwargs):
+    kwargs = dict(kwargs)
+    return f"{name} {kwargs}" if kwargs else name
+  return {"estimator": with_kwargs(c.estimator, c.estimator_kwargs),
+          "policy_loss": with_kwargs(c.policy_loss, c.loss_kwargs),
+          "task": c.data_path if c.task in ("jsonl", "tfds") else c.task,
+          "policy": c.init_from or c.warm_start_from or "from scratch", "steps": c.steps,
+          "prompts x samples per step": f"{c.prompts_per_step} x {c.group_size}",
+          "SFT warm-up steps": c.sft_steps, "seed": c.seed}
+
+
+def run_headline(c) -> str:
+  """The run in one line (log.txt's header)."""
+  task = c.data_path if c.task in ("jsonl", "tfds") else c.task
+  return (f"{c.estimator} / {c.policy_loss} on {task}, {c.sft_steps} warm-up + {c.steps} RL "
+          f"steps, seed {c.seed}")
+
+
+def write_run_report(workdir: str, c, tokenizer: Any, heatmap: Any, *,
+                     change: Mapping[str, Any] | None = None, step: int = 0,
+                     family: str = "") -> dict[str, Any]:
+  """What a finished run leaves for its reader, from the files it wrote: curves.png (with the
+  warm-up's loss), token_credit.png (`heatmap`, the runner's `StepBatch`, or None),
+  token_change.png (`change`: the probe with its log-probs at both ends, or None) and
+  summary.md.
+
+  Returns:
+    {eval_accuracy_first, eval_accuracy_last, eval_accuracy_best, eval_best_step, rows}.
+  """
+  path = os.path.join(workdir, "metrics.jsonl")
+  warm = read_metrics(os.path.join(workdir, progress.WARMUP_FILE))
+  plot_curves(path, os.path.join(workdir, "curves.png"), warmup=warm)
+  if heatmap is not None:
+    write_token_credit(workdir, c, tokenizer, heatmap, family=family)
+  sections = ({"Where learning happened": write_token_change(workdir, tokenizer, change, step)}
+              if change is not None else {})
+  rows = read_metrics(path)
+  write_text_atomic(os.path.join(workdir, "summary.md"), run_summary(
+      rows, title=f"{c.estimator} / {c.policy_loss} on {c.task}", settings=run_settings(c),
+      warmup_rows=warm, sections=sections))
+  evals = [(r["eval_accuracy"], r["step"]) for r in rows if "eval_accuracy" in r]
+  best = max(evals, key=lambda e: (e[0], -e[1])) if evals else (None, None)
+  return {"eval_accuracy_first": evals[0][0] if evals else None,
+          "eval_accuracy_last": evals[-1][0] if evals else None,
+          "eval_accuracy_best": best[0], "eval_best_step": best[1], "rows": len(rows)}

@@ -29,6 +29,15 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
   r = run_cli(common + ["--workdir", killed, "--config.checkpoint_every=2"])
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from step 2" in r.stdout
+  # Output to a pipe: plain progress lines; log.txt continues across the resume; the probe
+  # of the first start gives the resumed run its token_change.png, as the uninterrupted one.
+  assert "RL 4/4 (100%)" in r.stdout
+  log = open(os.path.join(killed, "log.txt")).read()
+  assert log.count("==== start:") == 2 and "RL 3/4 (75%)" in log and "resumed from step 2" in log
+  for d in (full, killed):
+    assert os.path.exists(os.path.join(d, "token_change.png"))
+  np.testing.assert_array_equal(*(np.load(os.path.join(d, "probe.npz"))["logprob_start"]
+                                  for d in (full, killed)))
   a, b = read_metrics(full), read_metrics(killed)
   assert [x["step"] for x in a] == [x["step"] for x in b] == [0, 1, 2, 3, 4]
   for x, y in zip(a, b):

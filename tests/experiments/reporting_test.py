@@ -259,8 +259,8 @@ def test_plot_curves_draws_what_a_run_records(tmp_path):
     for row in _run_rows(steps=80):
       mw.write(row["step"], {k: v for k, v in row.items() if k != "step"})
   keys = rp.plot_curves(tmp_path / rp.METRICS_FILE, tmp_path / "curves.png")
-  assert keys == ["reward_mean", "accuracy", "eval_accuracy", "response_length", "loss",
-                  "step_time"]
+  assert keys == ["reward_mean", "accuracy", "eval_accuracy", "eval_pass_at_k",
+                  "response_length", "loss", "step_time"]  # pass@k in the held-out panel
   img = _check_png(tmp_path / "curves.png")
   assert img.shape[1] > img.shape[0]  # 3 x 2 panels
 

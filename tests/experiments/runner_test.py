@@ -193,8 +193,35 @@ def test_summary_md_compares_start_and_end(tiny_run):
   assert line.endswith(f"| step 0 \u2192 step {tiny().steps} |"), line
   for prefix in ("| train reward, mean of 1 step |", "| mean response length (tokens), mean of 1",
                  "| total (start to last step) |", "| SFT warm-up", "| time_sampling |",
-                 "| time_update |", "| estimator | grpo |", "| seed | 0 |", "| reward_mean |"):
+                 "| time_update |", "| estimator | grpo |", "| seed | 0 |", "| reward_mean |",
+                 "| SFT warm-up loss, mean of 1 step |", "## Where learning happened",
+                 "| 0 | "):
     assert any(l.startswith(prefix) for l in text.splitlines()), prefix
+
+
+def test_run_log_warm_up_record_and_where_learning_happened(tiny_run):
+  """log.txt holds the run's lines (warm-up and RL progress, every evaluation, the end); the
+  warm-up's loss per step is in warmup.jsonl; the probe (the starting policy's greedy answers)
+  is kept for a resume and drawn in token_change.png; each step records the sampled tokens'
+  entropy estimate."""
+  wd, _ = tiny_run()
+  c = tiny()
+  log = open(os.path.join(wd, "log.txt")).read()
+  for part in ("==== start: grpo / ppo_clip on arithmetic", "warm-up 1/2 (50%) loss ",
+               "warm-up 2/2 (100%)", "SFT warm-up: 2 steps", "eval at step 0: held-out accuracy",
+               "RL 1/2 (50%) reward", f"eval at step {c.steps}: held-out", "RL 2/2 (100%)",
+               "done at step 2 in "):
+    assert part in log, part
+  warm = read_metrics(wd, "warmup.jsonl")
+  assert [r["step"] for r in warm] == [1, 2] and all(np.isfinite(r["sft_loss"]) for r in warm)
+  probe = np.load(os.path.join(wd, "probe.npz"))
+  assert int(probe["rows"]) == c.num_eval_examples and probe["logprob_start"].shape == (
+      probe["tokens"].shape)
+  resp = probe["response_mask"]
+  assert np.all(probe["logprob_start"][resp] <= 0) and resp.any(1).all()
+  with open(os.path.join(wd, "token_change.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert all(r["sampled_entropy"] > 0 for r in read_metrics(wd) if r["step"] > 0)
 
 
 def test_heatmap_keeps_the_latest_mixed_step():
