@@ -349,6 +349,10 @@ class MultiTurnSampler:
     self._observe = jax.jit(functools.partial(_observe, self.graphdef), static_argnames=static)
     self.cache_dtype = cache_dtype
 
+  # Room (tokens) a continuing episode must have left after its action for its observation to
+  # be added; 0: observations are cut to the room left. `credit.envs.context` sets it.
+  context_reserve = 0
+
   @staticmethod
   def _device_rows(x: np.ndarray, *, rows: int, mesh, first: bool = False) -> Array:
     """Host rows `x` padded to `rows` (copies of row 0 with `first`, else zeros / False) and
@@ -585,7 +589,9 @@ class MultiTurnSampler:
           continue
         if snaps is not None:
           snaps[b].append(envs[b].snapshot())
-        if used_B[b] >= budget_B[b]:
+        # `context_reserve` (context management, `credit.envs.context`): a row also ends,
+        # before its observation is added, when less than that much room is left.
+        if used_B[b] >= budget_B[b] or used_B[b] + self.context_reserve > budget_B[b]:
           active[b], truncated[b] = False, True
           continue
         if not res.observation:  # the next turn needs a context token: a malformed result
