@@ -614,8 +614,11 @@ def run_trainer(c: ml_collections.ConfigDict, workdir: str, coord: Coordinator,
   resumed = rs.step > 0
   out = (loop.Outputs.open(workdir, resume_step=rs.step if resumed else None, t0=t_start)
          if runner.is_main else None)
-  bar = loop.reporting.ProgressBar(c.steps, initial=rs.step,
-                                   disable=None if c.progress else True)
+  bar = loop.progress.ProgressBar(c.steps, initial=rs.step, desc="RL",
+                                  disable=None if c.progress else True,
+                                  every=c.get("log_every", 0), log=runner.log,
+                                  line_fields=loop.progress.RL_LINE_FIELDS,
+                                  quiet=not runner.is_main)
   if not resumed:
     t0 = time.perf_counter()
     ev = loop._evaluate(runner, rs)  # pylint: disable=protected-access
