@@ -18,6 +18,9 @@ outermost relation first, as in `credit.envs.lookup`: "city of boss of ann?" ask
 of ann's boss. Every hop but the last is a person relation; the last may be an attribute, so
 an answer is a name ("kim") or a two-word value ("north bay", where a half-right answer earns
 a partial F1). Each (person, relation) has at most one fact, so the answer is unique.
+A fuzzed question names its start person by a description instead ("city of boss of the one
+whose pet is red goat?", `describe`), valid when exactly one person fits it; its chain starts
+at that person and `question_fuzz` gives the fact the description names.
 
 >>> c = make_corpus(0, num_people=12)
 >>> len(c.documents), c.documents[0].id == c.documents[0].title
@@ -25,14 +28,16 @@ a partial F1). Each (person, relation) has at most one fact, so the answer is un
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
 
 from credit.envs.lookup import NAMES
 
-__all__ = ["ATTRIBUTES", "Corpus", "Document", "PERSON_RELATIONS", "RELATIONS", "make_corpus",
-           "parse_question", "question_chain", "question_text"]
+__all__ = ["ATTRIBUTES", "Corpus", "Document", "PERSON_RELATIONS", "RELATIONS", "describe",
+           "make_corpus", "parse_question", "question_chain", "question_fuzz", "question_text",
+           "resolve_start"]
 
 PERSON_RELATIONS = ("boss", "coach", "aunt")
 # attribute -> the second words of its values (the first word is one of _ADJECTIVES)
@@ -128,14 +133,45 @@ def question_text(start: str, relations: tuple[str, ...]) -> str:
   return "".join(f"{r} of " for r in reversed(relations)) + start + "?"
 
 
+_DESCRIPTION = re.compile(r"the one whose ([a-z]+) is ([a-z]+ [a-z]+)")
+
+
+def describe(attribute: str, value: str) -> str:
+  """A fuzzed start: ("pet", "red goat") -> "the one whose pet is red goat"."""
+  return f"the one whose {attribute} is {value}"
+
+
 def parse_question(prompt: str) -> tuple[str, tuple[str, ...]] | None:
-  """(start, relations first hop first) of "city of boss of ann?"; None if not that form."""
+  """(start, relations first hop first) of "city of boss of ann?"; None if not that form.
+  The start may be a description, "city of boss of the one whose pet is red goat?"
+  (`describe`, a fuzzed question)."""
   if not prompt.endswith("?"):
     return None
   words = prompt[:-1].split(" of ")
-  if len(words) < 2 or any(not w.isalpha() or not w.islower() for w in words):
+  if len(words) < 2 or any(not w.isalpha() or not w.islower() for w in words[:-1]):
+    return None
+  if not (words[-1].isalpha() and words[-1].islower()) and not _DESCRIPTION.fullmatch(words[-1]):
     return None
   return words[-1], tuple(reversed(words[:-1]))
+
+
+def resolve_start(corpus: Corpus, start: str) -> tuple[str, Fact | None] | None:
+  """The person a question starts from and the fact that identifies them when the start is a
+  description (`describe`): (name, None) for a name, (name, (name, attribute, value)) for a
+  description that exactly one person of the corpus fits, else None."""
+  m = _DESCRIPTION.fullmatch(start)
+  if m is None:
+    return (start, None) if start in corpus.people else None
+  attribute, value = m.groups()
+  fits = [p for p in corpus.people if corpus.facts.get((p, attribute)) == value]
+  return (fits[0], (fits[0], attribute, value)) if len(fits) == 1 else None
+
+
+def question_fuzz(corpus: Corpus, prompt: str) -> Fact | None:
+  """The fact a fuzzed question's description names (None for a plain question)."""
+  parsed = parse_question(prompt)
+  resolved = None if parsed is None else resolve_start(corpus, parsed[0])
+  return None if resolved is None else resolved[1]
 
 
 def question_chain(corpus: Corpus, prompt: str) -> tuple[Fact, ...] | None:
@@ -144,7 +180,10 @@ def question_chain(corpus: Corpus, prompt: str) -> tuple[Fact, ...] | None:
   parsed = parse_question(prompt)
   if parsed is None:
     return None
-  name, rels = parsed
+  resolved = resolve_start(corpus, parsed[0])
+  if resolved is None:
+    return None
+  name, rels = resolved[0], parsed[1]
   chain = []
   for i, r in enumerate(rels):
     if r not in RELATIONS or (i < len(rels) - 1 and r not in PERSON_RELATIONS):

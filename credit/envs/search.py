@@ -56,6 +56,7 @@ import json
 import os
 import re
 import string
+import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -297,7 +298,15 @@ class SearchQA:
     page_chars: the longest page `open` returns.
     max_observation_chars: observations are cut to this many characters.
     extra_turns: turns beyond the demonstration's worst case (a search and an open per hop,
-      then the answer).
+      `distractors` searches per hop, a search and an open for a fuzzed start, then the
+      answer).
+    distractors: the demonstrator's detours: before each hop's search it searches another
+      fact of the hop's person 0..`distractors` times (drawn per question, seeded by its
+      text), so demonstrated episode lengths are uneven.
+    context_keep_last: >= 1 plays episodes past the token budget with context management
+      (`credit.envs.context.ContextSampler`, this many newest observations always kept; the
+      runner's `context` extension); 0 = episodes end at the budget.
+    context_compact_to: a compaction leaves the context at most this share of the budget.
     reward: "f1" (the default outcome) or "em".
     call_open, call_close: tool-call markers (`ToolFormat`).
   """
@@ -313,6 +322,9 @@ class SearchQA:
   page_chars: int = 160
   max_observation_chars: int = 320
   extra_turns: int = 1
+  distractors: int = 0
+  context_keep_last: int = 0
+  context_compact_to: float = 0.5
   reward: str = "f1"
   call_open: str = ""
   call_close: str = ""
@@ -328,8 +340,11 @@ class SearchQA:
                        f"{self.max_hops}")
     if self.top_k < 1 or self.snippet_chars < 8 or self.max_observation_chars < 16:
       raise ValueError("need top_k >= 1, snippet_chars >= 8 and max_observation_chars >= 16")
-    if self.extra_turns < 0:
-      raise ValueError(f"extra_turns must be >= 0, got {self.extra_turns}")
+    if self.extra_turns < 0 or self.distractors < 0 or self.context_keep_last < 0:
+      raise ValueError("extra_turns, distractors and context_keep_last must be >= 0, got "
+                       f"{self.extra_turns}, {self.distractors}, {self.context_keep_last}")
+    if not 0.0 < self.context_compact_to <= 1.0:
+      raise ValueError(f"context_compact_to must be in (0, 1], got {self.context_compact_to}")
     if not 0.0 <= self.eval_fraction < 1.0:
       raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
     if self.corpus_path and not self.questions_path:
@@ -372,7 +387,7 @@ class SearchQA:
 
   @property
   def max_turns(self) -> int:
-    return 2 * self.max_hops + 1 + self.extra_turns
+    return (2 + self.distractors) * self.max_hops + 3 + self.extra_turns
 
   @property
   def max_prompt_chars(self) -> int:
@@ -380,7 +395,8 @@ class SearchQA:
       train, held = self._questions
       return max(len(e["prompt"]) for e in train + held)
     rel = max(len(r) for r in corpus_lib.RELATIONS)
-    return self.max_hops * (rel + len(" of ")) + 3 + 1
+    start = len(corpus_lib.describe(max(corpus_lib.ATTRIBUTES, key=len), "x" * 12))
+    return self.max_hops * (rel + len(" of ")) + start + 1
 
   @property
   def max_action_chars(self) -> int:
@@ -389,7 +405,9 @@ class SearchQA:
     if self.questions_path:
       return len(self.fmt.call("search", "x" * self.max_prompt_chars))
     words = max(len(r) for r in corpus_lib.RELATIONS)
-    return len(self.fmt.call("search", "x" * (words + len(" of ") + 3)))
+    return max(len(self.fmt.call("search", "x" * (words + len(" of ") + 3))),
+               len(self.fmt.call("search", "x" * (words + 1 + 12))),  # a fuzzed start's
+               len(self.fmt.call("open", "x" * 3, "9")))
 
   @property
   def max_response_chars(self) -> int:
@@ -489,9 +507,21 @@ class SearchQA:
     env = self.make_env(example)
     env.reset()
     actions = []
-    for s, r, _ in chain:
+    prompt = text_field(example, "prompt")
+    rng = np.random.default_rng([self.corpus_seed, zlib.crc32(prompt.encode())])
+    fuzz = corpus_lib.question_fuzz(self._corpus, prompt)
+    hops = [(s, r, f"{r} of {s}") for s, r, _ in chain]
+    if fuzz is not None:  # find who the description names first
+      hops.insert(0, (fuzz[0], fuzz[1], f"{fuzz[1]} {fuzz[2]}"))
+    for i, (s, r, query) in enumerate(hops):
+      if self.distractors and (fuzz is None or i > 0):
+        others = [o for o in corpus_lib.RELATIONS if o != r and (s, o) in self._corpus.facts]
+        for _ in range(int(rng.integers(self.distractors + 1)) if others else 0):
+          act = fmt.call("search", f"{others[int(rng.integers(len(others)))]} of {s}")
+          env.step(act)
+          actions.append(act)
       text, where = self._corpus.sentence[(s, r)]
-      act = fmt.call("search", f"{r} of {s}")
+      act = fmt.call("search", query)
       res = env.step(act)
       actions.append(act)
       if text in res.observation:
@@ -509,6 +539,21 @@ class SearchQA:
         return None
     actions.append(fmt.answer(chain[-1][2]))
     return actions if len(actions) <= env.limits.max_turns else None
+
+  def episode_metrics(self, trajectories: Sequence[Any]) -> dict[str, float]:
+    """Per-step training metrics of a batch of episodes (the env rollout reports them):
+    `answer_em` / `answer_f1`, the mean exact match and F1 of the episodes' answers (0 for an
+    episode that never answered), and `answered_frac`."""
+    em, f1, answered = [], [], []
+    for t in trajectories:
+      info = getattr(t.results[-1], "info", None) if t.results else None
+      ok = isinstance(info, Mapping) and "em" in info
+      em.append(float(info["em"]) if ok else 0.0)
+      f1.append(float(info["f1"]) if ok else 0.0)
+      answered.append(float(ok))
+    n = max(len(trajectories), 1)
+    return {"answer_em": sum(em) / n, "answer_f1": sum(f1) / n,
+            "answered_frac": sum(answered) / n}
 
   def demonstration_turns(self, example: Mapping[str, Any],
                           rng: np.random.Generator | None = None) -> list[str]:
@@ -531,6 +576,10 @@ class SearchQA:
     chain = self.chain(example)
     shown = (tuple(self._corpus.sentence[(s, r)][0] for s, r, _ in chain) if chain is not None
              else None)
+    fuzz = (corpus_lib.question_fuzz(self._corpus, text_field(example, "prompt"))
+            if chain is not None else None)
+    if fuzz is not None:  # the description's fact is the first to find
+      shown = (self._corpus.sentence[fuzz[:2]][0],) + shown
     return SearchEnv(self._index, text_field(example, "prompt"), self.golds(example), shown,
                      limits, self.fmt, top_k=self.top_k, snippet_chars=self.snippet_chars,
                      reward=self.reward)

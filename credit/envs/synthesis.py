@@ -1,4 +1,8 @@
-"""Agent-synthesised multi-hop questions over the `lookup` knowledge base (ASearcher's data agent).
+"""Agent-synthesised multi-hop questions (ASearcher's data agent): over the `lookup` knowledge base, and over the search corpus with injection and fuzzing.
+
+The second half (`synthesize_search`) grows `search_qa` questions over the built-in corpus by
+injection and fuzzing and keeps those answered without tools by none and with tools at least
+once (its section comment below); the first half, what follows, is the `lookup` synthesis.
 
 What ASearcher does (inclusionAI/ASearcher @ 813e804, `qa_synthesis/qa_synthesis_agent.py`,
 `ConstructQAAgent.generate`, and the README's "Data Synthesis"): a prompt-driven LLM agent
@@ -78,6 +82,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -87,12 +92,16 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 import jax
 import numpy as np
 
+from credit.envs import corpus as corpus_lib
 from credit.envs.base import Limits, TextEnv, Turn, run_episode, task_limits
 from credit.envs.lookup import SEED_HIGH, Lookup, question_text
+from credit.envs.search import SearchEnv, SearchQA
 from credit.envs.tools import ANSWER, Action, ToolFormat
 
-__all__ = ["ExploreEnv", "Node", "Player", "SamplerPlayer", "SynthesisResult", "check_candidate",
-           "injections", "record_of", "revealed_facts", "synthesize", "write_questions"]
+__all__ = ["ClosedBookEnv", "DemonstratorPlayer", "ExploreEnv", "Node", "Player", "PriorPlayer",
+           "SamplerPlayer", "SynthesisResult", "check_candidate", "closed_book_env",
+           "corpus_injections", "fuzz_question", "injections", "record_of", "revealed_facts",
+           "synthesize", "synthesize_search", "write_questions", "write_search_questions"]
 
 Fact = tuple[str, str, str]  # (name, relation, value)
 _FACT = re.compile(r"([a-z]+) ([a-z]+): ([a-z]+)")
@@ -436,3 +445,254 @@ def write_questions(path: str | os.PathLike, records: Sequence[Mapping[str, Any]
     for r in records:
       f.write(json.dumps(dict(r), sort_keys=True) + "\n")
 
+
+
+# --- the search corpus: injection, fuzzing and a two-sided difficulty check ----------------
+#
+# ASearcher's data agent (arXiv 2508.07976, section "Data Synthesis") edits a question with
+# two actions: injection adds a fact that lengthens the chain the question follows, and
+# fuzzing obscures a detail the question names, so that no single detail gives the answer
+# away; each edit must keep the answer unique, and a question is kept only when it is hard:
+# answered by a model without tools rarely, yet answerable with them. Here, over the built-in
+# search corpus (`credit.envs.corpus`), with exact checks in place of LLM judges:
+#
+#   injection   "prefix": a fact (x, r, start) of the corpus, r a person relation, makes
+#                 x's r the new start: "city of boss of ann?" -> "city of boss of coach of kim?";
+#               "extend": a fact (answer, r, v) asks one hop further (answer becomes v);
+#   fuzzing     the start person's name is replaced by a description derived from the corpus,
+#               an attribute of theirs whose value no other person shares: "city of boss of
+#               the one whose pet is red goat?" (`corpus.describe`); the agent must first find
+#               who that is (one more search);
+#   checks      the edited question parses back to a chain of corpus facts with the same
+#               answer (`corpus.question_chain`, the description resolving to exactly one
+#               person), and the task's demonstrator answers it within the episode;
+#   difficulty  each candidate is played `k` times without tools (`ClosedBookEnv`: one turn,
+#               the answer only) and `k` times with them (the task's environment); kept when
+#               the closed-book pass rate is at most `max_closed` (default 0: never answered
+#               without tools) and the pass rate with tools at least `min_open` (> 0).
+#
+# Players are `Player`s: a policy (`SamplerPlayer`) or, without a model, `DemonstratorPlayer`
+# (the task's demonstrator, with tools) and `PriorPlayer` (closed book: the corpus's most
+# common value of the question's last relation, a prior that knows the corpus's statistics but
+# none of its documents).
+
+
+class ClosedBookEnv(SearchEnv):
+  """A `search_qa` question without tools: one turn; `search` / `open` are refused."""
+
+  def search(self, query: str) -> tuple[str, list[int]]:
+    del query
+    return "error: no tools", []
+
+  def open(self, doc_id: str, page: str) -> tuple[str, int | None]:
+    del doc_id, page
+    return "error: no tools", None
+
+
+def closed_book_env(task: SearchQA, example: Mapping[str, Any]) -> ClosedBookEnv:
+  """`task`'s environment of `example` with no tools and one turn."""
+  env = task.make_env(example, Limits(max_turns=1))
+  out = ClosedBookEnv.__new__(ClosedBookEnv)
+  out.__dict__.update(env.__dict__)
+  return out
+
+
+class DemonstratorPlayer:
+  """The task's demonstrator as a `Player` (with tools): it plays the demonstration of each
+  environment's question (`search_qa` environments; deterministic, `key` unused)."""
+
+  def __init__(self, task: SearchQA):
+    self.task = task
+
+  def __call__(self, envs: Sequence[Any], key: jax.Array) -> list[Any]:
+    del key
+    out = []
+    for env in envs:
+      ex = {"prompt": env.prompt, "answer": env.golds[0], "aliases": json.dumps(env.golds)}
+      turns = self.task._demo_turns(ex) or [self.task.fmt.answer("")]  # pylint: disable=protected-access
+      out.append(_played(env, turns))
+    return out
+
+
+class PriorPlayer:
+  """A closed-book guesser as a `Player`: answers the corpus's most common value of the
+  question's last relation (ties: the first in corpus order); deterministic."""
+
+  def __init__(self, task: SearchQA):
+    corpus = task._corpus  # pylint: disable=protected-access
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for (_, r), v in corpus.facts.items():
+      counts[r][v] += 1
+    self.fmt = task.fmt
+    self.guess = {r: c.most_common(1)[0][0] for r, c in counts.items()}
+
+  def __call__(self, envs: Sequence[Any], key: jax.Array) -> list[Any]:
+    del key
+    out = []
+    for env in envs:
+      parsed = corpus_lib.parse_question(env.prompt)
+      guess = self.guess.get(parsed[1][-1], "") if parsed else ""
+      out.append(_played(env, [self.fmt.answer(guess)]))
+    return out
+
+
+def _played(env: Any, actions: Sequence[str]) -> Any:
+  """Plays `actions` in `env` until it is done: a `Trajectory`-like record."""
+  from credit.envs.rollout import Trajectory  # pylint: disable=g-import-not-at-top
+  prompt, results, observations = env.reset(), [], []
+  for a in actions:
+    if env.done:
+      break
+    res = env.step(a)
+    results.append(res)
+    if res.observation:
+      observations.append(res.observation)
+  return Trajectory(prompt, list(actions[:len(results)]), observations, results,
+                    float(env.outcome()), False)
+
+
+def corpus_injections(corpus: Any, chain: Sequence[Fact], max_hops: int,
+                      starts: Sequence[str] | None = None) -> list[tuple[str, tuple[Fact, ...]]]:
+  """The chains one injected fact longer (("prefix" | "extend", chain)), at most `max_hops`
+  long, each person visited once, a prefix's new start among `starts` (None: anyone; the
+  train split's start people keep held-out people out of training questions); in corpus
+  order (deterministic)."""
+  if len(chain) >= max_hops:
+    return []
+  people = {chain[0][0]} | {v for _, _, v in chain}
+  start, answer = chain[0][0], chain[-1][2]
+  out = []
+  for (x, r), v in corpus.facts.items():
+    if (r in corpus_lib.PERSON_RELATIONS and v == start and x not in people
+        and (starts is None or x in starts)):
+      out.append(("prefix", ((x, r, start),) + tuple(chain)))
+  if answer in corpus.people and chain[-1][1] in corpus_lib.PERSON_RELATIONS:
+    for r in corpus_lib.RELATIONS:
+      v = corpus.facts.get((answer, r))
+      if v is not None and v not in people:
+        out.append(("extend", tuple(chain) + ((answer, r, v),)))
+  return out
+
+
+def fuzz_question(corpus: Any, chain: Sequence[Fact], rng: np.random.Generator
+                  ) -> str | None:
+  """The question of `chain` with its start person's name replaced by a description only they
+  fit (one of their attributes, drawn by `rng` among those whose value no other person
+  shares); None when they have no such attribute.
+
+  >>> c = corpus_lib.make_corpus(0, num_people=12)
+  >>> p = c.people[0]
+  >>> chain = next(((p, r, v),) for (q, r), v in c.facts.items() if q == p)
+  >>> q = fuzz_question(c, chain, np.random.default_rng(0))
+  >>> q is None or (p not in q.split() and corpus_lib.question_chain(c, q) == chain)
+  True
+  """
+  start = chain[0][0]
+  options = []
+  for attribute in corpus_lib.ATTRIBUTES:
+    value = corpus.facts.get((start, attribute))
+    if value is not None and sum(corpus.facts.get((p, attribute)) == value
+                                 for p in corpus.people) == 1:
+      if all((s, r) != (start, attribute) for s, r, _ in chain):  # not the question itself
+        options.append((attribute, value))
+  if not options:
+    return None
+  attribute, value = options[int(rng.integers(len(options)))]
+  return corpus_lib.question_text(corpus_lib.describe(attribute, value), tuple(r for _, r, _ in chain))
+
+
+def _search_record(prompt: str, chain: Sequence[Fact], via: str, seed_prompt: str) -> dict:
+  answer = chain[-1][2]
+  return {"prompt": prompt, "answer": answer, "aliases": json.dumps([answer]),
+          "hops": len(chain), "via": via, "seed_prompt": seed_prompt}
+
+
+def synthesize_search(task: SearchQA, *, num: int, with_tools: Player | None = None,
+                      without_tools: Player | None = None, k: int = 4, seed: int = 0,
+                      fuzz_prob: float = 0.5, max_closed: float = 0.0, min_open: float = 0.25,
+                      batch: int = 32, max_rounds: int = 50) -> SynthesisResult:
+  """Questions over the built-in search corpus grown by injection and fuzzing, kept by the
+  two-sided difficulty check (see the section comment above).
+
+  Each round draws `batch` seed questions (1-hop, from the train split's start people, so
+  held-out people stay unseen), injects facts up to a target length drawn in
+  [2, task.max_hops] (a random applicable injection each time), fuzzes the start with
+  probability `fuzz_prob`, checks the candidate, and plays every candidate `k` times without
+  and with tools (`without_tools` default `PriorPlayer`, `with_tools` default
+  `DemonstratorPlayer`). Deterministic in `seed` (and the players').
+
+  Returns `SynthesisResult` (records: prompt, answer, aliases, hops, via, seed_prompt,
+  closed_rate, open_rate; load them with `write_search_questions` + `questions_path`).
+  """
+  if task.questions_path or task.corpus_path:
+    raise ValueError("synthesize_search works on the built-in corpus; give a SearchQA "
+                     "without corpus_path / questions_path")
+  if num < 1 or k < 1 or batch < 1:
+    raise ValueError(f"num, k and batch must be >= 1, got {num}, {k}, {batch}")
+  if task.max_hops < 2:
+    raise ValueError(f"task.max_hops must be >= 2 for injection, got {task.max_hops}")
+  corpus = task._corpus  # pylint: disable=protected-access
+  with_tools = with_tools or DemonstratorPlayer(task)
+  without_tools = without_tools or PriorPlayer(task)
+  rng = np.random.default_rng([seed, 0x5E])
+  base = dataclasses.replace(task, min_hops=1, max_hops=1)
+  starts = frozenset(task._starts("train"))  # pylint: disable=protected-access
+  kept, seen = [], set()
+  st = collections.Counter()
+  t0 = time.perf_counter()
+  for rnd in range(max_rounds):
+    cands = []
+    for ex in base.generate(rng, batch):
+      chain = corpus_lib.question_chain(corpus, ex["prompt"])
+      target = int(rng.integers(2, task.max_hops + 1))
+      via = []
+      while len(chain) < target:
+        options = corpus_injections(corpus, chain, task.max_hops, starts)
+        if not options:
+          break
+        kind, chain = options[int(rng.integers(len(options)))]
+        via.append(kind)
+      prompt = corpus_lib.question_text(chain[0][0], tuple(r for _, r, _ in chain))
+      if rng.random() < fuzz_prob:
+        fuzzed = fuzz_question(corpus, chain, rng)
+        if fuzzed is not None:
+          prompt, via = fuzzed, via + ["fuzz"]
+      st["candidates"] += 1
+      rec = _search_record(prompt, chain, "+".join(via) or "seed", ex["prompt"])
+      if (not via or prompt in seen or corpus_lib.question_chain(corpus, prompt) != chain
+          or task._demo_turns(rec) is None):  # pylint: disable=protected-access
+        st["refused"] += 1
+        continue
+      seen.add(prompt)
+      cands.append(rec)
+    if cands:
+      key = jax.random.fold_in(jax.random.key(seed), rnd)
+      closed = without_tools([closed_book_env(task, r) for r in cands for _ in range(k)],
+                             jax.random.fold_in(key, 0))
+      opened = with_tools([task.make_env(r) for r in cands for _ in range(k)],
+                          jax.random.fold_in(key, 1))
+      for i, rec in enumerate(cands):
+        c_rate = float(np.mean([t.outcome >= 1.0 for t in closed[i * k:(i + 1) * k]]))
+        o_rate = float(np.mean([t.outcome >= 1.0 for t in opened[i * k:(i + 1) * k]]))
+        st["measured"] += 1
+        if c_rate > max_closed:
+          st["answered_without_tools"] += 1
+        elif o_rate < min_open:
+          st["not_answered_with_tools"] += 1
+        elif len(kept) < num:
+          kept.append(dict(rec, closed_rate=c_rate, open_rate=o_rate))
+    if len(kept) >= num:
+      break
+  stats = dict(st, kept=len(kept), rounds=rnd + 1, seconds=time.perf_counter() - t0)
+  return SynthesisResult(kept, stats)
+
+
+def write_search_questions(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]
+                           ) -> None:
+  """Writes `synthesize_search` records as a `search_qa` questions file (`questions_path`):
+  {"question", "answers", "hops", ...} per line."""
+  with open(path, "w", encoding="utf-8") as f:
+    for r in records:
+      out = {"question": r["prompt"], "answers": json.loads(r["aliases"]), "hops": r["hops"]}
+      out.update({k: r[k] for k in ("via", "closed_rate", "open_rate") if k in r})
+      f.write(json.dumps(out) + "\n")

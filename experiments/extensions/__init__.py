@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments.extensions import (amft, critical, estimator_loss, group_filter, jolt,
-                                    subagents)
+from experiments.extensions import (amft, context, critical, estimator_loss, group_filter,
+                                    jolt, subagents)
 from experiments.extensions.base import (Built, Extension, Placed, Resolved, SetupError, Step,
                                          TurnSampler, place)
 
@@ -29,6 +29,7 @@ EXTENSIONS: tuple[Extension, ...] = (
     critical.EXTENSION,
     estimator_loss.EXTENSION,
     amft.EXTENSION,
+    context.EXTENSION,
 )
 
 

@@ -450,6 +450,12 @@ def _build_env_rollout(s: Setup, wanted: frozenset) -> Produce:
                        truncated_frac=float(out.truncated.mean()),
                        tool_errors=float(tm["tool_errors"]),
                        tool_timeouts=float(tm["tool_timeouts"]))
+    if "compactions" in tm:  # context management (experiments/extensions/context.py)
+      ctx.metrics.update(compactions=tm["compactions"] / len(envs),
+                         dropped_observations=tm["dropped_observations"] / len(envs))
+    episode_metrics = getattr(task, "episode_metrics", None)  # a task's own, e.g. exact match
+    if episode_metrics is not None:
+      ctx.metrics.update(episode_metrics(out.trajectories))
     return _episode_batch(s, ctx, out, group_id)
 
   return produce
