@@ -1,5 +1,15 @@
 """Agent-synthesised lookup questions: `python -m experiments.synthesize --policy DIR --out FILE`.
 
+`--task=search_qa`: questions over the built-in search corpus grown by injection and fuzzing,
+kept when answered without tools by none and with tools at least `--min_open` of `--k` times
+(`credit.envs.synthesis.synthesize_search`; without `--policy` the task's demonstrator plays
+with tools and a corpus prior without):
+
+  python -m experiments.synthesize --task=search_qa --out synth.jsonl --num 256 \
+      --task_kwargs '{"max_hops": 3}' --k 4
+  python -m experiments.run --config experiments/configs/search_agent_qa.py:long \
+      --workdir runs/long_synth --config.task_kwargs.questions_path=synth.jsonl
+
 The policy explores worlds of the lookup task, its transcripts propose one-hop-longer
 questions (injection), the knowledge base verifies them, and the solver's pass rate over k
 sampled episodes keeps those in [min_rate, max_rate] (`credit.envs.synthesis`). Example:
@@ -69,7 +79,11 @@ def _player(path: str, task: Lookup, layout: TurnLayout, batch_size: int, a) -> 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="python -m experiments.synthesize", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--policy", required=True, help="hf_policy/ export (or a run workdir)")
+  p.add_argument("--task", default="lookup", choices=("lookup", "search_qa"),
+                 help="lookup (the agent explores worlds) or search_qa (injection and fuzzing "
+                      "over the built-in search corpus)")
+  p.add_argument("--policy", default="", help="hf_policy/ export (or a run workdir); "
+                 "search_qa without it: the demonstrator with tools, a prior without")
   p.add_argument("--solver", default="", help="policy for the pass rate (default: --policy)")
   p.add_argument("--out", required=True, help="jsonl file of kept questions")
   p.add_argument("--num", type=int, default=64, help="questions to keep")
@@ -89,6 +103,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   p.add_argument("--max_observation_tokens", type=int, default=16,
                  help="observation tokens (= chars: the env cuts them, as in training)")
   p.add_argument("--max_new_tokens", type=int, default=0, help="episode budget (0: no limit)")
+  p.add_argument("--fuzz_prob", type=float, default=0.5, help="search_qa: fuzzed share")
+  p.add_argument("--max_closed", type=float, default=0.0,
+                 help="search_qa: highest pass rate without tools kept")
+  p.add_argument("--min_open", type=float, default=0.25,
+                 help="search_qa: lowest pass rate with tools kept")
   p.add_argument("--temperature", type=float, default=1.0)
   p.add_argument("--top_k", type=int, default=0)
   p.add_argument("--top_p", type=float, default=1.0)
@@ -119,8 +138,40 @@ def table(stats: dict, a, task: Lookup) -> str:
   return "\n".join(f"{name:<{w}}  {value}" for name, value in rows)
 
 
+def search_main(a: argparse.Namespace) -> dict:
+  """`--task=search_qa`: `credit.envs.synthesis.synthesize_search` over the built-in corpus."""
+  from credit.envs.search import SearchQA  # pylint: disable=g-import-not-at-top
+  from credit.envs.synthesis import synthesize_search, write_search_questions  # pylint: disable=g-import-not-at-top
+  try:
+    task = SearchQA(**json.loads(a.task_kwargs))
+  except (ValueError, TypeError) as e:
+    raise SystemExit(f"--task_kwargs {a.task_kwargs!r}: {e}") from None
+  with_tools = without = None
+  if a.policy:  # the policy plays both sides
+    K = a.max_turns or task.max_turns
+    layout = TurnLayout(prompt_width=task.max_prompt_chars + 1, max_turns=K,
+                        max_action_tokens=a.max_action_tokens or task.max_action_chars + 1,
+                        max_observation_tokens=a.max_observation_tokens,
+                        max_total_tokens=a.max_new_tokens or None)
+    with_tools = without = _player(a.policy, task, layout, a.questions_per_round * a.k, a)
+  res = synthesize_search(task, num=a.num, with_tools=with_tools, without_tools=without, k=a.k,
+                          seed=a.seed, fuzz_prob=a.fuzz_prob, max_closed=a.max_closed,
+                          min_open=a.min_open, batch=a.questions_per_round,
+                          max_rounds=a.max_rounds)
+  os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+  write_search_questions(a.out, res.records)
+  print("  ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                  for k, v in res.stats.items()))
+  print(f"wrote {len(res.records)} questions to {a.out}")
+  return res.stats
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
   a = parse_args(argv)
+  if a.task == "search_qa":
+    return search_main(a)
+  if not a.policy:
+    raise SystemExit("--policy is required for --task=lookup")
   try:
     task = Lookup(**json.loads(a.task_kwargs))
   except (ValueError, TypeError) as e:

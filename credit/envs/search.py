@@ -564,6 +564,21 @@ class SearchQA:
                        f"within max_turns={self.max_turns} (was it drawn with other options?)")
     return turns
 
+  def demonstration_episodes(self, example: Mapping[str, Any], limits: Limits | None = None,
+                             rng: np.random.Generator | None = None
+                             ) -> list[tuple[str, list[str], list[str]]]:
+    """The warm-up episode (prompt, actions, observations) of `example`; with context
+    management (`context_keep_last` >= 1) every observation but the last
+    `context_keep_last` is the placeholder a compaction leaves, so a long demonstration fits
+    the budget as the final context of a sampled episode would."""
+    from credit.envs.context import PLACEHOLDER  # pylint: disable=g-import-not-at-top
+    from credit.envs.rollout import demonstration_episode  # pylint: disable=g-import-not-at-top
+    prompt, actions, obs = demonstration_episode(self, example, limits, rng)
+    keep = int(self.context_keep_last)
+    if keep >= 1 and len(obs) > keep:
+      obs = [PLACEHOLDER] * (len(obs) - keep) + list(obs[-keep:])
+    return [(prompt, actions, obs)]
+
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
     del rng

@@ -3,7 +3,15 @@
 Command:
   python -m experiments.run --config experiments/configs/search_agent_qa.py \\
       --workdir runs/search_agent_qa
-Variants: `:tiny` (2 steps of a 1-layer model, 1-hop questions; seconds; used by tests). Your
+Variants: `:tiny` (2 steps of a 1-layer model, 1-hop questions; seconds; used by tests).
+`:long`: ASearcher-style long episodes: 3-hop questions, a demonstrator that makes 0-3
+distractor searches per hop (uneven episode lengths), 32 turns, and context management
+(`credit.envs.context`): when the 1536-token context is full, the oldest observations but the
+last 2 become "(dropped)" and the episode continues from the compacted context (the training
+row is the final context). Asynchronous: add `--config.async_rollouts=True`
+(experiments/async_rl.py); synthesized questions (injection and fuzzing, kept by a
+with/without-tools difficulty check; `python -m experiments.synthesize --task=search_qa`):
+`--config.task_kwargs.questions_path=...`. `:long,tiny` for tests. Your
 own corpus: `--config.task_kwargs.corpus_path=docs.jsonl --config.task_kwargs.questions_path=
 qa.jsonl` (JSON lines: {"id", "title", "text"} per document, {"question", "answer"} per
 question; docs/guides/tools.md), with a checkpoint's tokenizer (`--config.init_from`) when the
@@ -34,7 +42,7 @@ from experiments.configs import common
 
 
 def get_config(arg=None):
-  a = common.parse_arg(arg, tiny=False)
+  a = common.parse_arg(arg, tiny=False, long=False)
   c = common.base_config()
   c.task = "search_qa"
   c.task_kwargs = ml_collections.ConfigDict({
@@ -53,6 +61,19 @@ def get_config(arg=None):
   c.max_observation_tokens = 128  # 3 results of one sentence, or one page
   c.max_new_tokens = 640          # the episode's budget: actions + observations
   common.multi_turn_training(c, tiny=a.tiny)
+  if a.long:                      # ASearcher-style long episodes (module docstring)
+    c.task_kwargs.update(min_hops=3, max_hops=3, distractors=3, extra_turns=14,
+                         context_keep_last=2, context_compact_to=0.5)
+    c.max_turns = 32              # (2 + distractors)·3 hops + 3 + extra_turns
+    c.max_action_tokens = 28      # "search(club of the one whose ...)" + eos
+    c.max_new_tokens = 1536       # the context budget (32 short actions, placeholders and the
+                                  # 2 kept observations fit): compacted beyond it
+    c.policy_loss = "decoupled_ppo"  # exact under asynchronous rollouts as well
+    if a.tiny:                    # 32 turns still; a small context so compactions happen
+      c.max_observation_tokens = 64
+      c.task_kwargs.update(top_k=1, snippet_chars=40)
+      c.max_new_tokens = 512
+    return c
   if a.tiny:                      # 1-hop questions: a search and the answer fit the budget
     c.task_kwargs.update(max_hops=1, top_k=2)
     c.max_turns = 3
