@@ -46,7 +46,8 @@ from credit.envs.rollout import (MultiTurnSampler, TurnLayout, demonstration_epi
                                  encode_episode)
 from credit.models import ModelConfig, Decoder
 from credit.tasks.char_tokenizer import prompt_ids
-from experiments import checkpointing, extensions, producers, progress, reporting, train
+from experiments import (checkpointing, extensions, memory, producers, progress, reporting,
+                         train)
 
 SetupError = producers.SetupError
 
@@ -350,14 +351,14 @@ def checkpoint_tokenizer(c: ml_collections.ConfigDict, hf: dict):
 
 
 def build_model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
-  m = c.model
-  return ModelConfig(vocab_size=tok.vocab_size, hidden_size=m.hidden_size,
-                     intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                     num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                     rope_theta=m.rope_theta, family=m.family, qk_norm=m.family == "qwen3",
-                     qkv_bias=m.family == "qwen2", tie_embeddings=False,
-                     eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
-                     remat=bool(m.remat), param_dtype=m.param_dtype, dtype=m.compute_dtype)
+  """The from-scratch policy's shapes: `c.model.preset` or the explicit `c.model` fields
+  (`producers.base.model_config`)."""
+  return producers.base.model_config(c, tok)
+
+
+# Above this many parameter bytes a from-scratch policy is created already sharded (one jitted
+# init); below it eagerly, as before, so small runs keep their exact initial weights.
+SHARDED_INIT_BYTES = 1 << 30
 
 
 def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, ModelConfig]:
@@ -377,8 +378,13 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
                                          dtype=c.model.compute_dtype)
   else:
     mcfg = build_model_config(c, tok)
-    with jax.set_mesh(mesh):
-      model = Decoder(mcfg, rngs=nnx.Rngs(c.seed))
+    shapes = nnx.state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(c.seed))), nnx.Param)
+    nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    if nbytes > SHARDED_INIT_BYTES:  # each device draws only its shard
+      model = producers.base.init_policy(mcfg, mesh, c.seed)
+    else:
+      with jax.set_mesh(mesh):
+        model = Decoder(mcfg, rngs=nnx.Rngs(c.seed))
   if c.lora_rank:
     model = models.apply_lora(model, rank=c.lora_rank, alpha=c.lora_alpha,
                               targets=tuple(c.lora_targets), rngs=nnx.Rngs(c.seed + 1))
@@ -580,6 +586,7 @@ class Runner:
   eval_batch_size: int
   is_main: bool
   log: progress.RunLog | None = None  # <workdir>/log.txt (process 0)
+  memory_plan: str = ""         # `memory.format_plan` of the run (setup and summary.md)
 
   def say(self, message: str) -> None:
     """A message on stdout and in log.txt (process 0 only), through tqdm so it never breaks
@@ -667,6 +674,9 @@ def _checked_setup(c: ml_collections.ConfigDict):
 def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]:
   """Checks everything, then builds the runner and the initial (step 0) run state."""
   method, data, mesh, model, mcfg, chunk = _checked_setup(c)
+  plan = memory.plan_run(c, method=method, reference_copy=keeps_reference_copy(c, method),
+                         mesh_shape=dict(mesh.shape), device_bytes=memory.device_memory(c),
+                         model=mcfg)
   os.makedirs(workdir, exist_ok=True)
   from credit.models import lora_trainable_mask
   from credit.sampling import Sampler
@@ -680,7 +690,8 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
   trainable = lora_trainable_mask(params) if c.lora_rank else None
   tx = train.make_optimizer(learning_rate=c.learning_rate, total_steps=c.steps,
                             warmup_steps=c.warmup_steps, weight_decay=c.weight_decay,
-                            grad_clip=c.grad_clip, trainable=trainable)
+                            grad_clip=c.grad_clip, trainable=trainable,
+                            master_dtype=master_dtype(c))
   est = method.estimator
   est_state = est.init_state(len(data.train)) if est.stateful else None
   rep = parallel.replicated(mesh)
@@ -722,12 +733,26 @@ def setup(c: ml_collections.ConfigDict, workdir: str) -> tuple[Runner, RunState]
                                       max_to_keep=c.keep_checkpoints),
       eval_batch_size=eval_bs - eval_bs % div, is_main=jax.process_index() == 0,
       log=(progress.RunLog(workdir, header=reporting.run_headline(c))
-           if jax.process_index() == 0 else None))
-  keep_copy = method.keeps_reference and not reference_from_adapters(c, method)
-  ref = state.params if keep_copy else None  # restore template only
+           if jax.process_index() == 0 else None),
+      memory_plan=memory.format_plan(plan) if plan is not None else "")
+  if runner.memory_plan:
+    runner.say(runner.memory_plan)
+  ref = state.params if keeps_reference_copy(c, method) else None  # restore template only
   return runner, RunState(state, ref, tasks_lib.make_loader(data.train, c.prompts_per_step,
                                                             seed=c.seed),
                           learners=init_learners(runner, state.params))
+
+
+def keeps_reference_copy(c: ml_collections.ConfigDict, method: Method) -> bool:
+  """The run keeps a frozen copy of the policy's parameters as its reference (not when the
+  reference is the base model under LoRA adapters)."""
+  return method.keeps_reference and not reference_from_adapters(c, method)
+
+
+def master_dtype(c: ml_collections.ConfigDict) -> str | None:
+  """The optimiser's master-copy dtype (`c.model.optimizer_dtype`; None: the parameters')."""
+  d = c.model.get("optimizer_dtype", "param")
+  return None if d == "param" else d
 
 
 def _at_most_one(exts, built, what: str):
@@ -780,7 +805,7 @@ def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
     os.remove(stale)  # an earlier run's warm-up in this workdir
   state = warm_up(run, rs.train) if run.c.sft_steps else rs.train
   # A copy: the update donates state.params, which would delete buffers shared with it.
-  keep_copy = run.method.keeps_reference and not reference_from_adapters(run.c, run.method)
+  keep_copy = keeps_reference_copy(run.c, run.method)
   ref = jax.tree.map(jnp.copy, state.params) if keep_copy else None
   rs = dataclasses.replace(rs, train=state, ref_params=ref,
                            learners=init_learners(run, state.params))
@@ -793,7 +818,8 @@ def warm_up(run: Runner, state: train.TrainState) -> train.TrainState:
   c, s = run.c, run.setup
   sft_tx = train.make_optimizer(learning_rate=c.sft_learning_rate, total_steps=c.sft_steps,
                                 warmup_steps=min(10, c.sft_steps // 10), weight_decay=0.0,
-                                grad_clip=c.grad_clip, trainable=run.trainable)
+                                grad_clip=c.grad_clip, trainable=run.trainable,
+                                master_dtype=master_dtype(c))
   p_sh, o_sh = run.shardings.params, run.shardings.opt_state
   _, so_sh = train.state_shardings(sft_tx, state.params, sft_tx.init(state.params), run.mesh)
   sft_step = jax.jit(train.make_sft_step(s.graphdef, s.rest, sft_tx, s.chunk_size),
@@ -1107,7 +1133,8 @@ def finish(run: Runner, rs: RunState, out: Outputs | None) -> dict[str, Any]:
   except (KeyError, ValueError):
     family = ""
   result = reporting.write_run_report(run.workdir, c, run.data.tokenizer, heatmap,
-                                      change=change, step=rs.step, family=family)
+                                      change=change, step=rs.step, family=family,
+                                      memory_plan=run.memory_plan)
   first, last = result["eval_accuracy_first"], result["eval_accuracy_last"]
   evals = ("" if first is None else f": held-out accuracy {first:.3f} -> {last:.3f} (best "
            f"{result['eval_accuracy_best']:.3f} at step {result['eval_best_step']})")

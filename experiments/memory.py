@@ -223,7 +223,7 @@ def plan_memory(*, model: ModelConfig, mesh_shape: Mapping[str, int], rollout_ro
   resident = sum(b for _, b, p in rows if p == "resident")
   phases = {p for _, _, p in rows if p != "resident"}
   peak = resident + max(sum(b for _, b, q in rows if q == p) for p in phases)
-  notes = (f"{num_params(model) / 1e9:.3g}B params ({model.param_dtype}, compute "
+  notes = (f"{_count(num_params(model))} params ({model.param_dtype}, compute "
            f"{model.dtype}), mesh {mesh_shape}, B={rollout_rows}, T={t}, "
            f"{num_minibatches} minibatches")
   # The remedies of the larger part first: what stays resident, or the largest phase.
@@ -242,6 +242,14 @@ def plan_memory(*, model: ModelConfig, mesh_shape: Mapping[str, int], rollout_ro
   advice = [text for _, text in sorted(weights, key=lambda w: -w[0])]
   return MemoryPlan(tuple(rows), float(peak), device_bytes,
                     tuple(sorted(mesh_shape.items())), notes, tuple(advice))
+
+
+def _count(n: int) -> str:
+  """A parameter count as people write it: 12.8k, 596M, 1.72B."""
+  for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+    if n >= scale:
+      return f"{n / scale:.3g}{unit}"
+  return str(n)
 
 
 def format_plan(plan: MemoryPlan) -> str:
@@ -361,21 +369,21 @@ def prompt_tokens(c) -> int:
   return longest + extra
 
 
-def plan_run(c, *, mesh_shape: Mapping[str, int], device_bytes: float | None = None,
-             model: ModelConfig | None = None, seq_len: int | None = None) -> MemoryPlan | None:
+def plan_run(c, *, method, reference_copy: bool, mesh_shape: Mapping[str, int],
+             device_bytes: float | None = None, model: ModelConfig | None = None,
+             seq_len: int | None = None) -> MemoryPlan | None:
   """`plan_memory` for experiment config `c` on a mesh of `mesh_shape`: the policy (`model`,
   default `policy_config(c)`), the step's rows, T = `seq_len` (default `prompt_tokens(c)` +
   max_new_tokens), the minibatches, the float32 master copy, LoRA, and the copies the
   planned producers keep (reference, teacher, lagged self-teacher, trained producers).
+  `method` is the run's resolved method (`loop.check_method(c)`, for its producers) and
+  `reference_copy` whether it keeps a frozen reference copy of the policy.
   None when the policy's shapes cannot be read (the loop then reports why)."""
-  from experiments import loop
   from experiments.producers.rollouts import rollout_rows
   model = model or policy_config(c)
   if model is None:
     return None
-  method = loop.check_method(c)
-  reference = model if (method.keeps_reference
-                        and not loop.reference_from_adapters(c, method)) else None
+  reference = model if reference_copy else None
   teacher = None
   if c.teacher.init_from:
     teacher = _checkpoint_config(c.teacher.init_from, c.teacher.param_dtype,

@@ -1165,11 +1165,11 @@ def run_headline(c) -> str:
 
 def write_run_report(workdir: str, c, tokenizer: Any, heatmap: Any, *,
                      change: Mapping[str, Any] | None = None, step: int = 0,
-                     family: str = "") -> dict[str, Any]:
+                     family: str = "", memory_plan: str = "") -> dict[str, Any]:
   """What a finished run leaves for its reader, from the files it wrote: curves.png (with the
   warm-up's loss), token_credit.png (`heatmap`, the runner's `StepBatch`, or None),
   token_change.png (`change`: the probe with its log-probs at both ends, or None) and
-  summary.md.
+  summary.md (with `memory_plan`, the markdown of `experiments.memory.format_plan`, when given).
 
   Returns:
     {eval_accuracy_first, eval_accuracy_last, eval_accuracy_best, eval_best_step, rows}.
@@ -1181,6 +1181,8 @@ def write_run_report(workdir: str, c, tokenizer: Any, heatmap: Any, *,
     write_token_credit(workdir, c, tokenizer, heatmap, family=family)
   sections = ({"Where learning happened": write_token_change(workdir, tokenizer, change, step)}
               if change is not None else {})
+  if memory_plan:
+    sections["Memory plan"] = memory_plan
   rows = read_metrics(path)
   write_text_atomic(os.path.join(workdir, "summary.md"), run_summary(
       rows, title=f"{c.estimator} / {c.policy_loss} on {c.task}", settings=run_settings(c),

@@ -517,7 +517,11 @@ def check_memory(c: ml_collections.ConfigDict, mesh_shape: dict) -> None:
   from experiments import memory
   if not c.get("memory", {}).get("check", True):
     return
-  plan = memory.plan_run(c, mesh_shape=mesh_shape, device_bytes=memory.device_memory(c))
+  from experiments import loop
+  method = loop.check_method(c)
+  plan = memory.plan_run(c, method=method, mesh_shape=mesh_shape,
+                         reference_copy=loop.keeps_reference_copy(c, method),
+                         device_bytes=memory.device_memory(c))
   why = memory.refusal(plan) if plan is not None else None
   if why:
     raise Refusal(why)

@@ -7,7 +7,7 @@ from flax import nnx
 
 from credit import parallel
 from credit.models import Decoder, preset, shard_model, tiny_config
-from experiments import memory, validate
+from experiments import loop, memory, validate
 from experiments.configs import settings
 from experiments.producers.base import model_config
 from credit.tasks import CharTokenizer
@@ -81,7 +81,9 @@ def test_a_run_that_cannot_fit_is_refused_with_its_numbers_when_the_mesh_is_made
     validate.check_mesh(c, devices=True)
   c.memory.check = False
   validate.check_mesh(c, devices=True)
-  plan = memory.plan_run(c, mesh_shape={"fsdp": 8}, device_bytes=4 * memory.GIB)
+  method = loop.check_method(c)
+  plan = memory.plan_run(c, method=method, reference_copy=loop.keeps_reference_copy(c, method),
+                         mesh_shape={"fsdp": 8}, device_bytes=4 * memory.GIB)
   assert "4.02B params" in plan.notes and not plan.fits
 
 
