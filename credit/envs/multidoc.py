@@ -23,8 +23,10 @@ Per turn:
   info      `doc`: the document read (None on an error), `gold_revealed`: the chain hops
             it revealed first, `gold_calls`: the reads of every document that still holds
             an unrevealed gold fact (the answer once none does), `correct`.
-Outcome: exact match of the answered name with the chain's end. `gold_answer` is
-"answer(<name>)".
+Outcome: exact match of the answered name with the chain's end; with `grounded`, only when
+the reads before the answer revealed every gold fact as well (a right name guessed from a
+document that does not hold the chain scores 0). The answer turn's info has `exact` (the name
+is right) and `grounded` (every gold fact was revealed). `gold_answer` is "answer(<name>)".
 
 Documents are a pure function of the example's `world_seed` and the task options: the
 knowledge base of `Lookup(...).world(world_seed)`, its facts placed on documents by a
@@ -44,6 +46,7 @@ from credit.envs.tools import ANSWER, Action, ToolFormat, parse_action
 from credit.tasks.base import int_field, register_task, text_field
 
 DISPATCH, SYNTHESIS = 0, 1
+DEMONSTRATORS = ("gold", "search")
 
 
 @register_task("multidoc")
@@ -59,6 +62,9 @@ class MultiDoc:
     extra_turns: turns beyond a demonstration's h + 1.
     max_observation_chars: observations (documents) are cut to this many characters.
     call_open, call_close: tool-call markers (`ToolFormat`).
+    demonstrator: "gold" (the gold documents in chain order) or "search" (unread documents
+      in a random order until the chain is revealed; needs max_turns >= num_docs + 1).
+    grounded: the outcome needs every gold fact revealed before the answer (module docstring).
   """
   min_hops: int = 2
   max_hops: int = 3
@@ -69,6 +75,8 @@ class MultiDoc:
   max_observation_chars: int = 52
   call_open: str = ""
   call_close: str = ""
+  demonstrator: str = "gold"
+  grounded: bool = False
   name = "multidoc"
   multi_turn = True
   tool_actions = True  # turns are tool calls (each step's info holds the parsed `action`)
@@ -79,6 +87,12 @@ class MultiDoc:
       raise ValueError(f"num_docs must be in [max_hops, 9], got {self.num_docs}")
     if self.extra_turns < 0 or self.max_observation_chars < 8:
       raise ValueError("need extra_turns >= 0 and max_observation_chars >= 8")
+    if self.demonstrator not in DEMONSTRATORS:
+      raise ValueError(f"demonstrator={self.demonstrator!r} is not one of {DEMONSTRATORS}")
+    if self.demonstrator == "search" and self.max_turns < self.num_docs + 1:
+      raise ValueError(f"demonstrator='search' reads up to num_docs={self.num_docs} documents "
+                       f"and answers, but max_turns={self.max_turns}; raise extra_turns to "
+                       f">= {self.num_docs - self.max_hops}")
 
   @property
   def fmt(self) -> ToolFormat:
@@ -147,10 +161,22 @@ class MultiDoc:
 
   def demonstration_turns(self, example: Mapping[str, Any],
                           rng: np.random.Generator | None = None) -> list[str]:
-    del rng  # a deterministic demonstrator
-    world, _, where = self._docs_of(example)
-    return [self.fmt.call("read", str(where[i] + 1)) for i in range(len(world.chain))] + [
-        self.fmt.answer(world.answer)]
+    world, texts, where = self._docs_of(example)
+    if self.demonstrator == "gold":
+      return [self.fmt.call("read", str(where[i] + 1)) for i in range(len(world.chain))] + [
+          self.fmt.answer(world.answer)]
+    if rng is None:
+      rng = np.random.default_rng([int_field(example, "world_seed"), 2])
+    limits = task_limits(self)
+    missing = {i for i, (s, r, o) in enumerate(world.chain)
+               if f"{s} {r}: {o}." in limits.truncate(texts[where[i]])}
+    turns = []
+    for d in rng.permutation(self.num_docs).tolist():
+      if not missing:
+        break
+      turns.append(self.fmt.call("read", str(d + 1)))
+      missing -= {i for i in missing if where[i] == d}
+    return turns + [self.fmt.answer(world.answer)]
 
   def demonstration(self, example: Mapping[str, Any], rng: np.random.Generator | None = None
                     ) -> str:
@@ -160,7 +186,7 @@ class MultiDoc:
   def make_env(self, example: Mapping[str, Any], limits: Limits | None = None) -> "MultiDocEnv":
     world, texts, where = self._docs_of(example)
     return MultiDocEnv(text_field(example, "prompt"), world, texts, where,
-                       task_limits(self, limits), self.fmt)
+                       task_limits(self, limits), self.fmt, grounded=self.grounded)
 
 
 class MultiDocEnv(TextEnv):
@@ -168,10 +194,17 @@ class MultiDocEnv(TextEnv):
   tools = {"read": 1}
 
   def __init__(self, prompt: str, world: World, docs: tuple[str, ...], where: dict,
-               limits: Limits, fmt: ToolFormat = ToolFormat()):
+               limits: Limits, fmt: ToolFormat = ToolFormat(), *, grounded: bool = False):
     super().__init__(limits, fmt)
     self.prompt, self.world, self.docs, self.where = prompt, world, docs, where
     self.gold_answer = fmt.answer(world.answer)
+    self.grounded = grounded
+
+  def _answer_turn(self, state: tuple[bool, ...], action: Action, info: dict) -> Turn:
+    """The answer turn: right name (and, when grounded, every gold fact revealed)."""
+    exact, seen = action.args[0] == self.world.answer, all(state)
+    ok = exact and (seen or not self.grounded)
+    return Turn("", correct=ok, outcome=float(ok), info=dict(info, exact=exact, grounded=seen))
 
   def _initial_state(self) -> tuple[bool, ...]:
     return (False,) * len(self.world.chain)
@@ -190,9 +223,8 @@ class MultiDocEnv(TextEnv):
   def _act(self, state: tuple[bool, ...], action: Action) -> tuple[Any, Turn]:
     gold = self._gold_calls(state)
     if action.kind == ANSWER:
-      ok = action.args[0] == self.world.answer
-      return state, Turn("", correct=ok, outcome=float(ok),
-                         info={"gold_calls": gold, "doc": None, "gold_revealed": ()})
+      return state, self._answer_turn(state, action, {"gold_calls": gold, "doc": None,
+                                                      "gold_revealed": ()})
     arg, n = action.args[0], len(self.docs)
     if arg not in [str(i) for i in range(1, n + 1)]:
       return state, Turn(f"error: write read(d), d in 1..{n}", correct=False,

@@ -109,6 +109,9 @@ class MultiDocAgents(MultiDoc):
     super().__post_init__()
     if self.agent_max_tokens < 2:
       raise ValueError(f"agent_max_tokens must be >= 2, got {self.agent_max_tokens}")
+    if self.demonstrator != "gold":
+      raise ValueError(f"multidoc_agents has only the gold demonstrator, got "
+                       f"demonstrator={self.demonstrator!r}; leave it unset")
 
   @property
   def max_agent_prompt_chars(self) -> int:
@@ -169,7 +172,7 @@ class MultiDocAgents(MultiDoc):
     world, texts, where = self._docs_of(example)
     env = MultiDocAgentsEnv(text_field(example, "prompt"), world, texts, where,
                             task_limits(self, limits), self.fmt,
-                            doc_chars=self.max_observation_chars)
+                            doc_chars=self.max_observation_chars, grounded=self.grounded)
     if agent is not None:
       env.bind_agent(agent)
     return env
@@ -182,8 +185,9 @@ class MultiDocAgentsEnv(MultiDocEnv):
   # another, in row order, by the multi-turn engine.
   parallel_steps = False
 
-  def __init__(self, prompt, world, docs, where, limits: Limits, fmt, *, doc_chars: int):
-    super().__init__(prompt, world, docs, where, limits, fmt)
+  def __init__(self, prompt, world, docs, where, limits: Limits, fmt, *, doc_chars: int,
+               grounded: bool = False):
+    super().__init__(prompt, world, docs, where, limits, fmt, grounded=grounded)
     self.doc_chars = doc_chars
     self.agent: Agent = oracle_answer
 
@@ -223,10 +227,8 @@ class MultiDocAgentsEnv(MultiDocEnv):
   def _act(self, state: tuple[bool, ...], action: Action) -> tuple[Any, Turn]:
     gold = self._gold_calls(state)
     if action.kind == ANSWER:
-      ok = action.args[0] == self.world.answer
-      return state, Turn("", correct=ok, outcome=float(ok),
-                         info={"gold_calls": gold, "doc": None, "gold_revealed": (),
-                               "agent_call": None})
+      return state, self._answer_turn(state, action, {"gold_calls": gold, "doc": None,
+                                                      "gold_revealed": (), "agent_call": None})
     arg, question = action.args
     n = len(self.docs)
     if self._asked_doc(action) is None:

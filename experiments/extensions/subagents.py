@@ -11,7 +11,9 @@ this module turns the agents' generations into rows of their own:
   then the answer, right-padded); slot m of episode b is its m-th agent call, unused slots
   are empty rows (no response token: no advantage, no loss). Rows of one prompt group are
   contiguous (G·M of them), `group_id` is the episode's;
-* fields: `reward` = the episode's outcome (the agent is credited by the final answer),
+* fields: `reward` = the episode's outcome (the agent is credited by the final answer), or
+  with `c.subagents.reward=document` the agent's own verifiable reward: 1 when its answer
+  equals its document's (the oracle's: the fact, or "none"; the step's `agent_correct`),
   `turn_role` 1 and `step_mask` on turn 0 of a used slot, `turn_id` 0 on the answer tokens,
   the sampler's log-probs as recorded at the call (`logprob_sampler`), `logprob_old`
   recomputed in the agent's own context (or the sampler's with
@@ -21,7 +23,8 @@ this module turns the agents' generations into rows of their own:
   coordinator and agent rows stacked, since the coordinator rows hold roles 0 and 2 only and
   the agent rows role 1); `episode` gives each agent row its episode's mean advantage over
   the episode's policy tokens (GRPO's constant row advantage: one trajectory, one credit, the
-  role-blind baseline); `auto` = `estimator` for `spd_rag`, else `episode`.
+  role-blind baseline); `auto` = `estimator` for `spd_rag` or the `document` reward, else
+  `episode` (which ignores the agents' own reward, so `document` needs `estimator`).
 
 Both sets of rows go into one update (`train.make_update` with a second row set, `ROLE`, as
 JOLT's two roles): L = L_episodes + w·L_agents (w = `c.subagents.loss_coef`), one gradient per
@@ -59,6 +62,7 @@ ROWS = "subagent_fields"    # batch key of all their fields (device arrays)
 HOST = "subagent_host"      # batch key of their host copies and texts
 ROLE = "agents"            # the agent rows' row set in the update batch
 CREDITS = ("auto", "estimator", "episode")
+REWARDS = ("outcome", "document")
 # The fields the agent rows have (besides the update's own logprob / entropy).
 AGENT_FIELDS = frozenset({"tokens", "response_mask", "group_id", "prompt_id", "reward",
                           "logprob_old", "logprob_sampler", "logprob_ref", "advantages",
@@ -79,16 +83,18 @@ def on(c: ml_collections.ConfigDict) -> bool:
 
 
 def settings(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`c.subagents` over the defaults (credit auto, loss_coef 1)."""
-  out = ml_collections.ConfigDict({"credit": "auto", "loss_coef": 1.0})
+  """`c.subagents` over the defaults (credit auto, loss_coef 1, reward outcome)."""
+  out = ml_collections.ConfigDict({"credit": "auto", "loss_coef": 1.0, "reward": "outcome"})
   if c.get("subagents") is not None:
     out.update(dict(c.subagents))
   return out
 
 
 def credit_mode(c: ml_collections.ConfigDict) -> str:
-  mode = settings(c).credit
-  return ("estimator" if c.estimator == "spd_rag" else "episode") if mode == "auto" else mode
+  s = settings(c)
+  if s.credit != "auto":
+    return s.credit
+  return "estimator" if c.estimator == "spd_rag" or s.reward == "document" else "episode"
 
 
 def slots(c: ml_collections.ConfigDict) -> int:
@@ -106,6 +112,11 @@ def check(c: ml_collections.ConfigDict) -> None:
     raise SetupError(f"subagents.credit={s.credit!r}; valid: {' | '.join(CREDITS)}")
   if float(s.loss_coef) < 0:
     raise SetupError(f"subagents.loss_coef={s.loss_coef} must be >= 0")
+  if s.reward not in REWARDS:
+    raise SetupError(f"subagents.reward={s.reward!r}; valid: {' | '.join(REWARDS)}")
+  if s.reward == "document" and credit_mode(c) == "episode":
+    raise SetupError("subagents.reward=document is the agents' own reward, which "
+                     "subagents.credit=episode ignores; use subagents.credit=estimator (or auto)")
   for bad, why in ((c.async_rollouts, "async_rollouts (the agents sample with the step's "
                                       "parameters inside the rollout)"),
                    (c.amft.enabled, "amft (its update replaces the two-row-set update)"),
@@ -161,11 +172,14 @@ def agent_prompt_width(task, tokenizer) -> int:
 
 
 def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, slots_M: int,
-               width: int, num_turns: int, pad_id: int) -> dict[str, Any]:
+               width: int, num_turns: int, pad_id: int,
+               reward_source: str = "outcome") -> dict[str, Any]:
   """Host arrays of the agents' B·M rows from the episodes' step infos (`agent_call`):
   tokens, prompt_mask, response_mask, logprob_sampler, logprob_raw [B·M, width]; reward,
   group_id, episode [B·M]; step_mask, turn_role [B·M, K]; turn_id [B·M, width]; answers
-  (text or None per row) and agent_correct (bool per row)."""
+  (text or None per row) and agent_correct (bool per row). `reward` is the episode's outcome
+  (`reward_source="outcome"`) or the row's `agent_correct` as 0/1 (`"document"`; 0 on an
+  unused slot)."""
   B, M = len(trajectories), slots_M
   n = B * M
   out = {"tokens": np.full((n, width), pad_id, np.int32),
@@ -193,7 +207,11 @@ def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, sl
   out["logprob_raw"] = np.where(resp, out["logprob_raw"], 0.0).astype(np.float32)
   step_mask = np.zeros((n, num_turns), bool)
   step_mask[:, 0] = used
-  return dict(out, reward=np.repeat(np.asarray(reward_B, np.float32), M),
+  if reward_source not in REWARDS:
+    raise ValueError(f"reward_source={reward_source!r} is not one of {REWARDS}")
+  reward = (np.repeat(np.asarray(reward_B, np.float32), M) if reward_source == "outcome"
+            else correct.astype(np.float32))
+  return dict(out, reward=reward,
               group_id=np.repeat(np.asarray(group_id_B, np.int32), M),
               episode=np.repeat(np.arange(B, dtype=np.int32), M), step_mask=step_mask,
               turn_role=np.where(step_mask, 1, 0).astype(np.int32),
@@ -220,7 +238,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
   c, task, mesh, tok = s.c, s.data.task, s.mesh, s.data.tokenizer
   N, G, M, K = s.num_groups, s.group_size, slots(c), int(c.max_turns)
   width = s.multi_sampler.layout.prompt_width + int(task.agent_max_tokens)
-  mode = credit_mode(c)
+  mode, reward_source = credit_mode(c), str(settings(c).reward)
   score = s.scorer(entropy=False)
   recompute = c.logprob_old_source != "sampler"
   wanted = tuple(f for f in update_fields if f not in ("tokens", "advantages"))
@@ -239,7 +257,7 @@ def build_stage(s: producers.Setup, update_fields: tuple[str, ...]) -> producers
   def produce(state, batch, ctx: producers.StepContext) -> dict:
     host = agent_rows(batch["trajectories"], parallel.to_host(batch["reward"]),
                       batch["host"]["group_id"], slots_M=M, width=width, num_turns=K,
-                      pad_id=tok.pad_id)
+                      pad_id=tok.pad_id, reward_source=reward_source)
     resp = host["response_mask"]
     attn = parallel.shard_batch(host["prompt_mask"] | resp, mesh)
     prompt_id = np.asarray(ctx.examples["index"], np.int32)[host["group_id"]]

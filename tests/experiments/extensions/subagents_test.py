@@ -66,3 +66,46 @@ def test_turn_sampler_is_the_agents_sampler_with_their_prompt_width():
   assert own.cls is AgentsMultiTurnSampler
   assert own.kwargs == {"agent_max_tokens": int(task.agent_max_tokens)}
   assert own.prompt_width == subagents.agent_prompt_width(task, data.tokenizer) > 0
+
+
+def _record(width, answer):
+  resp = np.zeros(width, bool)
+  resp[-2:] = True
+  return {"tokens": np.ones(width, np.int32), "prompt_mask": ~resp, "response_mask": resp,
+          "logprob_sampler": np.full(width, -0.5, np.float32),
+          "logprob_raw": np.full(width, -0.5, np.float32), "answer": answer}
+
+
+def test_agent_rows_reward_is_the_outcome_or_the_agents_own():
+  """`reward_source`: the episode's outcome on every slot, or the agent's answer against its
+  document (`agent_correct`), 0 on an unused slot."""
+  step = lambda rec, ok: types.SimpleNamespace(info={"agent_call": rec, "agent_correct": ok})
+  trajs = [types.SimpleNamespace(results=[step(_record(4, "bob"), True),
+                                          step(_record(4, "kim"), False),
+                                          step(None, False)]),
+           types.SimpleNamespace(results=[step(_record(4, "none"), True)])]
+  kw = dict(slots_M=2, width=4, num_turns=3, pad_id=0)
+  out = subagents.agent_rows(trajs, np.array([0.0, 1.0]), np.array([0, 0]), **kw)
+  np.testing.assert_array_equal(out["reward"], [0, 0, 1, 1])
+  doc = subagents.agent_rows(trajs, np.array([0.0, 1.0]), np.array([0, 0]),
+                             reward_source="document", **kw)
+  np.testing.assert_array_equal(doc["reward"], [1, 0, 1, 0])
+  np.testing.assert_array_equal(doc["agent_correct"], [True, False, True, False])
+  assert doc["answers"] == ["bob", "kim", "none", None]
+  with pytest.raises(ValueError, match="reward_source"):
+    subagents.agent_rows(trajs, np.zeros(2), np.zeros(2), reward_source="judge", **kw)
+
+
+def test_document_reward_needs_the_estimators_credit():
+  c = importlib.import_module("experiments.configs.spd_rag_multidoc").get_config("tiny,document")
+  assert c.subagents.reward == "document" and subagents.credit_mode(c) == "estimator"
+  subagents.check(c)
+  c.subagents.credit = "episode"
+  with pytest.raises(producers.SetupError, match="subagents.credit=estimator"):
+    subagents.check(c)
+  c.subagents.reward = "judge"
+  with pytest.raises(producers.SetupError, match="subagents.reward"):
+    subagents.check(c)
+  g = importlib.import_module("experiments.configs.spd_rag_multidoc").get_config(
+      "tiny,grpo,document")
+  assert subagents.credit_mode(g) == "estimator"  # auto: the agents' own reward needs it
