@@ -84,3 +84,34 @@ def test_baselines_and_costs():
   assert fanout.chain_answer("docs: ann pet: bob. bob city: ki", "ann", ("pet",)) == "bob"
   assert fanout.chain_answer("docs: ann pet: bob. bob city: ki", "ann",
                              ("pet", "city")) == "none"  # a fact cut short is not read
+
+
+def test_policy_agents_are_one_sampler_call_per_hop():
+  """`PolicyReader`: a hop's B·D agent calls are one batch of the policy's sampler, and the
+  replies carry the rows' prompt and answer token counts."""
+  import jax
+  from flax import nnx
+
+  from credit.envs.subagents import DocAgents
+  from credit.sampling import Sampler
+  from credit.tasks.char_tokenizer import prompt_ids
+  from tests.tiny_decoder import scaled_tiny_decoder
+
+  model = scaled_tiny_decoder(TOK.vocab_size)
+  sampler = Sampler(model, pad_id=TOK.pad_id, stop_tokens=(TOK.eos_id,))
+  batches = []
+
+  def counting(*a, **kw):
+    batches.append(kw["prompt_tokens"].shape[0])
+    return sampler(*a, **kw)
+
+  agents_task = get_task("multidoc_agents", min_hops=1, max_hops=2, num_docs=3,
+                         num_distractors=2)
+  width = len(prompt_ids(TOK, "x" * agents_task.max_agent_prompt_chars))
+  agents = DocAgents(counting, TOK, nnx.state(model), jax.random.key(0), prompt_width=width,
+                     max_tokens=4, temperature=0.0)
+  task = _task()
+  ex = [e for e in task.generate(np.random.default_rng(0), 12) if e["hops"] == 1][:4]
+  out = fanout.spd_rag_answers(task, ex, fanout.PolicyReader(agents), tokenizer=TOK)
+  assert batches == [4 * 3]
+  assert all(c.calls >= 3 and c.tokens_in > 0 for c in out.costs)
