@@ -298,8 +298,9 @@ class SearchQA:
     page_chars: the longest page `open` returns.
     max_observation_chars: observations are cut to this many characters.
     extra_turns: turns beyond the demonstration's worst case (a search and an open per hop,
-      `distractors` searches per hop, a search and an open for a fuzzed start, then the
-      answer).
+      `distractors` searches per hop, then the answer); a fuzzed question (its start named by
+      a description, `credit.envs.synthesis.fuzz_question`) needs 2 more (a search and an
+      open to find who that is).
     distractors: the demonstrator's detours: before each hop's search it searches another
       fact of the hop's person 0..`distractors` times (drawn per question, seeded by its
       text), so demonstrated episode lengths are uneven.
@@ -387,7 +388,7 @@ class SearchQA:
 
   @property
   def max_turns(self) -> int:
-    return (2 + self.distractors) * self.max_hops + 3 + self.extra_turns
+    return (2 + self.distractors) * self.max_hops + 1 + self.extra_turns
 
   @property
   def max_prompt_chars(self) -> int:
@@ -395,8 +396,7 @@ class SearchQA:
       train, held = self._questions
       return max(len(e["prompt"]) for e in train + held)
     rel = max(len(r) for r in corpus_lib.RELATIONS)
-    start = len(corpus_lib.describe(max(corpus_lib.ATTRIBUTES, key=len), "x" * 12))
-    return self.max_hops * (rel + len(" of ")) + start + 1
+    return self.max_hops * (rel + len(" of ")) + 3 + 1
 
   @property
   def max_action_chars(self) -> int:
@@ -405,9 +405,7 @@ class SearchQA:
     if self.questions_path:
       return len(self.fmt.call("search", "x" * self.max_prompt_chars))
     words = max(len(r) for r in corpus_lib.RELATIONS)
-    return max(len(self.fmt.call("search", "x" * (words + len(" of ") + 3))),
-               len(self.fmt.call("search", "x" * (words + 1 + 12))),  # a fuzzed start's
-               len(self.fmt.call("open", "x" * 3, "9")))
+    return len(self.fmt.call("search", "x" * (words + len(" of ") + 3)))
 
   @property
   def max_response_chars(self) -> int:

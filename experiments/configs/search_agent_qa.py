@@ -62,9 +62,9 @@ def get_config(arg=None):
   c.max_new_tokens = 640          # the episode's budget: actions + observations
   common.multi_turn_training(c, tiny=a.tiny)
   if a.long:                      # ASearcher-style long episodes (module docstring)
-    c.task_kwargs.update(min_hops=3, max_hops=3, distractors=3, extra_turns=14,
+    c.task_kwargs.update(min_hops=3, max_hops=3, distractors=3, extra_turns=16,
                          context_keep_last=2, context_compact_to=0.5)
-    c.max_turns = 32              # (2 + distractors)·3 hops + 3 + extra_turns
+    c.max_turns = 32              # (2 + distractors)·3 hops + 1 + extra_turns
     c.max_action_tokens = 28      # "search(club of the one whose ...)" + eos
     c.max_new_tokens = 1536       # the context budget (32 short actions, placeholders and the
                                   # 2 kept observations fit): compacted beyond it
