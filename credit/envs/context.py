@@ -159,8 +159,16 @@ class ContextSampler(MultiTurnSampler):
       raise ValueError("ContextSampler does not keep snapshots (a compacted episode's saved "
                        "states would not match its row); use MultiTurnSampler")
     sample_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    out = super().__call__(model_state, envs, key=key, group_id=group_id, refresh=refresh,
-                           **sample_kw)
+    latest = [model_state]  # the newest parameters any turn has used (asynchronous RL)
+
+    def track(turn: int):
+      newer = refresh(turn)
+      if newer is not None:
+        latest[0] = newer
+      return newer
+
+    out = super().__call__(model_state, envs, key=key, group_id=group_id,
+                           refresh=None if refresh is None else track, **sample_kw)
     B, K = len(envs), self.layout.max_turns
     arrays = {k: np.array(getattr(out, k)) for k in (
         "tokens", "prompt_mask", "response_mask", "obs_mask", "turn_id", "logprob_sampler",
@@ -205,9 +213,10 @@ class ContextSampler(MultiTurnSampler):
       seg += 1
       timings["compactions"] += len(rows)
       if refresh is not None:  # asynchronous RL: the newest parameters for the continuation
-        newer = refresh(min(turns_done))
-        if newer is not None:
-          model_state = nnx.state(newer) if isinstance(newer, nnx.Module) else newer
+        track(min(turns_done))
+      model_state = latest[0]
+      if isinstance(model_state, nnx.Module):
+        model_state = nnx.state(model_state)
       pad = B - len(rows)  # B rows every time: one compiled program per shape
       cont = self.continue_episodes(
           model_state, [envs[b] for b in rows] + [_Finished() for _ in range(pad)],

@@ -106,3 +106,27 @@ def test_episodes_within_the_budget_are_the_plain_samplers():
 def test_refuses_a_budget_without_room_for_a_turn():
   with pytest.raises(ValueError, match="budget"):
     ContextSampler(_model(), tokenizer=TOK, layout=TurnLayout(8, 12, 4, 12, 16))
+
+
+def test_continuations_use_the_newest_parameters():
+  """Asynchronous RL: parameters taken between turns stay in use for the continuations (never
+  back to older ones), so the behaviour log-probs are those of the newest parameters."""
+  model = _model()
+  gd, st = nnx.split(model)
+  newer = jax.tree.map(lambda x: x * 1.5 if x.ndim >= 2 else x, st)
+  calls = []
+
+  def refresh(k):
+    calls.append(k)
+    return newer if k == 2 else None  # once, during the first segment
+
+  ms = ContextSampler(model, tokenizer=TOK, layout=LAYOUT, placeholder=PLACEHOLDER_)
+  out = ms(st, [LongEnv(5)], key=jax.random.key(0), refresh=refresh)
+  assert out.timings["compactions"] >= 1 and max(calls) > 2
+  valid = out.prompt_mask | out.response_mask | out.obs_mask
+  logits = nnx.merge(gd, newer)(jnp.asarray(out.tokens), mask_BT=jnp.asarray(valid))[0]
+  lp = np.asarray(jax.nn.log_softmax(logits, -1))
+  want = np.zeros(out.tokens.shape, np.float32)
+  want[:, 1:] = np.take_along_axis(lp[:, :-1], out.tokens[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(out.logprob_sampler, np.where(out.response_mask, want, 0.0),
+                             atol=2e-5)
