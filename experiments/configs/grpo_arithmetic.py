@@ -4,36 +4,44 @@ Command:
   python -m experiments.run --config experiments/configs/grpo_arithmetic.py --workdir runs/grpo
 Variants: `:tiny` (2 steps, seconds; used by tests); `:sft_only` (the control: the RL phase's
 wall time spent on more supervised warm-up instead, no RL step).
-Time: 4 min 51 s to 5 min 11 s start to exit on 2 CPU cores (warm-up ~200 s, RL ~74 s).
-Score: held-out greedy accuracy 0.479 -> 0.924 after 150 steps (mean of seeds 0-2, +0.445);
-  `:sft_only` 0.496.
+Time: about 5.5 min start to exit on 2 idle CPU cores (estimated from the step times, 2500
+  SFT steps at ~0.08 s and 200 RL steps at ~0.4 s); 6.7-6.8 CPU-minutes measured (seed 0).
+Score: held-out greedy accuracy 0.504 -> 0.953 after 200 steps (seed 0, +0.449; +0.441 with
+  XLA's fast math); over seeds and floating-point paths: `benchmarks/default_recipe.py`.
 
 The setting. Prompts are `a+b=` / `a-b=` with 2-digit operands (answers may be negative or have
 3 digits). The warm-up imitates an imperfect demonstrator that forgets every carry and borrow
-with probability 0.7 (`task_kwargs.demo_carry_error`: 67+58 -> "15", 52-38 -> "26"), the
+with probability 0.6 (`task_kwargs.demo_carry_error`: 67+58 -> "15", 52-38 -> "26"), the
 classic slip of column arithmetic; about 58% of problems need a carry or a borrow. Imitating it
-exactly gets at best the other 42% right under greedy decoding, however long the warm-up runs;
-the verifier is exact, so only the reward can take the policy beyond its demonstrator. That is
-the regime RL fine-tuning is used in (SFT on a weaker model's traces, then RL on verifiable
-rewards), and the error sits on a few digits of the answer, so token-level credit matters.
+exactly gets at best the other 42% right under greedy decoding, however long the warm-up runs
+(the slip is the mode, 0.6 against 0.4, a margin the warm-up learns rather than a tie that
+rounding decides); the verifier is exact, so only the reward can take the policy beyond its
+demonstrator. That is the regime RL fine-tuning is used in (SFT on a weaker model's traces,
+then RL on verifiable rewards), and the error sits on a few digits of the answer, so
+token-level credit matters.
 
-Measured (README table; 3 seeds, 2 CPU cores):
-  * warm-up, 2500 SFT steps (~200 s): held-out greedy accuracy 0.453 / 0.500 / 0.484; the
-    model has learnt both the right and the slipped answers (seed 0: pass@8 0.88, mean@8 0.54);
-  * RL, 150 GRPO steps (32 prompts x 8 samples, lr 3e-4; 0.37-0.42 s per step, ~74 s):
-    0.941 / 0.859 / 0.973, mean +0.445; most of the rise comes in the first 25 steps (mean
-    0.850), when RL moves probability onto the right answer the model already samples;
-    4 min 51 s to 5 min 11 s per run, start to exit;
-  * control (`:sft_only`), the RL phase's time spent on 900 more SFT steps: 0.488 / 0.520 /
-    0.480 (mean 0.496, +0.017 over the warm-up): imitation stays at the demonstrator's level.
-Choices, measured on seed 0 while tuning (issue 9), on the variants tried on the way:
+Why q = 0.6 and 200 RL steps (issue 37). The former recipe (q = 0.7, 150 RL steps) gave
++0.488 / +0.359 / +0.488 for seeds 0-2 on one 2-core machine and +0.289 for seed 0 on another:
+2650 steps accumulate the CPU's rounding. With 30% of the carry demonstrations right, how well
+the warm-up learns the carry, which RL must build on, is left to chance (our reading); at
+q = 0.6, 40% of them are right, so the warm-up samples the right answer more often and GRPO
+has more to reinforce. Measured (held-out greedy accuracy, change over the warm-up's):
+  * seed 0: 0.504 -> 0.895 at step 25 -> 0.953 at step 200 (+0.449); on another
+    floating-point path (`XLA_FLAGS=--xla_cpu_enable_fast_math=true`, which changes the
+    whole run from the first warm-up step): 0.520 -> 0.918 -> 0.961 (+0.441);
+    `benchmarks/default_recipe.py --variants default,fast_math --control` runs the 5-seed
+    tables;
+  * a shorter warm-up does not hold: 1500 SFT steps (q = 0.6) reach 0.488, and GRPO only
+    0.797 at step 200 (+0.309, 0.695 at step 25); 1000 SFT steps reach 0.129 and GRPO stays
+    near 0.1-0.15 for 75 steps (the warm-up has not learnt column arithmetic yet).
+Earlier choices, measured on seed 0 while tuning (issue 9), with q = 0.7:
   * perfect demonstrator: SFT alone reaches 0.99 after a 2500-step warm-up (0.10 / 0.31 / 0.57
     / 0.86 / 0.97 after 750 / 1250 / 1750 / 2250 / 2500 steps of a 3000-step schedule), so no
     RL gain could show against the control; demonstrations
     limited to 2048 examples still generalise (0.38 after 1500 steps, 0.99 after 4000);
   * a demonstrator forgetting only the units carry (q = 0.7): 0.59 after 2500 SFT steps, GRPO
     0.88 at step 50 and 0.91 at 150, too little headroom for a sure 30 points; after 1500 SFT
-    steps (0.49) GRPO reached only 0.69 in 200 steps, so the warm-up stays at 2500;
+    steps (0.49) GRPO reached only 0.69 in 200 steps;
   * learning rate (from the 2048-example warm-up at 0.38): 1e-3 or more from a fresh Adam state
     wrecks the policy within 25 steps (0.38 -> 0.08; 3e-3 -> 0.03), 1e-4 barely moves it;
     3e-4 is what the recipe uses.
@@ -43,8 +51,8 @@ from experiments.configs import common, settings
 
 def get_config(arg=None):
   a = common.parse_arg(arg, tiny=False, sft_only=False)
-  c = settings.arithmetic(a.tiny)       # GRPO, PPO clip, 2500 SFT + 150 RL steps
+  c = settings.default_arithmetic(a.tiny)  # GRPO, PPO clip, q = 0.6, 2500 SFT + 200 RL steps
   if a.sft_only:  # the same budget, all of it supervised: no RL step
-    c.sft_steps += 2 if a.tiny else settings.ARITHMETIC_CONTROL_EXTRA_SFT_STEPS
+    c.sft_steps += 2 if a.tiny else settings.DEFAULT_CONTROL_EXTRA_SFT_STEPS
     c.steps = 0
   return c

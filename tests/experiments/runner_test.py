@@ -132,7 +132,7 @@ def test_sft_only_control_runs_no_rl_step(tmp_path):
   c.mesh = "data=1"
   assert c.steps == 0 and c.sft_steps == tiny().sft_steps + 2
   assert mod.get_config("sft_only").sft_steps == (
-      settings.ARITHMETIC_SFT_STEPS + settings.ARITHMETIC_CONTROL_EXTRA_SFT_STEPS)
+      settings.DEFAULT_SFT_STEPS + settings.DEFAULT_CONTROL_EXTRA_SFT_STEPS)
   wd = str(tmp_path / "run")
   summary = loop.run(c, wd)
   rows = read_metrics(wd)
