@@ -102,6 +102,26 @@ def _group_mistakes(texts: list[str], reward: np.ndarray, G: int, threshold: flo
   return out
 
 
+def _encodable(tok, text: str) -> str:
+  """`text` without the characters the run's tokenizer cannot encode: a multi-turn response
+  holds the rollout's turn and observation markup (e.g. `>` and `|`), which a character
+  tokenizer's alphabet may lack, and a mistake quoted in a prompt must still encode."""
+  try:
+    tok.encode(text)
+    return text
+  except ValueError:
+    pass
+
+  def ok(ch: str) -> bool:
+    try:
+      tok.encode(ch)
+      return True
+    except ValueError:
+      return False
+
+  return "".join(ch for ch in text if ok(ch))
+
+
 @producer("alt_context_pass",
           provides=("logprob_alt_pos", "logprob_alt_neg", "logprob_alt"),
           requires=("tokens", "response_mask", "reward"),
@@ -154,7 +174,8 @@ def _build_alt_context_pass(s: Setup, wanted: frozenset) -> Produce:
       texts = batch.get("texts") or tasks_lib.decode_responses(
           tok, batch["host"]["tokens"], batch["host"]["response_mask"])
       reward = parallel.to_host(batch["reward"])
-      mistakes = _group_mistakes(texts, reward, G, 1.0, mistake_len)
+      mistakes = [_encodable(tok, m)
+                  for m in _group_mistakes(texts, reward, G, 1.0, mistake_len)]
     start = response_starts(batch)
     return {f: rescore(state.params, [fill(p, e, m) for e, m in zip(examples, mistakes)],
                        batch, start)

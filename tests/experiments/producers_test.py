@@ -791,3 +791,13 @@ def test_credit_mask_keeps_the_advantages_on_the_deciding_tokens(tmp_path):
     loop.check_method(tiny("dcpo_pivotal", estimator="grpo", credit_mask="reward"))
   with pytest.raises(loop.SetupError, match=r"decision_mask.*task_decisions.*bifurcation"):
     loop.check_method(tiny(estimator="grpo", credit_mask="decision_mask"))
+
+
+def test_a_quoted_mistake_keeps_only_what_the_tokenizer_encodes():
+  # A multi-turn response carries the rollout's markup ('>' and '|'), which the character
+  # tokenizer cannot encode; SIPO's {mistake} context must still encode.
+  from experiments.producers.rescoring import _encodable
+  tok = CharTokenizer()
+  assert _encodable(tok, "ask(2) > 7 | answer(7)") == "ask(2)  7  answer(7)"
+  assert _encodable(tok, "12+3=15") == "12+3=15"
+  tok.encode(_encodable(tok, "a>|b\u00e9c"))
