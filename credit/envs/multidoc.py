@@ -11,15 +11,31 @@ The policy reads one document per turn with `read(d)` (d in 1..D; the observatio
 document text, cut to the limits' `max_observation_chars` with a visible marker) and ends
 with `answer(name)`. A gold fact counts as revealed only when the (cut) observation shows
 it whole; distractors go to the documents with the fewest facts, so with the defaults a
-document holds at most two facts and is never cut. The demonstration reads the gold
-documents in chain order, then answers (h + 1 turns): `read(3)`, `read(2)`, `answer(kim)`.
+document holds at most two facts and is never cut.
+
+Demonstrators (`demonstrator`):
+  gold    reads the gold documents in chain order, then answers (h + 1 turns): `read(3)`,
+          `read(2)`, `answer(kim)`. Where the facts are is not in the prompt, so its first
+          read is a uniform draw from the policy's point of view, and it never shows what to
+          do after reading a document without a gold fact.
+  search  what a reader who cannot see the documents can do: reads unread documents in a
+          random order (drawn from the warm-up's generator, else from `world_seed`) until
+          every gold fact has been revealed, then answers (h + 1 to D + 1 turns): `read(1)`
+          -> "kim pet: tod.", `read(3)`, `read(2)`, `answer(kim)`. Misses are followed by
+          reads.
+  scan    as `search`, in the documents' order: `read(1)`, `read(2)`, ... until every gold
+          fact has been revealed, then the answer; the next read follows from the last one.
 
 Roles (`StepResult.role` -> `turn_role`): 0 for the coordinator's dispatch turns (reads,
 errors), 1 for the synthesis turn (the answer).
 
 Per turn:
   reward    1 when the document read holds a gold fact not revealed before, else 0;
-  progress  (gold facts revealed so far) / h; reading documents needs no order;
+  progress  (gold facts revealed so far) / h; reading documents needs no order; with
+            `settle_progress`, (gold facts revealed so far) / (h + 1) and, on the episode's
+            last turn (its answer, or the turn limit), the outcome: 1 for a right answer, 0
+            for a wrong one or none, so the turns' progress gains sum to the outcome (an
+            episode that reveals facts and then fails gives it all back on its last turn);
   info      `doc`: the document read (None on an error), `gold_revealed`: the chain hops
             it revealed first, `gold_calls`: the reads of every document that still holds
             an unrevealed gold fact (the answer once none does), `correct`.
@@ -40,13 +56,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from credit.envs.base import Limits, TextEnv, Turn, task_limits
+from credit.envs.base import Limits, StepResult, TextEnv, Turn, task_limits
 from credit.envs.lookup import SEED_HIGH, Lookup, World
 from credit.envs.tools import ANSWER, Action, ToolFormat, parse_action
 from credit.tasks.base import int_field, register_task, text_field
 
 DISPATCH, SYNTHESIS = 0, 1
-DEMONSTRATORS = ("gold", "search")
+DEMONSTRATORS = ("gold", "search", "scan")
 
 
 @register_task("multidoc")
@@ -62,9 +78,11 @@ class MultiDoc:
     extra_turns: turns beyond a demonstration's h + 1.
     max_observation_chars: observations (documents) are cut to this many characters.
     call_open, call_close: tool-call markers (`ToolFormat`).
-    demonstrator: "gold" (the gold documents in chain order) or "search" (unread documents
-      in a random order until the chain is revealed; needs max_turns >= num_docs + 1).
+    demonstrator: "gold" (the gold documents in chain order), "search" (unread documents
+      in a random order until the chain is revealed) or "scan" (the same in the documents'
+      order); search and scan need max_turns >= num_docs + 1.
     grounded: the outcome needs every gold fact revealed before the answer (module docstring).
+    settle_progress: the last turn's progress is the outcome (module docstring).
   """
   min_hops: int = 2
   max_hops: int = 3
@@ -77,6 +95,7 @@ class MultiDoc:
   call_close: str = ""
   demonstrator: str = "gold"
   grounded: bool = False
+  settle_progress: bool = False
   name = "multidoc"
   multi_turn = True
   tool_actions = True  # turns are tool calls (each step's info holds the parsed `action`)
@@ -89,8 +108,8 @@ class MultiDoc:
       raise ValueError("need extra_turns >= 0 and max_observation_chars >= 8")
     if self.demonstrator not in DEMONSTRATORS:
       raise ValueError(f"demonstrator={self.demonstrator!r} is not one of {DEMONSTRATORS}")
-    if self.demonstrator == "search" and self.max_turns < self.num_docs + 1:
-      raise ValueError(f"demonstrator='search' reads up to num_docs={self.num_docs} documents "
+    if self.demonstrator != "gold" and self.max_turns < self.num_docs + 1:
+      raise ValueError(f"demonstrator={self.demonstrator!r} reads up to num_docs={self.num_docs} documents "
                        f"and answers, but max_turns={self.max_turns}; raise extra_turns to "
                        f">= {self.num_docs - self.max_hops}")
 
@@ -165,13 +184,15 @@ class MultiDoc:
     if self.demonstrator == "gold":
       return [self.fmt.call("read", str(where[i] + 1)) for i in range(len(world.chain))] + [
           self.fmt.answer(world.answer)]
-    if rng is None:
+    if rng is None and self.demonstrator == "search":
       rng = np.random.default_rng([int_field(example, "world_seed"), 2])
     limits = task_limits(self)
     missing = {i for i, (s, r, o) in enumerate(world.chain)
                if f"{s} {r}: {o}." in limits.truncate(texts[where[i]])}
     turns = []
-    for d in rng.permutation(self.num_docs).tolist():
+    order = (range(self.num_docs) if self.demonstrator == "scan" else
+             rng.permutation(self.num_docs).tolist())
+    for d in order:
       if not missing:
         break
       turns.append(self.fmt.call("read", str(d + 1)))
@@ -186,7 +207,8 @@ class MultiDoc:
   def make_env(self, example: Mapping[str, Any], limits: Limits | None = None) -> "MultiDocEnv":
     world, texts, where = self._docs_of(example)
     return MultiDocEnv(text_field(example, "prompt"), world, texts, where,
-                       task_limits(self, limits), self.fmt, grounded=self.grounded)
+                       task_limits(self, limits), self.fmt, grounded=self.grounded,
+                       settle_progress=self.settle_progress)
 
 
 class MultiDocEnv(TextEnv):
@@ -194,15 +216,27 @@ class MultiDocEnv(TextEnv):
   tools = {"read": 1}
 
   def __init__(self, prompt: str, world: World, docs: tuple[str, ...], where: dict,
-               limits: Limits, fmt: ToolFormat = ToolFormat(), *, grounded: bool = False):
+               limits: Limits, fmt: ToolFormat = ToolFormat(), *, grounded: bool = False,
+               settle_progress: bool = False):
     super().__init__(limits, fmt)
     self.prompt, self.world, self.docs, self.where = prompt, world, docs, where
     self.gold_answer = fmt.answer(world.answer)
-    self.grounded = grounded
+    self.grounded, self.settle_progress = grounded, settle_progress
+
+  def step(self, action: str) -> StepResult:
+    """`TextEnv.step`; with `settle_progress`, the last turn's progress is the outcome (the
+    state then carries it after the h revealed-flags)."""
+    res = super().step(action)
+    if self.settle_progress and res.done:
+      ok = self._ep.outcome >= 1.0
+      h = len(self.world.chain)
+      self._ep = self._ep._replace(state=self._ep.state[:h] + (ok,))
+      res = res._replace(progress=float(ok))
+    return res
 
   def _answer_turn(self, state: tuple[bool, ...], action: Action, info: dict) -> Turn:
     """The answer turn: right name (and, when grounded, every gold fact revealed)."""
-    exact, seen = action.args[0] == self.world.answer, all(state)
+    exact, seen = action.args[0] == self.world.answer, all(state[:len(self.world.chain)])
     ok = exact and (seen or not self.grounded)
     return Turn("", correct=ok, outcome=float(ok), info=dict(info, exact=exact, grounded=seen))
 
@@ -210,7 +244,10 @@ class MultiDocEnv(TextEnv):
     return (False,) * len(self.world.chain)
 
   def _progress(self, state: tuple[bool, ...]) -> float:
-    return sum(state) / len(state)
+    h = len(self.world.chain)
+    if len(state) > h:  # settled
+      return float(state[h])
+    return sum(state) / (h + int(self.settle_progress))
 
   def _role(self, action: Action) -> int:
     return SYNTHESIS if action.kind == ANSWER else DISPATCH

@@ -63,3 +63,31 @@ def test_bad_options_are_refused():
              demonstrator="search")
   with pytest.raises(ValueError, match="gold demonstrator"):
     get_task("multidoc_agents", demonstrator="search", **KW)
+
+
+def test_settled_progress_ends_at_the_outcome():
+  task = get_task("multidoc", settle_progress=True, grounded=True, **KW)
+  ex = next(e for e in _examples(task) if e["hops"] == 2)
+  world, _, where = task.documents(ex["world_seed"])
+  other = next(d for d in range(3) if d not in where.values())
+  right = run_episode(task.make_env(ex), [f"read({where[0] + 1})", f"read({other + 1})",
+                                          f"read({where[1] + 1})", f"answer({world.answer})"])
+  assert [r.progress for r in right.results] == [1 / 3, 1 / 3, 2 / 3, 1.0]
+  wrong = run_episode(task.make_env(ex), [f"read({where[0] + 1})", "answer(zzz)"])
+  assert [r.progress for r in wrong.results] == [1 / 3, 0.0] and wrong.outcome == 0.0
+  # No answer by the turn limit (5): the last read settles to 0.
+  env = task.make_env(ex)
+  out = run_episode(env, [f"read({where[0] + 1})"] * 5)
+  assert [r.progress for r in out.results] == [1 / 3] * 4 + [0.0] and env.progress == 0.0
+  plain = run_episode(get_task("multidoc", **KW).make_env(ex), [f"read({where[0] + 1})",
+                                                                "answer(zzz)"])
+  assert [r.progress for r in plain.results] == [0.5, 0.5]
+
+
+def test_scan_demonstrator_reads_in_order():
+  task = get_task("multidoc", demonstrator="scan", **KW)
+  for ex in _examples(task, 20):
+    world, _, where = task.documents(ex["world_seed"])
+    last = max(where.values())
+    assert task.demonstration_turns(ex, rng=np.random.default_rng(0)) == [
+        f"read({d + 1})" for d in range(last + 1)] + [f"answer({world.answer})"]
