@@ -9,6 +9,7 @@ from flax import nnx
 from credit.models import (DEFAULT_RULES, Decoder, KVCache, ModelConfig, cache_sharding,
                            default_positions, init_cache, logical_to_mesh_axes,
                            logical_to_mesh_sharding, rope_inv_freq, shard_model, tiny_config)
+from credit.models import decoder as decoder_module
 
 LLAMA3_SCALING = (("factor", 8.0), ("low_freq_factor", 1.0), ("high_freq_factor", 4.0),
                   ("original_max_position_embeddings", 64))
@@ -76,6 +77,83 @@ def test_cached_decode_matches_full_forward(name):
   np.testing.assert_array_equal(np.asarray(cache.valid[:, :P + G]), m)
   assert not np.asarray(cache.valid[:, P + G:]).any()
   assert np.isfinite(np.asarray(cached)).all()  # pad queries stay finite too
+
+
+def test_cache_read_sizes():
+  assert decoder_module.cache_read_sizes(1, 300) == (64, 128, 256, 300)
+  assert decoder_module.cache_read_sizes(100, 300) == (128, 256, 300)
+  assert decoder_module.cache_read_sizes(1, 64) == (64,)
+  assert decoder_module.cache_read_sizes(1, 10) == (10,)
+  assert decoder_module.cache_read_sizes(5, 33, block=4) == (8, 16, 32, 33)
+
+
+@pytest.fixture
+def small_read_block(monkeypatch):
+  """Cached attention reads 4, 8, 16, ... slots, so that short sequences cross several sizes.
+  (The tests using it jit functions of their own: a trace made under the default is not reused.)"""
+  monkeypatch.setattr(decoder_module, "CACHE_READ_BLOCK", 4)
+
+
+def _poison_unread(cache, t):
+  """NaN in every slot that a call writing t tokens at cache.index does not read."""
+  sizes = decoder_module.cache_read_sizes(t, cache.size, 4)
+  read = min(n for n in sizes if n >= int(cache.index) + t)
+  k, v = np.array(cache.k), np.array(cache.v)  # numpy: no eager compile per slice
+  k[:, :, :, read:] = np.nan
+  v[:, :, :, :, read:] = np.nan
+  return cache.replace(k=jnp.asarray(k), v=jnp.asarray(v))
+
+
+def test_decode_reads_only_the_filled_slots(small_read_block):
+  """Caches of 1x and 3x the needed slots give the full pass's logits (ragged left padding, a
+  row that feeds a pad mid-sequence, prefill in two chunks) and never read past the filled length
+  rounded up to a read size: NaN there changes nothing."""
+  model = _model("qwen3_tied")
+  tokens, mask = _batch(5)
+  mask = mask.at[1, P + 2].set(False)  # row 1 feeds a pad at one decode step
+  call = nnx.jit(lambda m, t, k, c: m(t, mask_BT=k, cache=c))
+  full, _ = call(model, tokens, mask, None)
+  m = np.asarray(mask)
+  got = {}
+  for size in (P + G, 3 * (P + G)):
+    cache = model.init_cache(B, size)
+    pieces = []
+    for lo, hi in [(0, 3), (3, P)] + [(t, t + 1) for t in range(P, P + G)]:
+      poisoned, _ = call(model, tokens[:, lo:hi], mask[:, lo:hi], _poison_unread(cache, hi - lo))
+      out, cache = call(model, tokens[:, lo:hi], mask[:, lo:hi], cache)
+      np.testing.assert_array_equal(np.asarray(poisoned), np.asarray(out))
+      pieces.append(out)
+    got[size] = np.asarray(jnp.concatenate(pieces, axis=1))
+    np.testing.assert_allclose(got[size][m], np.asarray(full)[m], atol=2e-5, rtol=1e-5)
+    assert int(cache.index) == P + G and not np.asarray(cache.valid[:, P + G:]).any()
+  np.testing.assert_allclose(got[P + G][m], got[3 * (P + G)][m], atol=2e-6, rtol=1e-6)
+
+
+def test_sharded_decode_equals_unsharded(small_read_block):
+  """Prefill and decode steps that cross read sizes, on a (data, fsdp, tensor) = (2, 2, 2) mesh
+  with the cache sharded by `cache_sharding`, give the unsharded logits."""
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  model = _model("qwen2")
+  tokens, mask = _batch(6)
+  tokens = jnp.concatenate([tokens, tokens[:1]], axis=0)  # B=4 divides data*fsdp
+  mask = jnp.concatenate([mask, mask[:1]], axis=0)
+  call = nnx.jit(lambda m, t, k, c: m(t, mask_BT=k, cache=c))
+
+  def run(cache):
+    pieces = []
+    for lo, hi in [(0, P)] + [(t, t + 1) for t in range(P, P + G)]:
+      out, cache = call(model, tokens[:, lo:hi], mask[:, lo:hi], cache)
+      pieces.append(out)
+    return np.asarray(jnp.concatenate(pieces, axis=1))
+
+  ref = run(model.init_cache(4, 2 * (P + G)))
+  shard_model(model, mesh)
+  cache = model.init_cache(4, 2 * (P + G))
+  with jax.set_mesh(mesh):
+    got = run(jax.device_put(cache, cache_sharding(cache, mesh)))
+  m = np.asarray(mask)
+  np.testing.assert_allclose(got[m], ref[m], atol=2e-5, rtol=1e-5)
 
 
 def test_cache_chunked_prefill_and_explicit_positions():

@@ -29,7 +29,10 @@ on a mesh with ``credit.models.sharding.shard_model``.
 
 KV cache (gemma-style sampling, as in flax `examples/gemma`): prompts are left-padded, so every row
 writes the same slots; ``valid`` marks real tokens; RoPE positions are ``cumsum(mask) - 1`` per row,
-continued across decode steps from the number of valid slots already in the cache.
+continued across decode steps from the number of valid slots already in the cache. A cached call
+reads only the slots before ``index + T`` (later ones are masked by causality anyway), rounded up
+to one of a few static sizes (`cache_read_sizes`: 64, 128, 256, ... and the cache size), so a decode
+step costs the filled length, not the capacity the cache was allocated with.
 """
 from __future__ import annotations
 
@@ -179,6 +182,56 @@ def apply_rope(x_BTNH: Array, positions_BT: Array, inv_freq: np.ndarray) -> Arra
   return out.astype(x_BTNH.dtype)
 
 
+# Smallest number of cache slots a cached attention call reads; the read sizes double from it
+# up to the cache size (see `cache_read_sizes`).
+CACHE_READ_BLOCK = 64
+
+
+def cache_read_sizes(num_new: int, cache_size: int, block: int = CACHE_READ_BLOCK
+                     ) -> tuple[int, ...]:
+  """The static slot counts a cached attention call may read: ``block·2^i`` below the cache size,
+  then the cache size itself; sizes smaller than ``num_new`` (never enough) are left out.
+
+  A call that writes T tokens at slot ``index`` reads the smallest size ``>= index + T`` (every
+  later slot is masked by causality), so a decode step costs at most twice the filled length
+  (plus one block) whatever the cache's capacity, and the number of compiled branches grows only
+  with ``log2(cache_size / block)``.
+
+  Args:
+    num_new: T, tokens written by the call (static).
+    cache_size: S, slots of the cache (static).
+    block: the smallest read size.
+
+  Returns:
+    Increasing sizes, the last one ``cache_size``.
+
+  Example:
+    >>> cache_read_sizes(1, 300)
+    (64, 128, 256, 300)
+  """
+  sizes = []
+  n = block
+  while n < cache_size:
+    if n >= num_new:
+      sizes.append(n)
+    n *= 2
+  return tuple(sizes) + (cache_size,)
+
+
+def _attend(q_BTNH: Array, k_BKSH: Array, v_BKHS: Array, mask_BTS: Array, *, num_kv_heads: int,
+            dtype) -> Array:
+  """Masked softmax attention of T queries over S keys: ``softmax(q·kᵀ/√H + mask)·v``, scores in
+  float32, queries grouped per kv head (GQA). Returns [B,T,N,H] in ``dtype``."""
+  b, t, n, h = q_BTNH.shape
+  q_BTKGH = q_BTNH.reshape(b, t, num_kv_heads, n // num_kv_heads, h)
+  s_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
+                       preferred_element_type=jnp.float32) * (h ** -0.5)
+  s_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], s_BKGTS, _MASK_VALUE)
+  p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(dtype)
+  o_BTKGH = jnp.einsum("BKGTS,BKHS->BTKGH", p_BKGTS, v_BKHS)
+  return o_BTKGH.reshape(b, t, n, h)
+
+
 class Attention(nnx.Module):
   """Grouped-query causal self-attention with optional qkv bias (Qwen2) and qk-norm (Qwen3)."""
 
@@ -211,12 +264,13 @@ class Attention(nnx.Module):
       x_BTD: normed inputs.
       positions_BT: RoPE positions of the T new tokens.
       mask_BTS: bool, which keys each query may read (causality and padding already folded in).
-      kv: None (keys are the T new tokens, S == T) or (k_LBSKH, v_LBSKH, layer, index): the new
-        keys/values are written to slots [index, index+T) of layer `layer` and attention reads
-        that layer's S slots.
+      kv: None (keys are the T new tokens, S == T) or (k_LBKSH, v_LBKHS, layer, index): the new
+        keys/values are written to slots [index, index+T) of layer `layer` (a static int) and
+        attention reads that layer's slots [0, index+T) rounded up to one of
+        `cache_read_sizes(T, S)`, so the cost follows the filled length, not the capacity S.
 
     Returns:
-      (out_BTD, None or the updated (k_LBSKH, v_LBSKH)).
+      (out_BTD, None or the updated (k_LBKSH, v_LBKHS)).
     """
     c = self.config
     inv_freq = rope_inv_freq(c)
@@ -230,33 +284,39 @@ class Attention(nnx.Module):
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
 
     # Keys as [B,K,S,H] and values as [B,K,H,S]: the operand layouts of the two batched dots
-    # below, so that reading the cache needs no transpose (with [B,S,K,H] XLA:CPU copied the
-    # whole layer cache into these layouts on every decode step).
+    # of `_attend`, so that reading the cache needs no transpose (with [B,S,K,H] XLA:CPU copied
+    # the whole layer cache into these layouts on every decode step).
     if kv is None:
-      k_BKSH = jnp.swapaxes(k_BTKH, 1, 2)
-      v_BKHS = jnp.transpose(v_BTKH, (0, 2, 3, 1))
-      new_kv = None
-    else:
-      k_all, v_all, layer, index = kv
-      k_all = jax.lax.dynamic_update_slice(
-          k_all, jnp.swapaxes(k_BTKH, 1, 2)[None].astype(k_all.dtype), (layer, 0, 0, index, 0))
-      v_all = jax.lax.dynamic_update_slice(
-          v_all, jnp.transpose(v_BTKH, (0, 2, 3, 1))[None].astype(v_all.dtype),
-          (layer, 0, 0, 0, index))
-      k_BKSH = k_all[layer].astype(c.jnp_dtype)
-      v_BKHS = v_all[layer].astype(c.jnp_dtype)
-      new_kv = (k_all, v_all)
+      o_BTNH = _attend(q_BTNH, jnp.swapaxes(k_BTKH, 1, 2), jnp.transpose(v_BTKH, (0, 2, 3, 1)),
+                       mask_BTS, num_kv_heads=c.num_kv_heads, dtype=c.jnp_dtype)
+      return self.o_proj(o_BTNH), None
 
-    b, t, n, h = q_BTNH.shape
-    kh = c.num_kv_heads
-    q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
-    s_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
-                         preferred_element_type=jnp.float32) * (h ** -0.5)
-    s_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], s_BKGTS, _MASK_VALUE)
-    p_BKGTS = jax.nn.softmax(s_BKGTS, axis=-1).astype(c.jnp_dtype)
-    o_BTKGH = jnp.einsum("BKGTS,BKHS->BTKGH", p_BKGTS, v_BKHS)
-    out_BTD = self.o_proj(o_BTKGH.reshape(b, t, n, h))
-    return out_BTD, new_kv
+    k_all, v_all, layer, index = kv
+    k_all = jax.lax.dynamic_update_slice(
+        k_all, jnp.swapaxes(k_BTKH, 1, 2)[None].astype(k_all.dtype), (layer, 0, 0, index, 0))
+    v_all = jax.lax.dynamic_update_slice(
+        v_all, jnp.transpose(v_BTKH, (0, 2, 3, 1))[None].astype(v_all.dtype),
+        (layer, 0, 0, 0, index))
+
+    # Only the filled slots are read: [0, index + T) rounded up to a static read size, one
+    # branch per size (slots past index + T are masked by causality, so the result is the same
+    # as reading all S slots, up to float summation order).
+    def read(size: int):
+      def attend(q_BTNH, k_all, v_all, mask_BTS):
+        return _attend(q_BTNH, k_all[layer, :, :, :size].astype(c.jnp_dtype),
+                       v_all[layer, :, :, :, :size].astype(c.jnp_dtype), mask_BTS[:, :, :size],
+                       num_kv_heads=c.num_kv_heads, dtype=c.jnp_dtype)
+      return attend
+
+    t = q_BTNH.shape[1]
+    sizes = cache_read_sizes(t, k_all.shape[3], CACHE_READ_BLOCK)
+    if len(sizes) == 1:
+      o_BTNH = read(sizes[0])(q_BTNH, k_all, v_all, mask_BTS)
+    else:
+      branch = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < index + t)
+      o_BTNH = jax.lax.switch(branch, [read(size) for size in sizes], q_BTNH, k_all, v_all,
+                              mask_BTS)
+    return self.o_proj(o_BTNH), (k_all, v_all)
 
 
 class MLP(nnx.Module):
