@@ -345,8 +345,12 @@ class MultiTurnSampler:
     static = ("layout", "mesh", "rules")
     self._start = jax.jit(functools.partial(_start, self.graphdef),
                           static_argnames=static + ("pad_id", "cache_dtype", "share"))
-    self._run_turn = jax.jit(functools.partial(_run_turn, self.graphdef), static_argnames=static)
-    self._observe = jax.jit(functools.partial(_observe, self.graphdef), static_argnames=static)
+    # The decode state (its KV cache above all) is donated: each turn updates it in place
+    # instead of first copying the whole cache buffer.
+    self._run_turn = jax.jit(functools.partial(_run_turn, self.graphdef), static_argnames=static,
+                             donate_argnums=1)
+    self._observe = jax.jit(functools.partial(_observe, self.graphdef), static_argnames=static,
+                            donate_argnums=1)
     self.cache_dtype = cache_dtype
 
   # Room (tokens) a continuing episode must have left after its action for its observation to
