@@ -13,15 +13,21 @@ tokens (eos blocked until then), each observation W_o tokens. Compared, all on t
                history with a fresh prefill (`Sampler` on the growing prefix), then decodes.
 
 Tokens/s counts policy + observation tokens (what the episode holds) for the multi-turn rows,
-policy tokens for single-turn. Compile runs are excluded; best and median of `--repeats`.
+policy tokens for single-turn. Compile runs are excluded. The three engines run interleaved,
+`--repeats` rounds (a change of machine load hits them alike); the table gives best and median
+wall time, the median process CPU time and tokens per CPU second, and prints the load average.
+`--one-core` pins the process to one core before XLA starts, so that CPU time is the
+single-thread work whatever the load (on a loaded machine XLA's second thread mostly waits).
 
   python benchmarks/multiturn.py [--batch 32] [--turns 4] [--action 16] [--obs 16] [--repeats 3]
+                                 [--one-core]
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import statistics
+import time
 from types import SimpleNamespace
 
 import jax
@@ -34,9 +40,6 @@ from credit.models import Decoder
 from credit.models.config import tiny_config
 from credit.sampling import Sampler
 from credit.tasks import CharTokenizer
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import timed  # noqa: E402
 
 TOK = CharTokenizer()
 
@@ -68,7 +71,11 @@ def main():
   ap.add_argument("--action", type=int, default=16)
   ap.add_argument("--obs", type=int, default=16)
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--one-core", action="store_true",
+                  help="pin the process to one core (see the module docstring)")
   a = ap.parse_args()
+  if a.one_core and hasattr(os, "sched_setaffinity"):  # before XLA's thread pool starts
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
   B, K, W_a, W_o = a.batch, a.turns, a.action, a.obs
   cfg = tiny_config("qwen3", vocab_size=TOK.vocab_size, hidden_size=128,
                     intermediate_size=384, num_layers=2, head_dim=32)
@@ -83,7 +90,9 @@ def main():
   out = ms(state, [FixedEnv(K, W_o) for _ in range(B)], key=key)
   n_multi = int(out.response_mask.sum() + out.obs_mask.sum())
   n_policy = int(out.response_mask.sum())
-  t_multi = timed(lambda: ms(state, [FixedEnv(K, W_o) for _ in range(B)], key=key), a.repeats)
+
+  def multi():
+    return ms(state, [FixedEnv(K, W_o) for _ in range(B)], key=key).tokens
 
   sampler = Sampler(model, pad_id=TOK.pad_id, stop_tokens=())
   prompt = np.full((B, P), TOK.pad_id, np.int32)
@@ -94,9 +103,8 @@ def main():
   def single():
     o = sampler(state, prompt_tokens=prompt, prompt_mask=pmask, key=key,
                 max_new_tokens=K * W_a)
-    jax.block_until_ready(o.tokens)
+    return o.tokens
 
-  t_single = timed(single, a.repeats)
   obs_ids = np.asarray(TOK.encode(("obs " * 8)[:W_o]), np.int32)
 
   def reprefill():
@@ -109,20 +117,36 @@ def main():
       if k < K - 1:
         toks = np.concatenate([t, np.broadcast_to(obs_ids, (B, W_o))], 1)
         mask = np.concatenate([m, np.ones((B, W_o), bool)], 1)
+    return toks
 
-  t_re = timed(reprefill, a.repeats)
   n_re = B * (K * W_a + (K - 1) * W_o)
-  rows = [("multi-turn (cache kept)", n_multi, t_multi),
-          ("single-turn, policy tokens only", B * K * W_a, t_single),
-          ("re-prefill each turn", n_re, t_re)]
+  engines = [("multi-turn (cache kept)", n_multi, multi),
+             ("single-turn, policy tokens only", B * K * W_a, single),
+             ("re-prefill each turn", n_re, reprefill)]
+  wall = {name: [] for name, _, _ in engines}
+  cpu = {name: [] for name, _, _ in engines}
+  for _, _, fn in engines:  # compiles
+    jax.block_until_ready(fn())
+  for _ in range(a.repeats):
+    for name, _, fn in engines:
+      w0, c0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(fn())
+      wall[name].append(time.perf_counter() - w0)
+      cpu[name].append(time.process_time() - c0)
+  load = os.getloadavg()
   print(f"B={B} K={K} W_a={W_a} W_o={W_o}; jax {jax.__version__}, "
-        f"{jax.devices()[0].platform}")
-  print("| engine | tokens | best s | median s | tokens/s (best) | vs multi-turn |")
-  print("|---|---:|---:|---:|---:|---:|")
-  base = n_multi / t_multi[0]
-  for name, n, (best, med) in rows:
+        f"{jax.devices()[0].platform}{', one core' if a.one_core else ''}; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {a.repeats} interleaved rounds")
+  print("| engine | tokens | best s | median s | tokens/s (best) | vs multi-turn | CPU s (median) "
+        "| tokens/CPU s | vs multi-turn (CPU) |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+  name0 = engines[0][0]
+  base = n_multi / min(wall[name0])
+  base_cpu = n_multi / statistics.median(cpu[name0])
+  for name, n, _ in engines:
+    best, med, c = min(wall[name]), statistics.median(wall[name]), statistics.median(cpu[name])
     print(f"| {name} | {n} | {best:.3f} | {med:.3f} | {n / best:,.0f} | "
-          f"{(n / best) / base:.2f}x |")
+          f"{(n / best) / base:.2f}x | {c:.3f} | {n / c:,.0f} | {(n / c) / base_cpu:.2f}x |")
   print(f"(multi-turn drew {n_policy} policy tokens of {B * K * W_a} possible)")
 
 
