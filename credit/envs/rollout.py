@@ -576,14 +576,8 @@ class MultiTurnSampler:
       t1 = time.perf_counter()
       texts: list[str | None] = [None] * B
       live = np.flatnonzero(active)
-      for b in live:
-        n = int(num_new[b])
-        kinds[b, a0:a0 + n] = _ACTION
-        turn_of[b, a0:a0 + n] = k
-        used_B[b] += n
-        n_action_tokens += n
-        rec.step_mask[b, k] = True
-        actions[b].append(self.tokenizer.decode(block[b, :n].tolist()))
+      n_action_tokens += _take_actions(self.tokenizer, live, num_new, block, a0, k, kinds,
+                                       turn_of, used_B, rec, actions)
       calls = self._step_envs([envs[b] for b in live], [actions[b][-1] for b in live])
       for b, call in zip(live, calls):
         res = rec.record(b, k, call)
@@ -610,16 +604,8 @@ class MultiTurnSampler:
       for b in unreadable:
         results[b][-1] = rec.fail(b, k, "the observation has characters the tokenizer cannot "
                                   "encode")
-      o0 = lay.observation_column(k)
-      for b in np.flatnonzero(active):
-        n = len(kept[b])
-        if n == 0:  # no room left for the observation: the budget ends the episode
-          active[b], truncated[b] = False, True
-          continue
-        kinds[b, o0:o0 + n] = _OBS
-        used_B[b] += n
-        n_obs_tokens += n
-        observations[b].append(self.turns.observation_text(kept[b]))
+      n_obs_tokens += _add_observations(self.turns, kept, lay.observation_column(k), kinds,
+                                        used_B, active, truncated, observations)
       if not active.any():
         break
       max_new_B = np.minimum(W_a, np.maximum(budget_B - used_B, 0)).astype(np.int32)
@@ -651,6 +637,40 @@ class MultiTurnSampler:
                            step_mask=rec.step_mask, reward=outcome, truncated=truncated,
                            trajectories=trajs, timings=timings, snapshots=snaps,
                            tool_status=rec.tool_status)
+
+
+def _take_actions(tokenizer, live, num_new, block, a0: int, k: int, kinds, turn_of, used_B,
+                  rec: "_TurnRecord", actions) -> int:
+  """Records turn k's sampled actions of the `live` rows (their `num_new` tokens of `block`,
+  written from column a0): kinds, turn ids, tokens used, the step mask and the decoded text.
+  Returns the number of action tokens."""
+  total = 0
+  for b in live:
+    n = int(num_new[b])
+    kinds[b, a0:a0 + n] = _ACTION
+    turn_of[b, a0:a0 + n] = k
+    used_B[b] += n
+    total += n
+    rec.step_mask[b, k] = True
+    actions[b].append(tokenizer.decode(block[b, :n].tolist()))
+  return total
+
+
+def _add_observations(turns, kept, o0: int, kinds, used_B, active, truncated,
+                      observations) -> int:
+  """Records the observation tokens `kept` for each active row from column o0; a row with no
+  room left for its observation ends, truncated by the budget. Returns the number of tokens."""
+  total = 0
+  for b in np.flatnonzero(active):
+    n = len(kept[b])
+    if n == 0:  # no room left for the observation: the budget ends the episode
+      active[b], truncated[b] = False, True
+      continue
+    kinds[b, o0:o0 + n] = _OBS
+    used_B[b] += n
+    total += n
+    observations[b].append(turns.observation_text(kept[b]))
+  return total
 
 
 class _TurnRecord:

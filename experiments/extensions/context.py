@@ -40,6 +40,6 @@ def turn_sampler(data) -> TurnSampler:
 
 
 EXTENSION = Extension(
-    name="context", on=on, turn_sampler=turn_sampler,
+    name="context_management", on=on, turn_sampler=turn_sampler,
     doc="long episodes: the oldest observations dropped when the context is full, the row "
         "is the final context (credit.envs.context)")

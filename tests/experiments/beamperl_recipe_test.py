@@ -70,9 +70,10 @@ def test_tiny_recipe_trains_only_the_adapters(base, tmp_path, monkeypatch):
     seen["end"] = _flat(rs.train.params)  # before the export merges the adapters
     return real_finish(run, rs, out)
 
-  def fake_accuracy(sampler, model_state, data, c, batch_size, step=0):
-    m = real_eval(sampler, model_state, data, c, batch_size, step=step)
-    return dict(m, eval_accuracy=(0.25, 0.5, 0.5)[step])  # best at step 1 (the earliest tie)
+  def fake_accuracy(sampler, model_state, data, c, batch_size, step=0, probe=False):
+    m, first = real_eval(sampler, model_state, data, c, batch_size, step=step, probe=True)
+    m = dict(m, eval_accuracy=(0.25, 0.5, 0.5)[step])  # best at step 1 (the earliest tie)
+    return (m, first) if probe else m
 
   for name, fn in (("setup", spy_setup), ("learn", spy_learn), ("finish", spy_finish),
                    ("evaluate", fake_accuracy)):

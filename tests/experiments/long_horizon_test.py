@@ -12,8 +12,8 @@ def test_long_variant_plays_32_turns_with_context_management():
   for arg in ("long", "long,tiny"):
     c = search_agent_qa.get_config(arg)
     assert c.max_turns >= 32 and c.task_kwargs.min_hops == 3
-    assert "context" in [e.name for e in extensions.enabled(c)]
-  assert "context" not in [e.name for e in extensions.enabled(search_agent_qa.get_config("tiny"))]
+    assert "context_management" in [e.name for e in extensions.enabled(c)]
+  assert "context_management" not in [e.name for e in extensions.enabled(search_agent_qa.get_config("tiny"))]
   c = search_agent_qa.get_config("long,tiny")
   data = loop.build_data(c)
   (own,) = loop.turn_samplers(c, data)

@@ -22,7 +22,8 @@ def _config(recipe="grpo_arithmetic", **kw):
 
 def test_table_is_fixed_unique_and_complete():
   names = [e.name for e in extensions.EXTENSIONS]
-  assert names == ["jolt", "subagents", "group_filter", "critical", "estimator_loss", "amft"]
+  assert names == ["jolt", "subagents", "group_filter", "critical", "estimator_loss", "amft",
+                   "context_management"]
   assert extensions.get("jolt") is extensions.EXTENSIONS[0]
   with pytest.raises(KeyError, match="known"):
     extensions.get("nope")
