@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from credit.envs.lookup import NAMES
+from credit.envs.lookup import NAMES, follow_chain
 
 __all__ = ["ATTRIBUTES", "Corpus", "Document", "PERSON_RELATIONS", "RELATIONS", "describe",
            "make_corpus", "parse_question", "question_chain", "question_fuzz", "question_text",
@@ -183,16 +183,8 @@ def question_chain(corpus: Corpus, prompt: str) -> tuple[Fact, ...] | None:
   resolved = resolve_start(corpus, parsed[0])
   if resolved is None:
     return None
-  name, rels = resolved[0], parsed[1]
-  chain = []
-  for i, r in enumerate(rels):
-    if r not in RELATIONS or (i < len(rels) - 1 and r not in PERSON_RELATIONS):
-      return None
-    value = corpus.facts.get((name, r))
-    if value is None:
-      return None
-    chain.append((name, r, value))
-    name = value
-  if len({(s, r) for s, r, _ in chain}) != len(chain):
+  rels = parsed[1]
+  if any(r not in RELATIONS or (i < len(rels) - 1 and r not in PERSON_RELATIONS)
+         for i, r in enumerate(rels)):
     return None
-  return tuple(chain)
+  return follow_chain(corpus.facts, resolved[0], rels)

@@ -254,16 +254,7 @@ class Lookup:
     start, rels = parsed
     if not 1 <= len(rels) <= self.max_hops or any(r not in self.relations for r in rels):
       return None
-    chain, name = [], start
-    for r in rels:
-      value = facts.get((name, r))
-      if value is None:
-        return None
-      chain.append((name, r, value))
-      name = value
-    if len({(s, r) for s, r, _ in chain}) != len(chain):
-      return None
-    return tuple(chain)
+    return follow_chain(facts, start, rels)
 
   def check_question(self, record: Mapping[str, Any]) -> str | None:
     """Why a (prompt, answer, world_seed, hops) record is not a valid question of its world
@@ -363,6 +354,22 @@ def question_text(start: str, relations: tuple[str, ...]) -> str:
   """The prompt of the chain from `start` over `relations` (first hop first):
   ("ann", ("boss", "city")) -> "city of boss of ann?"."""
   return "".join(f"{r} of " for r in reversed(relations)) + start + "?"
+
+
+def follow_chain(facts: Mapping[tuple[str, str], str], start: str, rels
+                 ) -> tuple[tuple[str, str, str], ...] | None:
+  """The facts (subject, relation, value) met following `rels` from `start` in `facts`, first
+  hop first; None when a hop is not a fact or a fact would be used twice."""
+  chain, name = [], start
+  for r in rels:
+    value = facts.get((name, r))
+    if value is None:
+      return None
+    chain.append((name, r, value))
+    name = value
+  if len({(s, r) for s, r, _ in chain}) != len(chain):
+    return None
+  return tuple(chain)
 
 
 def parse_question(prompt: str) -> tuple[str, tuple[str, ...]] | None:
