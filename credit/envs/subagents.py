@@ -32,10 +32,21 @@ is the step's `info["agent_call"]`, from which the runner (experiments/extension
 the agents' training rows. An `ask` on the episode's last turn (its answer would never be
 read) calls no agent.
 
+Fan-out (`fanout=True`, SPD-RAG's exhaustive dispatch): the coordinator also has
+`askall(name relation)`, which puts the sub-question to every document's agent at once; the
+multi-turn engine samples the D calls of every episode's `askall` of a turn as one batch
+(D·B rows in one sampler call). The coordinator observes the merged partial answers
+(`merge_answers`: the distinct answers other than "none", in document order, "bob, kim";
+"none" when every agent said so), so its next turn does the synthesis of the round. The
+demonstrations ask every hop with `askall`: `askall(ann boss)` -> "bob",
+`askall(bob city)` -> "kim", `answer(kim)`, and the agents' warm-up covers every document
+of every hop (the gold answer from the gold document, "none" from the others). The step's
+`agent_call`, `agent_answer` and `agent_correct` are then lists, one entry per document.
+
 Per turn:
   reward    1 when the turn's agent revealed a gold hop not revealed before: the gold
             document of hop i was asked hop i's question ("bob city") and answered its
-            object exactly; else 0;
+            object exactly (with `askall`: the gold document's agent among the D); else 0;
   progress  (gold hops revealed so far) / h;
   info      `doc`, `question`, `agent_answer`, `agent_correct` (equal to the oracle's),
             `agent_call`, `gold_revealed`, `gold_calls` (the ask of the first unrevealed hop,
@@ -65,6 +76,7 @@ from credit.tasks.base import register_task, text_field
 from credit.tasks.char_tokenizer import decode_responses, encode_prompts
 
 COORDINATOR, DOC_AGENT, SYNTHESIS = 0, 1, 2
+ASK_ALL = "askall"  # the fan-out tool: one sub-question to every document's agent
 NONE = "none"      # a document agent's answer when its document lacks the fact
 EMPTY = "empty"    # the coordinator's observation of an agent that wrote nothing
 QUESTION_CHARS = 12  # a sub-question "name relation" longer than this is an error
@@ -93,6 +105,17 @@ def oracle_answer(doc: str, question: str) -> tuple[str, None]:
   return doc_facts(doc).get(question.strip(), NONE), None
 
 
+def merge_answers(answers: Sequence[str]) -> str:
+  """What the coordinator observes after `askall`: the distinct answers that are not
+  "none" (nor empty), in document order, joined by ", "; "none" when there is none.
+
+  >>> merge_answers(["none", "bob", "", "bob", "kim"])
+  'bob, kim'
+  """
+  real = [a for a in answers if a and a not in (NONE, EMPTY)]
+  return ", ".join(dict.fromkeys(real)) or NONE
+
+
 @register_task("multidoc_agents")
 @dataclasses.dataclass(frozen=True)
 class MultiDocAgents(MultiDoc):
@@ -100,8 +123,11 @@ class MultiDocAgents(MultiDoc):
 
   Attributes:
     agent_max_tokens: a document agent's answer budget in tokens (eos included).
+    fanout: the coordinator also has `askall(name relation)` (every document's agent at
+      once) and the demonstrations use it (module docstring).
   """
   agent_max_tokens: int = 6
+  fanout: bool = False
   name = "multidoc_agents"
   subagents = True
 
@@ -123,9 +149,16 @@ class MultiDocAgents(MultiDoc):
     return max(super().max_prompt_chars, self.max_agent_prompt_chars)
 
   @property
+  def agent_calls_per_turn(self) -> int:
+    """The most agent calls one coordinator turn makes: D with `fanout`, else 1."""
+    return self.num_docs if self.fanout else 1
+
+  @property
   def max_action_chars(self) -> int:
     rel = max(len(r) for r in RELATIONS[:self.num_relations])
-    return max(len(self.fmt.call("ask", "9", "xxx " + "x" * rel)), len(self.fmt.answer("xxx")))
+    question = "xxx " + "x" * rel
+    return max(len(self.fmt.call("ask", "9", question)), len(self.fmt.call(ASK_ALL, question)),
+               len(self.fmt.answer("xxx")))
 
   @property
   def max_response_chars(self) -> int:
@@ -135,16 +168,24 @@ class MultiDocAgents(MultiDoc):
                           rng: np.random.Generator | None = None) -> list[str]:
     del rng
     world, _, where = self._docs_of(example)
-    return [self.fmt.call("ask", str(where[i] + 1), f"{s} {r}")
-            for i, (s, r, _) in enumerate(world.chain)] + [self.fmt.answer(world.answer)]
+    if self.fanout:
+      asks = [self.fmt.call(ASK_ALL, f"{s} {r}") for s, r, _ in world.chain]
+    else:
+      asks = [self.fmt.call("ask", str(where[i] + 1), f"{s} {r}")
+              for i, (s, r, _) in enumerate(world.chain)]
+    return asks + [self.fmt.answer(world.answer)]
 
   def agent_demonstrations(self, example: Mapping[str, Any],
                            rng: np.random.Generator | None = None) -> list[tuple[str, str]]:
     """(agent prompt, oracle answer) pairs of the example: each gold hop asked of its gold
     document, and (with `rng`) one hop asked of a random other document ("none" unless that
-    document holds the same fact)."""
+    document holds the same fact); with `fanout`, each gold hop asked of every document (the
+    calls its `askall` makes)."""
     world, texts, where = self._docs_of(example)
     docs = [texts[j][:self.max_observation_chars] for j in range(len(texts))]
+    if self.fanout:
+      return [(agent_prompt(doc, f"{s} {r}"), oracle_answer(doc, f"{s} {r}")[0])
+              for s, r, _ in world.chain for doc in docs]
     out = []
     for i, (s, r, _) in enumerate(world.chain):
       q = f"{s} {r}"
@@ -172,7 +213,8 @@ class MultiDocAgents(MultiDoc):
     world, texts, where = self._docs_of(example)
     env = MultiDocAgentsEnv(text_field(example, "prompt"), world, texts, where,
                             task_limits(self, limits), self.fmt,
-                            doc_chars=self.max_observation_chars, grounded=self.grounded)
+                            doc_chars=self.max_observation_chars, grounded=self.grounded,
+                            fanout=self.fanout)
     if agent is not None:
       env.bind_agent(agent)
     return env
@@ -186,9 +228,11 @@ class MultiDocAgentsEnv(MultiDocEnv):
   parallel_steps = False
 
   def __init__(self, prompt, world, docs, where, limits: Limits, fmt, *, doc_chars: int,
-               grounded: bool = False):
+               grounded: bool = False, fanout: bool = False):
     super().__init__(prompt, world, docs, where, limits, fmt, grounded=grounded)
-    self.doc_chars = doc_chars
+    self.doc_chars, self.fanout = doc_chars, fanout
+    if fanout:
+      self.tools = {"ask": 2, ASK_ALL: 1}
     self.agent: Agent = oracle_answer
 
   def bind_agent(self, agent: Agent) -> None:
@@ -206,29 +250,68 @@ class MultiDocAgentsEnv(MultiDocEnv):
     ok = arg in [str(i) for i in range(1, n + 1)] and 0 < len(question) <= QUESTION_CHARS
     return int(arg) - 1 if ok else None
 
-  def agent_request(self, action: str) -> tuple[str, str] | None:
-    """The (document text, question) that `step(action)` would put to an agent now, else
-    None; changes nothing (the multi-turn engine batches a turn's calls with it)."""
+  def _asked_all(self, action: Action) -> bool:
+    """A well-formed `askall` (a question of 1 to QUESTION_CHARS characters)."""
+    return action.name == ASK_ALL and 0 < len(action.args[0]) <= QUESTION_CHARS
+
+  def agent_request(self, action: str) -> list[tuple[str, str]]:
+    """The (document text, question) pairs that `step(action)` would put to agents now, in
+    the order it asks them (one for `ask`, D for `askall`, none otherwise); changes nothing
+    (the multi-turn engine batches a turn's calls with it)."""
     ep = self._ep
     if not ep.started or ep.done or self.num_turns + 1 >= self.limits.max_turns:
-      return None
+      return []
     parsed = parse_action(action, self.fmt, self.tools)
-    if parsed.kind in (MALFORMED, ANSWER) or self._asked_doc(parsed) is None:
-      return None
-    return self.docs[self._asked_doc(parsed)][:self.doc_chars], parsed.args[1]
+    if parsed.kind in (MALFORMED, ANSWER):
+      return []
+    if parsed.name == ASK_ALL:
+      q = parsed.args[0]
+      return [(doc[:self.doc_chars], q) for doc in self.docs] if self._asked_all(parsed) else []
+    if self._asked_doc(parsed) is None:
+      return []
+    return [(self.docs[self._asked_doc(parsed)][:self.doc_chars], parsed.args[1])]
 
   def _gold_calls(self, state: tuple[bool, ...]) -> tuple[str, ...]:
     for i, seen in enumerate(state):
       if not seen:
         s, r, _ = self.world.chain[i]
+        if self.fanout:
+          return (self.fmt.call(ASK_ALL, f"{s} {r}"),)
         return (self.fmt.call("ask", str(self.where[i] + 1), f"{s} {r}"),)
     return (self.fmt.answer(self.world.answer),)
+
+  def _ask_all(self, state: tuple[bool, ...], action: Action, gold) -> tuple[Any, Turn]:
+    """`askall(question)`: every document's agent, in document order; the observation is
+    `merge_answers` of their answers."""
+    question = action.args[0]
+    if not self._asked_all(action):
+      return state, Turn(f"error: write {ASK_ALL}(name relation)", correct=False,
+                         info={"gold_calls": gold, "doc": None, "gold_revealed": (),
+                               "agent_call": None, "valid": False})
+    if self.num_turns + 1 >= self.limits.max_turns:  # nobody would read the answers
+      return state, Turn("", correct=False,
+                         info={"gold_calls": gold, "doc": None, "question": question,
+                               "gold_revealed": (), "agent_call": None})
+    docs = [doc[:self.doc_chars] for doc in self.docs]
+    texts, records = zip(*(self.agent(doc, question) for doc in docs))
+    hops = tuple(i for i, (s, r, o) in enumerate(self.world.chain)
+                 if not state[i] and question == f"{s} {r}" and texts[self.where[i]] == o)
+    state = tuple(s or i in hops for i, s in enumerate(state))
+    calls = None if all(r is None for r in records) else list(records)
+    return state, Turn(merge_answers(texts), reward=float(bool(hops)), correct=bool(hops),
+                       info={"gold_calls": gold, "doc": None, "question": question,
+                             "agent_answer": list(texts),
+                             "agent_correct": [t == oracle_answer(doc, question)[0]
+                                               for t, doc in zip(texts, docs)],
+                             "agent_call": calls, "gold_revealed": hops})
 
   def _act(self, state: tuple[bool, ...], action: Action) -> tuple[Any, Turn]:
     gold = self._gold_calls(state)
     if action.kind == ANSWER:
       return state, self._answer_turn(state, action, {"gold_calls": gold, "doc": None,
                                                       "gold_revealed": (), "agent_call": None})
+    if action.name == ASK_ALL:
+      return self._ask_all(state, action, gold)
     arg, question = action.args
     n = len(self.docs)
     if self._asked_doc(action) is None:
@@ -329,7 +412,7 @@ class AgentsMultiTurnSampler(MultiTurnSampler):
     if agents is not None:
       asked = [env.agent_request(text) for env, text in zip(envs, texts)
                if getattr(env, "agent", None) is agents and hasattr(env, "agent_request")]
-      agents.prefetch([a for a in asked if a is not None])
+      agents.prefetch([a for calls in asked for a in calls])
     return super()._step_envs(envs, texts)
 
   def __call__(self, model_state, envs, *, key, **kw):

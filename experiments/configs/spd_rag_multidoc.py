@@ -8,7 +8,11 @@ setting: the episode's outcome advantage, normalised over the G episodes of a pr
 every policy token of the episode, and each document agent's answer gets its episode's
 advantage: `subagents.credit=episode`), `:document` (the document agents rewarded by their own
 verifiable reward, their answer against their document, instead of the episode's outcome:
-`subagents.reward=document`; combinable, `:grpo,document` runs GRPO on both row sets).
+`subagents.reward=document`; combinable, `:grpo,document` runs GRPO on both row sets),
+`:fanout` (SPD-RAG's exhaustive dispatch: the coordinator's `askall(ann boss)` puts each
+sub-question to every document's agent at once, the D·B calls of a turn sampled as one batch
+across documents and episodes, and observes their merged answers; the demonstrations use it;
+4 turns; combinable with `:document` and `:grpo`).
 Time: ~30 s per RL step on 2 CPU cores at load 11-14, 30 steps after a 300-step warm-up.
 Score: held-out greedy accuracy 0.367 -> 0.500 at step 30 (seed 0; `:grpo` 0.477).
 
@@ -62,8 +66,12 @@ def multidoc_config(a, task: str = "multidoc_agents") -> ml_collections.ConfigDi
 
 
 def get_config(arg=None):
-  a = common.parse_arg(arg, tiny=False, grpo=False, document=False)
+  a = common.parse_arg(arg, tiny=False, grpo=False, document=False, fanout=False)
   c = multidoc_config(a)
+  if a.fanout:                    # askall per hop + the answer + one spare turn
+    c.task_kwargs.fanout = True
+    c.task_kwargs.extra_turns = 1
+    c.max_turns = 4
   c.estimator = "spd_rag"
   c.estimator_kwargs = ml_collections.ConfigDict({"token_budget": 12.0, "budget_coef": 0.1})
   # credit: auto | estimator | episode; reward: outcome (the episode's answer) | document

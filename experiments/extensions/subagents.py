@@ -6,7 +6,8 @@ answered by the policy itself in a fresh context (document d + the sub-question)
 own rows are the coordinator's episodes (dispatch turns role 0, the synthesis turn role 2);
 this module turns the agents' generations into rows of their own:
 
-* layout: M = max_turns − 1 slots per episode (an ask on the last turn calls no agent), so
+* layout: M = (max_turns − 1)·(agent calls per turn: D with the task's `fanout` `askall`,
+  else 1) slots per episode (an ask on the last turn calls no agent), so
   B·M rows of width P + `task.agent_max_tokens` in the single-turn sampler's layout (prompt,
   then the answer, right-padded); slot m of episode b is its m-th agent call, unused slots
   are empty rows (no response token: no advantage, no loss). Rows of one prompt group are
@@ -98,8 +99,10 @@ def credit_mode(c: ml_collections.ConfigDict) -> str:
 
 
 def slots(c: ml_collections.ConfigDict) -> int:
-  """M, agent calls an episode can make (an ask on its last turn calls none)."""
-  return max(int(c.max_turns) - 1, 1)
+  """M, agent calls an episode can make (an ask on its last turn calls none; an `askall`
+  calls every document's agent)."""
+  per_turn = int(getattr(task_of(c), "agent_calls_per_turn", 1))
+  return max(int(c.max_turns) - 1, 1) * per_turn
 
 
 def check(c: ml_collections.ConfigDict) -> None:
@@ -155,7 +158,7 @@ def check_rows(c: ml_collections.ConfigDict, *, data: Any = None, batch_divisor:
     return
   rows = c.prompts_per_step * c.group_size * slots(c)
   if rows % (c.num_minibatches * batch_divisor):
-    raise SetupError(f"the agent rows (prompts_per_step*group_size*(max_turns-1)={rows}) must "
+    raise SetupError(f"the agent rows (prompts_per_step*group_size*slots={rows}) must "
                      f"be divisible by num_minibatches ({c.num_minibatches}) x the mesh's "
                      f"batch-parallel size ({batch_divisor})")
 
@@ -174,7 +177,8 @@ def agent_prompt_width(task, tokenizer) -> int:
 def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, slots_M: int,
                width: int, num_turns: int, pad_id: int,
                reward_source: str = "outcome") -> dict[str, Any]:
-  """Host arrays of the agents' B·M rows from the episodes' step infos (`agent_call`):
+  """Host arrays of the agents' B·M rows from the episodes' step infos (`agent_call`, one
+  record or, after an `askall`, a list of them with `agent_correct` a list alike):
   tokens, prompt_mask, response_mask, logprob_sampler, logprob_raw [B·M, width]; reward,
   group_id, episode [B·M]; step_mask, turn_role [B·M, K]; turn_id [B·M, width]; answers
   (text or None per row) and agent_correct (bool per row). `reward` is the episode's outcome
@@ -191,16 +195,19 @@ def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, sl
   for b, traj in enumerate(trajectories):
     m = 0
     for res in traj.results:
-      rec = res.info.get("agent_call")
-      if rec is None:
+      recs, oks = res.info.get("agent_call"), res.info.get("agent_correct")
+      if recs is None:
         continue
-      if m >= M:
-        raise AssertionError(f"episode {b} made more than {M} agent calls")
-      i = b * M + m
-      for k in ("tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw"):
-        out[k][i] = rec[k]
-      answers[i], correct[i] = rec["answer"], bool(res.info.get("agent_correct"))
-      m += 1
+      if not isinstance(recs, (list, tuple)):  # one ask: one record
+        recs, oks = [recs], [oks]
+      for rec, ok in zip(recs, oks):
+        if m >= M:
+          raise AssertionError(f"episode {b} made more than {M} agent calls")
+        i = b * M + m
+        for k in ("tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw"):
+          out[k][i] = rec[k]
+        answers[i], correct[i] = rec["answer"], bool(ok)
+        m += 1
   resp = out["response_mask"]
   used = resp.any(1)
   out["logprob_sampler"] = np.where(resp, out["logprob_sampler"], 0.0).astype(np.float32)
