@@ -18,6 +18,13 @@ with BM25 `search` and `open` over a corpus: the built-in one of `corpus`, or th
 JSON-lines documents; `search`), `python_program` (programs written in Python and run on unit
 tests in the sandbox; `pyprogram`). `sandbox`: `run_python`, one program in a fresh,
 resource-limited subprocess with no network and no files outside its scratch directory.
+`fanout`: SPD-RAG at inference (every document's agent in one batched call, a token-bounded
+synthesis, the paper's baselines, tokens per question).
+
+The engines that play these environments with a policy run the model, so this package does
+not re-export them; import them from their modules: `rollout.MultiTurnSampler` (and
+`TurnLayout`), `context.ContextSampler` (long episodes under a context budget: the oldest
+observations dropped), `subagents.AgentsMultiTurnSampler` (the policy as document agents).
 """
 from credit.envs.base import (Environment, Episode, EpisodeDoneError, EnvBatch, Limits,
                               MultiTurnTask, StepResult, TextEnv, Turn, run_episode,
