@@ -471,7 +471,7 @@ def _sft_batches(data: Data, c, rng: np.random.Generator):
 
 
 def evaluate(sampler, model_state, data: Data, c, batch_size: int,
-             step: int = 0, probe: bool = False):
+             step: int = 0, probe: bool = False, samples: int | None = None):
   """Held-out evaluation: greedy accuracy and mean reward; with `c.eval_samples = k > 0` also
   k samples per prompt at the training temperature / top_k / top_p:
 
@@ -481,9 +481,9 @@ def evaluate(sampler, model_state, data: Data, c, batch_size: int,
   The sampling key depends only on (c.seed, step), so a resumed run evaluates identically.
   With `probe`, returns (metrics, the first batch's greedy answers: host tokens,
   prompt_mask, response_mask, prompt texts, reward of its `rows` real rows), or (metrics,
-  None) for multi-turn tasks.
+  None) for multi-turn tasks. `samples` overrides `c.eval_samples` (0: greedy only).
   """
-  k = max(0, int(c.get("eval_samples", 0) or 0))
+  k = max(0, int(c.get("eval_samples", 0) or 0) if samples is None else samples)
   key = jax.random.fold_in(jax.random.key(c.seed + 7_919), step)
   if getattr(sampler, "layout", None) is not None:  # a MultiTurnSampler: play episodes
     m = _evaluate_episodes(sampler, model_state, data, c, batch_size, k, key)
@@ -814,7 +814,15 @@ def restore_or_warm_up(run: Runner, rs: RunState) -> RunState:
 
 
 def warm_up(run: Runner, state: train.TrainState) -> train.TrainState:
-  """`c.sft_steps` supervised steps on task demonstrations; fresh optimiser state after."""
+  """`c.sft_steps` supervised steps on task demonstrations; fresh optimiser state after.
+
+  With `c.sft_min_accuracy > 0` the warm-up is checked on the held-out split (greedy, the
+  same evaluation as the RL loop's) after its `sft_steps`; while the accuracy is below it,
+  `sft_extend_steps` more steps run at the schedule's final learning rate and it is checked
+  again, up to `sft_max_steps` (0: twice `sft_steps`). How long a from-scratch warm-up takes
+  to learn its task varies with the seed and the CPU's rounding; the check makes RL start
+  from a policy that has learnt it, or says that it has not.
+  """
   c, s = run.c, run.setup
   sft_tx = train.make_optimizer(learning_rate=c.sft_learning_rate, total_steps=c.sft_steps,
                                 warmup_steps=min(10, c.sft_steps // 10), weight_decay=0.0,
@@ -832,26 +840,53 @@ def warm_up(run: Runner, state: train.TrainState) -> train.TrainState:
                              fields=progress.WARMUP_FIELDS, every=c.get("log_every", 0),
                              log=run.log, quiet=not run.is_main)
   record = progress.WarmupRecord(run.workdir) if run.is_main else None
+  min_acc = float(c.get("sft_min_accuracy", 0.0) or 0.0)
+  cap = int(c.get("sft_max_steps", 0) or 0) or 2 * c.sft_steps
   t0 = seen = time.perf_counter()
   pending = []  # the metrics of steps not yet read back (reading waits for the device)
-  for i in range(c.sft_steps):
-    p, o, m = sft_step(p, o, parallel.shard_batch(next(batches), run.mesh))
-    pending.append(m)
-    if ((i + 1) % bar.every == 0 or i + 1 in (1, c.sft_steps)
-        or (bar.live and time.perf_counter() - seen > 0.5)):
-      for step, row in enumerate(jax.device_get(pending), i + 2 - len(pending)):
-        row = {k: float(v) for k, v in row.items()}
-        bar.update(step, row)
-        if record:
-          record.write(step, row)
-      pending, seen = [], time.perf_counter()
+  i, target = 0, c.sft_steps
+  while True:
+    while i < target:
+      p, o, m = sft_step(p, o, parallel.shard_batch(next(batches), run.mesh))
+      pending.append(m)
+      i += 1
+      if (i % bar.every == 0 or i in (1, target)
+          or (bar.live and time.perf_counter() - seen > 0.5)):
+        for step, row in enumerate(jax.device_get(pending), i + 1 - len(pending)):
+          row = {k: float(v) for k, v in row.items()}
+          bar.update(step, row)
+          if record:
+            record.write(step, row)
+        pending, seen = [], time.perf_counter()
+    if not min_acc:
+      break
+    acc = _warm_up_accuracy(run, p)
+    if record:
+      record.write(i, {"eval_accuracy": acc})
+    if acc >= min_acc or i >= cap:
+      verdict = (f">= sft_min_accuracy {min_acc:g}" if acc >= min_acc else
+                 f"still < sft_min_accuracy {min_acc:g} at the cap (sft_max_steps={cap}); "
+                 "RL starts from here")
+      run.say(f"warm-up check at step {i}: held-out accuracy {acc:.3f} {verdict}")
+      break
+    target = min(cap, i + c.sft_extend_steps)
+    run.say(f"warm-up check at step {i}: held-out accuracy {acc:.3f} < sft_min_accuracy "
+            f"{min_acc:g}; {target - i} more steps (cap {cap})")
+    bar.extend(target)
   jax.block_until_ready(p)
   bar.close()
   if record:
     record.close()
-  run.say(f"SFT warm-up: {c.sft_steps} steps, loss {float(m['sft_loss']):.4f}, "
+  run.say(f"SFT warm-up: {i} steps, loss {float(m['sft_loss']):.4f}, "
           f"{time.perf_counter() - t0:.1f}s")
   return state.replace(params=p, opt_state=jax.jit(run.tx.init, out_shardings=o_sh)(p))
+
+
+def _warm_up_accuracy(run: Runner, params) -> float:
+  """Held-out greedy accuracy of the warm-up's `params` (`evaluate` without samples)."""
+  m = evaluate(run.setup.multi_sampler or run.setup.sampler, run.setup.model_state(params),
+               run.data, run.c, run.eval_batch_size, samples=0)
+  return m["eval_accuracy"]
 
 
 def save(run: Runner, rs: RunState) -> None:

@@ -244,6 +244,13 @@ class ProgressBar:
     if step > self._n0 and (step % self.every == 0 or step == self.total) and not self.quiet:
       self._emit(self._line(step, now))
 
+  def extend(self, total: int) -> None:
+    """Moves the last step to `total` (a warm-up that goes on past its planned length)."""
+    self.total = int(total)
+    self._bar.total = self.total
+    if not self.disabled:
+      self._bar.refresh()
+
   def _line(self, step: int, now: float) -> str:
     """The plain line at `step`; the averages start again after it."""
     pct = f" ({100 * step / self.total:.0f}%)" if self.total else ""

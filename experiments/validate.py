@@ -64,6 +64,8 @@ SIZES: tuple[tuple[str, int, str], ...] = (
     ("sft_steps", 0, "warm-up steps, 0 = none"),
     ("sft_batch_size", 1, "demonstrations per warm-up step"),
     ("sft_examples", 0, "demonstrations available, 0 = all"),
+    ("sft_extend_steps", 1, "warm-up steps between accuracy checks"),
+    ("sft_max_steps", 0, "the warm-up's cap with its extensions, 0 = 2 x sft_steps"),
     ("prompts_per_step", 1, "prompts per RL step"),
     ("group_size", 1, "samples per prompt"),
     ("max_new_tokens", 1, "the response budget in tokens"),
@@ -139,6 +141,7 @@ RANGES: tuple[tuple[str, float, float, bool, str], ...] = (
     ("obs_ce_coef", 0.0, math.inf, True, "the observation cross-entropy weight, 0 = off"),
     ("memory.device_gb", 0.0, math.inf, True, "a device's memory in GiB, 0 = measured"),
     ("group_filter.min_accuracy", 0.0, 1.0, True, "a group accuracy"),
+    ("sft_min_accuracy", 0.0, 1.0, True, "the held-out accuracy the warm-up must reach"),
     ("group_filter.max_accuracy", 0.0, 1.0, True, "a group accuracy"),
 )
 
@@ -183,6 +186,15 @@ def check_sizes(c: ml_collections.ConfigDict) -> None:
       span = f"{'[' if low_ok else '('}{low:g}, {high:g}]"
       raise refuse(f"--config.{key}={v}", f"must lie in {span} ({what})",
                    f"set --config.{key} inside that range")
+  if c.get("sft_min_accuracy", 0.0) > 0:
+    if not c.sft_steps:
+      raise refuse(f"--config.sft_min_accuracy={c.sft_min_accuracy}",
+                   "checks a warm-up, but sft_steps=0 runs none",
+                   "set --config.sft_steps above 0 or --config.sft_min_accuracy=0")
+    if c.sft_max_steps and c.sft_max_steps < c.sft_steps:
+      raise refuse(f"--config.sft_max_steps={c.sft_max_steps}",
+                   f"is below sft_steps={c.sft_steps} (it caps the warm-up with its extensions)",
+                   f"set --config.sft_max_steps to {c.sft_steps} or more, or 0 (2 x sft_steps)")
   name = group_estimator(c)
   if name and c.group_size < 2 and not c.get("tree", {}).get("branches", 0):
     raise refuse(f"--config.group_size={c.group_size}",

@@ -111,6 +111,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft_learning_rate = 3e-3      # AdamW lr for SFT (cosine to 10%).
   c.sft_examples = 0              # demonstrations available for SFT: the first n train examples
                                   # (0 = all). RL still draws prompts from the whole train split.
+  c.sft_min_accuracy = 0.0        # held-out greedy accuracy the warm-up must reach before RL
+                                  # (0 = no check). Checked after sft_steps; below it, the warm-up
+                                  # goes on sft_extend_steps at a time at the schedule's final
+                                  # learning rate, checked after each, up to sft_max_steps.
+  c.sft_extend_steps = 250        # warm-up steps between the checks of sft_min_accuracy.
+  c.sft_max_steps = 0             # cap on the warm-up with its extensions (0 = 2 x sft_steps).
   # --- rollouts ---
   c.prompts_per_step = 32         # N prompts per RL step.
   c.group_size = 8                # G samples per prompt.

@@ -155,6 +155,34 @@ def test_sft_only_control_runs_no_rl_step(tmp_path):
              str(tmp_path / "w3"))
 
 
+def test_warm_up_goes_on_until_it_reaches_sft_min_accuracy(tmp_path, monkeypatch):
+  """`sft_min_accuracy`: the warm-up is checked after `sft_steps` and after each
+  `sft_extend_steps` more, stops once the held-out accuracy reaches the bar or at
+  `sft_max_steps`, and records each check in warmup.jsonl."""
+  fast = dict(steps=0, export_hf=False, checkpoint_every=0, sft_min_accuracy=0.5,
+              sft_extend_steps=3)
+  # At the cap (the real check: a 2-step warm-up scores 0 held-out).
+  wd = str(tmp_path / "cap")
+  loop.run(tiny(sft_max_steps=5, **fast), wd)
+  warm = read_metrics(wd, "warmup.jsonl")
+  checks = [(r["step"], r["eval_accuracy"]) for r in warm if "eval_accuracy" in r]
+  assert [s for s, _ in checks] == [2, 5]
+  assert max(r["step"] for r in warm if "sft_loss" in r) == 5
+  assert checks[-1][1] == read_metrics(wd)[0]["eval_accuracy"]  # the same policy as step 0
+  with open(os.path.join(wd, "log.txt")) as f:
+    assert "still < sft_min_accuracy 0.5 at the cap (sft_max_steps=5)" in f.read()
+  # Reached after two extensions (the check's answers stand in for a warm-up that learns).
+  answers = iter([0.1, 0.3, 0.6])
+  monkeypatch.setattr(loop, "_warm_up_accuracy", lambda run, params: next(answers))
+  wd = str(tmp_path / "reached")
+  loop.run(tiny(sft_max_steps=20, **fast), wd)
+  warm = read_metrics(wd, "warmup.jsonl")
+  assert [r["step"] for r in warm if "eval_accuracy" in r] == [2, 5, 8]
+  assert max(r["step"] for r in warm if "sft_loss" in r) == 8
+  with open(os.path.join(wd, "log.txt")) as f:
+    assert "held-out accuracy 0.600 >= sft_min_accuracy 0.5" in f.read()
+
+
 def test_samples_jsonl_holds_rollouts_as_the_model_saw_them(tiny_run):
   """samples.jsonl of the tiny run (samples_every=10 > steps: the last step only): rows with
   the prompt as fed (decoded from the prompt tokens), the response, its ids, reward and one
