@@ -470,7 +470,8 @@ def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLik
   By default (`keys` None) the panels of `CURVE_PANELS`: train reward and accuracy, held-out
   accuracy (greedy, with pass@k and mean@k where measured; step 0 included), response length,
   loss, KL, entropy, clip fraction, grad norm, step time; before them the supervised warm-up's
-  loss (`warmup`, against the warm-up step). A panel is drawn only when the run recorded one of
+  loss (`warmup`, against the warm-up step) and, when the warm-up was checked against
+  `sft_min_accuracy`, its held-out accuracy at each check. A panel is drawn only when the run recorded one of
   its metrics. Train accuracy is left out when it equals the train reward at every step (binary
   rewards), the reward panel then saying so. Sparse series (fewer than 30 points, e.g.
   periodic eval) are drawn with markers; dense ones as a faint raw line plus a moving average
@@ -489,8 +490,8 @@ def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLik
     dpi: resolution.
 
   Returns:
-    The keys that were plotted, in panel order ("sft_loss" for the warm-up). When none is
-    present the PNG says so.
+    The keys that were plotted, in panel order ("sft_loss" for the warm-up,
+    "warmup_eval_accuracy" for its checks). When none is present the PNG says so.
   """
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   rows = read_metrics(metrics_jsonl_path)
@@ -502,6 +503,10 @@ def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLik
     w = _series(warm_rows, "sft_loss")
     if w[0].size:
       plan.append(("warm-up loss (SFT)", [("sft_loss", w)], "warm-up step"))
+    w = _series(warm_rows, "eval_accuracy")  # the checks of sft_min_accuracy
+    if w[0].size:
+      plan.append(("warm-up checks: held-out accuracy", [("warmup_eval_accuracy", w)],
+                   "warm-up step"))
   same = (keys is None and series["reward_mean"][0].size
           and _same_series(series["reward_mean"], series["accuracy"]))
   for name, ks in panels:

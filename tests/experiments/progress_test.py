@@ -125,6 +125,8 @@ def _write_run(tmp_path, *, binary: bool, kl: bool):
   with open(tmp_path / progress.WARMUP_FILE, "w") as f:
     for s in range(1, 101):
       f.write(json.dumps({"step": s, "sft_loss": 3.0 / s, "grad_norm": 1.0}) + "\n")
+      if binary and s in (50, 100):  # checks of sft_min_accuracy
+        f.write(json.dumps({"step": s, "eval_accuracy": s / 200}) + "\n")
 
 
 @pytest.mark.parametrize("binary", [True, False])
@@ -132,7 +134,7 @@ def test_curves_draw_one_panel_per_recorded_quantity(tmp_path, binary):
   _write_run(tmp_path, binary=binary, kl=not binary)
   out = tmp_path / "curves.png"
   keys = rp.plot_curves(tmp_path / rp.METRICS_FILE, out, warmup=tmp_path / progress.WARMUP_FILE)
-  want = (["sft_loss", "reward_mean"] + ([] if binary else ["accuracy"])
+  want = (["sft_loss"] + (["warmup_eval_accuracy"] if binary else []) + ["reward_mean"] + ([] if binary else ["accuracy"])
           + ["eval_accuracy", "eval_pass_at_k", "response_length", "loss"]
           + ([] if binary else ["kl"]) + ["approx_kl", "sampled_entropy", "clipfrac",
                                           "grad_norm", "step_time"])
