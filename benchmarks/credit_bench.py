@@ -24,7 +24,8 @@ rewards and progress from the environment, the gold pass). Per task:
    advantages on exactly those rollouts (checked), with the fields its plan needs made by the
    runner's producers (`experiments/producers/`; the reference policy is the warm-up, as in
    a run; a trained producer such as an implicit PRM or a critic starts from the snapshot,
-   untrained — its learning shows in part 3). Metrics
+   untrained — its learning shows in part 3; a stateful estimator, e.g. `dcpo` or `serene`,
+   is scored from its initial state on every batch, as at a run's first step). Metrics
    (`credit.bench.credit_metrics`): correlation with the true advantages, share of |A| on
    pivotal tokens (next to chance and the true advantages' own share), balanced sign accuracy
    at pivotal tokens, shares of zero tokens and zero groups; mean and spread over snapshots ×
