@@ -71,6 +71,21 @@ def test_limits_pure_grpo_and_pure_diversity():
   assert abs(a.sum()) < 1e-5 and np.abs(a).max() > 0.01
 
 
+def test_binary_reward_keeps_its_reward_term_only_from_half_right():
+  """A 0/1 reward in a group of 8: the median cutoff is above 0 only with >= 4 right, so with
+  fewer the reward term is 0 (λ = 0 leaves nothing); `cutoff_quantile=1` keeps GRPO's."""
+  tokens = (np.arange(16, dtype=np.int32).reshape(8, 2) * 3) % 11
+  for k in range(9):
+    r = (np.arange(8) < k).astype(np.float32)
+    a = row0(jcall(satisdive_advantages, reward=r, tokens=tokens, diversity_coef=0.0,
+                   **one_group(8, 2)))
+    assert (np.abs(a).max() > 0.1) == (4 <= k < 8), k
+    a = row0(jcall(satisdive_advantages, reward=r, tokens=tokens, diversity_coef=0.0,
+                   cutoff_quantile=1.0, **one_group(8, 2)))
+    z = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if 0 < k < 8 else np.zeros(8)
+    np.testing.assert_allclose(a, z, atol=1e-5)
+
+
 def test_cutoff_interpolates_like_numpy():
   rng = np.random.default_rng(0)
   r = rng.normal(size=12).astype(np.float32)
