@@ -374,6 +374,7 @@ def build_policy(c: ml_collections.ConfigDict, tok, mesh) -> tuple[Decoder, Mode
                        f"not the task tokenizer's {tok.vocab_size} (was it exported by a "
                        "from-scratch run of this library?)")
     model, mcfg = models.from_pretrained(source, mesh=mesh, remat=bool(c.model.remat),
+                                         remat_policy=c.model.get("remat_policy", "full"),
                                          param_dtype=c.model.param_dtype,
                                          dtype=c.model.compute_dtype)
   else:

@@ -191,7 +191,9 @@ def plan_memory(*, model: ModelConfig, mesh_shape: Mapping[str, int], rollout_ro
   per_layer = (4 * d + 2 * (n_loc + k_loc) * h + 3 * f) * cb + 4 * n_loc * t  # per token
   micro = max(math.ceil(rollout_rows / max(num_minibatches, 1) / div), 1)
   rows_dev = max(math.ceil(rollout_rows / div), 1)
-  if model.remat:
+  if model.remat and model.remat_policy == "projections":  # + the weight matmuls' outputs
+    kept = layers * (d + 2 * d + (n_loc + 2 * k_loc) * h + 2 * f) * cb + per_layer
+  elif model.remat:
     kept = layers * d * cb + per_layer
   else:
     kept = layers * per_layer
@@ -216,7 +218,8 @@ def plan_memory(*, model: ModelConfig, mesh_shape: Mapping[str, int], rollout_ro
                  trained_copies * n_dev * (pb + 2 * pb), "resident"))
     rows.append(("their gradients", n_dev * pb, "update"))
   rows += [("gradients", grads, "update"),
-           (f"activations ({micro} rows x {t}{', remat' if model.remat else ''})", acts,
+           (f"activations ({micro} rows x {t}"
+            f"{f', remat {model.remat_policy}' if model.remat else ''})", acts,
             "update"),
            (f"sampler KV cache ({rows_dev} rows x {t} slots) + logits", cache, "sampling"),
            (f"scoring pass without gradient ({rows_dev} rows)", score, "scoring")]
@@ -237,6 +240,8 @@ def plan_memory(*, model: ModelConfig, mesh_shape: Mapping[str, int], rollout_ro
                               "--config.model.optimizer_dtype=float32)"))
   if not model.remat:
     weights.append((acts, "turn on --config.model.remat=True"))
+  elif model.remat_policy != "full":
+    weights.append((acts, "keep only block inputs (--config.model.remat_policy=full)"))
   weights.append((0.5 * (peak - resident), "use more --config.num_minibatches or fewer rows or "
                                    "positions"))
   advice = [text for _, text in sorted(weights, key=lambda w: -w[0])]
@@ -309,7 +314,7 @@ def device_memory(c=None, device=None) -> float | None:
 
 
 def _checkpoint_config(path: str, param_dtype: str | None, dtype: str | None,
-                       remat: bool = False) -> ModelConfig | None:
+                       remat: bool = False, remat_policy: str = "full") -> ModelConfig | None:
   """The `ModelConfig` of a local HF checkpoint's config.json (None if it cannot be read;
   the loop reports that)."""
   import json
@@ -320,7 +325,7 @@ def _checkpoint_config(path: str, param_dtype: str | None, dtype: str | None,
       cfg = config_from_hf(json.load(fh), param_dtype=param_dtype, dtype=dtype)
   except (OSError, ValueError, KeyError, UnsupportedCheckpointError):
     return None
-  return cfg.replace(remat=bool(remat))
+  return cfg.replace(remat=bool(remat), remat_policy=remat_policy)
 
 
 def policy_config(c) -> ModelConfig | None:
@@ -332,7 +337,7 @@ def policy_config(c) -> ModelConfig | None:
   source = c.get("init_from", "") or c.get("warm_start_from", "")
   if source:
     return _checkpoint_config(source, c.model.param_dtype, c.model.compute_dtype,
-                              c.model.remat)
+                              c.model.remat, c.model.get("remat_policy", "full"))
   return model_config(c, tasks_lib.CharTokenizer())
 
 

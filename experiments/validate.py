@@ -234,7 +234,7 @@ def _names() -> dict[str, tuple[Callable[[], Any], str]]:
   """{config key: (the valid values, what the key names)}, built on first use."""
   import credit
   from credit import tasks as tasks_lib
-  from credit.models.config import DTYPES, FAMILIES
+  from credit.models.config import DTYPES, FAMILIES, REMAT_POLICIES
   from credit.models.presets import list_presets
   from experiments.producers.rollouts import ROLLOUT_KINDS
   return {
@@ -249,6 +249,7 @@ def _names() -> dict[str, tuple[Callable[[], Any], str]]:
       "model.compute_dtype": (lambda: tuple(DTYPES), "dtype"),
       "model.preset": (lambda: ["", *list_presets()], "model preset"),
       "model.optimizer_dtype": (lambda: ("param", "float32"), "optimizer dtype"),
+      "model.remat_policy": (lambda: REMAT_POLICIES, "remat policy"),
       "teacher.param_dtype": (lambda: tuple(DTYPES), "dtype"),
       "teacher.compute_dtype": (lambda: tuple(DTYPES), "dtype"),
       "tree.criterion": (lambda: ("entropy", "surprisal", "step", "first_error"),

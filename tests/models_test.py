@@ -348,7 +348,8 @@ def test_kv_cache_overflow_is_an_error_outside_jit():
 
 
 def test_remat_keeps_values_and_gradients_and_cuts_saved_activations():
-  """config.remat recomputes blocks in the backward: same loss and grads, smaller residuals."""
+  """config.remat recomputes blocks in the backward: same loss and grads, smaller residuals;
+  the "projections" policy keeps the weight matmuls' outputs: between the two."""
   tokens, mask = _batch(4)
   cfg = CONFIGS["llama3"].replace(num_layers=3)
 
@@ -356,9 +357,10 @@ def test_remat_keeps_values_and_gradients_and_cuts_saved_activations():
     logits, _ = model(tokens, mask_BT=mask)
     return jnp.sum(jnp.where(mask[..., None], jax.nn.log_softmax(logits), 0.0)[..., :8])
 
-  grads, temp_bytes = {}, {}
-  for remat in (False, True):
-    model = _random_model(cfg.replace(remat=remat), seed=5)
+  grads, temp_bytes, saved = {}, {}, {}
+  for remat in (False, True, "projections"):
+    model = _random_model(cfg.replace(remat=bool(remat), remat_policy=(
+        remat if isinstance(remat, str) else "full")), seed=5)
     graphdef, params = nnx.split(model)
 
     def pure_loss(p, graphdef=graphdef):
@@ -368,10 +370,16 @@ def test_remat_keeps_values_and_gradients_and_cuts_saved_activations():
     val, g = fn(params)
     grads[remat] = (float(val), jax.tree.leaves(g))
     temp_bytes[remat] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
-  np.testing.assert_allclose(grads[True][0], grads[False][0], rtol=1e-6)
-  # Gradients reach ~60 here: a near-cancelling entry carries float32 summation-order noise on
-  # the scale of its leaf (measured up to 1.1e-5 absolute), so atol is relative to that scale.
-  for a, b in zip(grads[True][1], grads[False][1]):
-    b = np.asarray(b)
-    np.testing.assert_allclose(np.asarray(a), b, rtol=2e-5, atol=1e-6 * np.abs(b).max() + 1e-6)
+    _, vjp = jax.vjp(pure_loss, params)  # its leaves: what the forward keeps for the backward
+    saved[remat] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(vjp))
+  for kind in (True, "projections"):
+    np.testing.assert_allclose(grads[kind][0], grads[False][0], rtol=1e-6)
+    # Gradients reach ~60 here: a near-cancelling entry carries float32 summation-order noise
+    # on the scale of its leaf (measured up to 1.1e-5 absolute), so atol is relative to it.
+    for a, b in zip(grads[kind][1], grads[False][1]):
+      b = np.asarray(b)
+      np.testing.assert_allclose(np.asarray(a), b, rtol=2e-5, atol=1e-6 * np.abs(b).max() + 1e-6)
   assert temp_bytes[True] < temp_bytes[False], temp_bytes
+  assert saved[True] < saved["projections"] < saved[False], saved  # residual bytes
+  with pytest.raises(ValueError, match="remat_policy='some'; expected one of"):
+    cfg.replace(remat_policy="some")

@@ -6,6 +6,8 @@ import dataclasses
 import jax.numpy as jnp
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+# What a rematerialised block keeps for the backward besides its input (`ModelConfig.remat_policy`).
+REMAT_POLICIES = ("full", "projections")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -39,6 +41,12 @@ class ModelConfig:
     remat: rematerialise each block in the backward pass of a cache-free forward (activation
       checkpointing, `nnx.remat`): only the [B,T,D] block inputs are kept for the backward, at
       the cost of one more forward per block. Values and gradients are unchanged. Not exported.
+    remat_policy: what a rematerialised block keeps besides its input (`REMAT_POLICIES`):
+      "full" nothing (the whole block is recomputed); "projections" the outputs of its weight
+      matmuls (q, k, v, o, gate, up, down projections: `dots_with_no_batch_dims_saveable`), so
+      the backward recomputes only norms, RoPE, attention and the activation function, about
+      a third of a block's FLOPs at long sequence less than "full", for (2D + (N + 2K)H + 2F)
+      values per token and block. Used only with `remat`.
   """
   vocab_size: int
   hidden_size: int
@@ -61,8 +69,11 @@ class ModelConfig:
   eos_token_id: int | tuple | None = None
   pad_token_id: int | None = None
   remat: bool = False
+  remat_policy: str = "full"
 
   def __post_init__(self):
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
     if self.family not in FAMILIES:
       raise ValueError(f"family={self.family!r}; expected one of {FAMILIES}")
     for name in ("param_dtype", "dtype"):

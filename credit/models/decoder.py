@@ -363,10 +363,19 @@ class Embed(nnx.Module):
     return jnp.take(self.embedding[...], tokens_BT, axis=0).astype(self.dtype)
 
 
-@nnx.remat
-def _remat_block(layer: "DecoderLayer", x_BTD: Array, positions_BT: Array, mask_BTS: Array):
-  """One cache-free block whose activations are recomputed in the backward pass."""
+def _block(layer: "DecoderLayer", x_BTD: Array, positions_BT: Array, mask_BTS: Array):
+  """One cache-free block (the function the rematerialised variants wrap)."""
   return layer(x_BTD, positions_BT, mask_BTS)[0]
+
+
+# A cache-free block whose activations are recomputed in the backward pass, per
+# `ModelConfig.remat_policy`: "full" keeps only the block input; "projections" also keeps the
+# outputs of the weight matmuls (dot products without batch dimensions: not attention's).
+_REMAT_BLOCKS = {
+    "full": nnx.remat(_block),
+    "projections": nnx.remat(
+        _block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+}
 
 
 def default_positions(mask_BT: Array, cache: KVCache | None = None) -> Array:
@@ -433,7 +442,7 @@ class Decoder(nnx.Module):
     x_BTD = self.embed_tokens(tokens_BT)
     for i, layer in enumerate(self.layers):
       if cache is None and self.config.remat:
-        x_BTD = _remat_block(layer, x_BTD, positions_BT, mask_BTS)
+        x_BTD = _REMAT_BLOCKS[self.config.remat_policy](layer, x_BTD, positions_BT, mask_BTS)
       elif cache is None:
         x_BTD, _ = layer(x_BTD, positions_BT, mask_BTS)
       else:

@@ -272,7 +272,8 @@ def _iter_tensors(entries, index: dict[str, Path]) -> Iterator[tuple[Entry, np.n
 def from_pretrained(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None,
                     rules=None, dtype: str | None = None,
                     param_dtype: str | None = None,
-                    remat: bool = False) -> tuple[Decoder, ModelConfig]:
+                    remat: bool = False,
+                    remat_policy: str = "full") -> tuple[Decoder, ModelConfig]:
   """Load a local Hugging Face checkpoint directory into a Decoder.
 
   Reads config.json and the safetensors weights (single file or sharded with an index) tensor by
@@ -287,6 +288,7 @@ def from_pretrained(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None =
     dtype: compute dtype ("float32" | "bfloat16"); default param_dtype.
     param_dtype: storage dtype; default the checkpoint's dtype (float16 -> float32).
     remat: activation checkpointing per block in training forwards (`ModelConfig.remat`).
+    remat_policy: what a rematerialised block keeps (`ModelConfig.remat_policy`).
 
   Returns:
     (model, config).
@@ -298,7 +300,7 @@ def from_pretrained(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None =
   if not cfg_file.exists():
     raise FileNotFoundError(f"config.json not found in {path}")
   config = config_from_hf(json.loads(cfg_file.read_text()), dtype=dtype, param_dtype=param_dtype)
-  config = config.replace(remat=bool(remat))
+  config = config.replace(remat=bool(remat), remat_policy=remat_policy)
   index = _weight_index(path)
   rules = DEFAULT_RULES if rules is None else rules
 

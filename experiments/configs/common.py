@@ -78,6 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
       rope_theta=10000.0,         # RoPE base.
       family="qwen3",             # llama | qwen2 | qwen3 (architecture variant for from-scratch models).
       remat=False,                # activation checkpointing per block (also for init_from models).
+      remat_policy="full",        # with remat: full (keep block inputs only) | projections (also
+                                  # the weight matmuls' outputs: less recompute, more memory).
       param_dtype="float32",      # parameter storage: float32 | bfloat16 (policy and reference).
       compute_dtype="float32",    # activations: float32 | bfloat16; log-prob scoring and the
                                   # losses accumulate in float32 either way.

@@ -103,7 +103,8 @@ def model_config(c: ml_collections.ConfigDict, tok) -> ModelConfig:
   from `c.model`. SetupError when the tokenizer has more ids than the preset's vocabulary."""
   m = c.model
   run = dict(eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id,
-             remat=bool(m.remat), param_dtype=m.param_dtype, dtype=m.compute_dtype)
+             remat=bool(m.remat), remat_policy=m.get("remat_policy", "full"),
+             param_dtype=m.param_dtype, dtype=m.compute_dtype)
   name = m.get("preset", "")
   if name:
     from credit.models import preset

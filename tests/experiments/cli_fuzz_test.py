@@ -66,6 +66,9 @@ CASES = [
     ("max_new_tokens<0", ARITH + ":tiny", ["--config.max_new_tokens=-4"],
      r"--config\.max_new_tokens=-4 must be >= 1"),
     ("sft_steps<0", ARITH + ":tiny", ["--config.sft_steps=-1"], r"--config\.sft_steps=-1 must"),
+    ("remat policy typo", ARITH + ":tiny", ["--config.model.remat_policy=projection"],
+     r"--config\.model\.remat_policy='projection' is not a remat policy; did you mean "
+     r"'projections'\?"),
     ("sft_min_accuracy>1", ARITH + ":tiny", ["--config.sft_min_accuracy=1.5"],
      r"--config\.sft_min_accuracy=1\.5 must lie in \[0, 1\]"),
     ("sft_max_steps<sft_steps", ARITH + ":tiny",

@@ -43,6 +43,10 @@ def test_the_plan_follows_remat_sharding_minibatches_and_dtypes():
   assert plan.available is None and plan.fits
   remat = memory.plan_memory(**dict(base, model=cfg.replace(remat=True)))
   assert remat.phase("update") < plan.phase("update")
+  kept = memory.plan_memory(**dict(base, model=cfg.replace(remat=True,
+                                                            remat_policy="projections")))
+  assert remat.phase("update") < kept.phase("update") < plan.phase("update")
+  assert any("remat_policy=full" in a for a in kept.advice)
   more = memory.plan_memory(**dict(base, num_minibatches=4))
   assert more.phase("update") < plan.phase("update")
   fsdp = memory.plan_memory(**dict(base, mesh_shape={"fsdp": 8}))
