@@ -12,6 +12,10 @@ Any prefix can be continued: `prompt_tokens`/`prompt_mask` may be padded anywher
 rollouts, left-padded prompts); the valid tokens of each row are compacted to the right in order.
 This is the base of multi-turn rollouts (append environment tokens to `SampleOutput.tokens`, extend
 the mask, sample again) and of branch sampling (k continuations of one prefix via `num_samples=k`).
+A prefix an earlier call already sampled need not be run through the model again: that call
+keeps its KV cache (`keep_cache=True`, a `RowCache`) and the next one copies each parent row's
+keys/values up to the branch point (`parent=`, `prefill_from_parent`; tree branches, LoGo's
+continuations of a saved state).
 
 Logits processing, per step, in the order of Hugging Face transformers' `generate` (checked against
 transformers 5.x `GenerationMixin._get_logits_processor`: MinNewTokensLength, then Temperature ->
@@ -491,6 +495,18 @@ def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Arr
   hidden_BPD, cache = model(tokens_BP, positions_BP, mask_BT=mask_BP, cache=cache,
                             return_hidden=True)
   logits_BV = model.logits(hidden_BPD[:, -1:])[:, 0]  # unembed only the last position
+  return _first_draw(tokens_BP, mask_BP, logits_BV, cache, key=key, max_new_tokens=max_new_tokens,
+                     max_new_B=max_new_B, params=params, pad_id=pad_id, share=share, mesh=mesh,
+                     rules=rules)
+
+
+def _first_draw(tokens_BP: Array, mask_BP: Array, logits_BV: Array, cache: Any, *, key: Array,
+                max_new_tokens: int, max_new_B: ArrayLike, params: SamplingParams, pad_id: int,
+                share: int, mesh, rules) -> SamplingState:
+  """The state after a prefix is in the cache (index P) and its last logits are known: rows
+  repeated `share` times, then the first draw (`prefill` and `prefill_from_parent`)."""
+  N, P = tokens_BP.shape
+  L = P + max_new_tokens
   tokens_BP, mask_BP, logits_BV, cache = (repeat_rows(x, share) for x in
                                           (tokens_BP, mask_BP, logits_BV, cache))
   B = N * share
@@ -509,6 +525,97 @@ def prefill(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Arr
       prompt_width=jnp.asarray(P, jnp.int32), pad_id=pad_id)
   state = shard_rows(state.replace(done_B=state.max_new_B <= 0), mesh, rules)
   return _record(state, logits_BV, params)
+
+
+@struct.dataclass
+class RowCache:
+  """The KV cache a sampler call ended with, kept so that later calls continue its rows from it
+  (`prefill_from_parent`): a tree's branches, continuations of a saved state.
+
+  Attributes:
+    cache: the call's final `KVCache` (its rows, padding rows of a mesh split included).
+    slot_BT: [B,T] int32, the cache slot of each column of a row's output (right-padded:
+      prompt, then response; a multi-turn output's compacted columns): output column j of row
+      b sits in slot slot_BT[b, j]. Every token of a row except its last drawn one is in the
+      cache (the decode feeds a token at the next step).
+  """
+  cache: Any
+  slot_BT: Array
+
+
+def row_cache(state: SamplingState) -> RowCache:
+  """The `RowCache` of a finished decode state (output column j of row b = buffer column
+  prompt_width − prompt_len_B[b] + j)."""
+  L = state.tokens_BL.shape[1]
+  start_B = state.prompt_width - state.prompt_len_B
+  return RowCache(cache=state.cache,
+                  slot_BT=start_B[:, None] + jnp.arange(L, dtype=jnp.int32)[None, :])
+
+
+def parent_cache(parent: RowCache, rows_N: Array, prefix_len_N: Array, *, width: int,
+                 cache_size: int) -> Any:
+  """A `KVCache` of N rows holding the first `prefix_len − 1` tokens of each chosen parent row,
+  laid out as `prefill` lays a left-aligned prefix of width P = `width`: parent row rows_N[n]'s
+  output columns [0, p_n − 1) in slots [P − p_n, P − 1), every other slot empty (invalid,
+  zero), index P − 1. The prefix's last token is left out: it is fed again to get the logits of
+  the first draw. A copy (a gather), no model FLOPs.
+
+  Args:
+    parent: the parents' `RowCache`.
+    rows_N: [N] int rows of `parent` (a row may repeat).
+    prefix_len_N: [N] int p_n in [1, width], the prefix columns continued.
+    width: static P. cache_size: static slots of the new cache (>= P).
+  """
+  c = parent.cache
+  S_old, T_old = c.k.shape[3], parent.slot_BT.shape[1]
+  rows_N = jnp.asarray(rows_N, jnp.int32)
+  p_N1 = jnp.asarray(prefix_len_N, jnp.int32)[:, None]
+  s_S = jnp.arange(cache_size, dtype=jnp.int32)[None, :]
+  valid_NS = (s_S >= width - p_N1) & (s_S < width - 1)
+  col_NS = jnp.clip(s_S - (width - p_N1), 0, T_old - 1)  # the parent's output column
+  src_NS = jnp.clip(jnp.take_along_axis(parent.slot_BT[rows_N], col_NS, axis=1), 0, S_old - 1)
+  k_LNKSH = jnp.take_along_axis(c.k[:, rows_N], src_NS[None, :, None, :, None], axis=3)
+  v_LNKHS = jnp.take_along_axis(c.v[:, rows_N], src_NS[None, :, None, None, :], axis=4)
+  return c.replace(k=jnp.where(valid_NS[None, :, None, :, None], k_LNKSH, 0).astype(c.k.dtype),
+                   v=jnp.where(valid_NS[None, :, None, None, :], v_LNKHS, 0).astype(c.v.dtype),
+                   valid=valid_NS, index=jnp.asarray(width - 1, jnp.int32))
+
+
+def prefill_from_parent(model, *, parent: RowCache, parent_rows: ArrayLike,
+                        prompt_tokens: ArrayLike, prompt_mask: ArrayLike, key: Array,
+                        max_new_tokens: int, max_new_B: ArrayLike, params: SamplingParams,
+                        pad_id: int = 0, share: int = 1, mesh=None, rules=None
+                        ) -> SamplingState:
+  """`prefill` for prefixes already in an earlier call's cache: the same state, but the
+  prefix's keys and values are copied from the parent rows (`parent_cache`) and only its last
+  token goes through the model (for the logits of the first draw), instead of all p tokens.
+
+  The math is `prefill`'s: the copied keys/values are those of the same tokens at the same
+  RoPE positions (column j of a right-padded output has position j) attending to the same
+  tokens, so the samples agree up to float rounding (the parent computed them one decode step
+  at a time, a prefill all at once).
+
+  Args:
+    parent: the `RowCache` of the call that sampled the parent rows.
+    parent_rows: [N] int, the row of `parent` each prefix continues.
+    prompt_tokens, prompt_mask: [N,P] the prefixes, padded anywhere: the p_n >= 1 valid
+      tokens of prefix n, in order, are output columns [0, p_n) of parent row parent_rows[n].
+    key, max_new_tokens, max_new_B, params, pad_id, share, mesh, rules: as in `prefill`.
+
+  Returns:
+    `SamplingState` of N·share rows after one draw (step = 1), laid out as `prefill`'s.
+  """
+  tokens_BP, mask_BP = shard_rows(left_align(prompt_tokens, prompt_mask), mesh, rules)
+  N, P = tokens_BP.shape
+  p_N = jnp.sum(mask_BP, axis=-1, dtype=jnp.int32)
+  cache = parent_cache(parent, parent_rows, p_N, width=P, cache_size=P + max_new_tokens)
+  cache = shard_rows(cache, mesh, rules)
+  hidden_N1D, cache = model(tokens_BP[:, P - 1:], (p_N - 1)[:, None], mask_BT=mask_BP[:, P - 1:],
+                            cache=cache, return_hidden=True)
+  logits_BV = model.logits(hidden_N1D)[:, 0]
+  return _first_draw(tokens_BP, mask_BP, logits_BV, cache, key=key, max_new_tokens=max_new_tokens,
+                     max_new_B=max_new_B, params=params, pad_id=pad_id, share=share, mesh=mesh,
+                     rules=rules)
 
 
 def decode_step(model, state: SamplingState, params: SamplingParams) -> SamplingState:
@@ -680,7 +787,9 @@ def _vocab_size(model) -> int:
 def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
              max_new_B: Array | None, params: SamplingParams, max_new_tokens: int,
              num_samples: int = 1, pad_id: int = 0, cache_dtype=None,
-             share_prefix: bool = True, mesh=None, rules=None) -> SampleOutput:
+             share_prefix: bool = True, mesh=None, rules=None, parent: RowCache | None = None,
+             parent_rows: Array | None = None, keep_cache: bool = False
+             ) -> SampleOutput | tuple[SampleOutput, RowCache]:
   """Pure core of `sample` (no validation): repeat prompts, prefill, decode, convert.
 
   Static: `max_new_tokens`, `num_samples`, `pad_id`, `cache_dtype`, `share_prefix`, `mesh`,
@@ -688,7 +797,10 @@ def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
   prefill each prompt once and repeat its cache for its G rows (same draws up to float
   rounding of a different batch size; prefill cost / G). `mesh`: rows on its batch axes
   throughout (`shard_rows`; each device decodes its own rows); per-row keys make the draws
-  independent of the number of devices.
+  independent of the number of devices. `parent`, `parent_rows`: the prompts are prefixes of
+  the parent rows' outputs, continued from the parent's cache (`prefill_from_parent`: only each
+  prefix's last token goes through the model). `keep_cache`: also return the final cache
+  (`RowCache`), so a later call can continue these rows.
   """
   chex.assert_rank([prompt_tokens, prompt_mask], 2)
   N = prompt_tokens.shape[0]
@@ -700,12 +812,20 @@ def generate(model, *, prompt_tokens: Array, prompt_mask: Array, key: Array,
   mask_BP = jnp.repeat(jnp.asarray(prompt_mask, bool), reps, axis=0)
   max_new_B = jnp.repeat(jnp.asarray(max_new_B, jnp.int32), G, axis=0)
   group_id_B = jnp.repeat(jnp.arange(N, dtype=jnp.int32), G)
-  state = prefill(model, prompt_tokens=tokens_BP, prompt_mask=mask_BP, key=key,
-                  max_new_tokens=max_new_tokens, max_new_B=max_new_B, params=params,
-                  pad_id=pad_id, cache_dtype=cache_dtype, share=G // reps, mesh=mesh,
-                  rules=rules)
+  if parent is None:
+    state = prefill(model, prompt_tokens=tokens_BP, prompt_mask=mask_BP, key=key,
+                    max_new_tokens=max_new_tokens, max_new_B=max_new_B, params=params,
+                    pad_id=pad_id, cache_dtype=cache_dtype, share=G // reps, mesh=mesh,
+                    rules=rules)
+  else:
+    state = prefill_from_parent(
+        model, parent=parent, parent_rows=jnp.repeat(jnp.asarray(parent_rows), reps, axis=0),
+        prompt_tokens=tokens_BP, prompt_mask=mask_BP, key=key, max_new_tokens=max_new_tokens,
+        max_new_B=max_new_B, params=params, pad_id=pad_id, share=G // reps, mesh=mesh,
+        rules=rules)
   state = decode(model, state, params, max_new_tokens=max_new_tokens, mesh=mesh, rules=rules)
-  return shard_rows(to_output(state, group_id_B), mesh, rules)
+  out = shard_rows(to_output(state, group_id_B), mesh, rules)
+  return (out, row_cache(state)) if keep_cache else out
 
 
 def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = None, key: Array,
@@ -763,17 +883,21 @@ def sample(model, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = N
                   cache_dtype=cache_dtype, share_prefix=share_prefix)
 
 
-def _generate_split(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params, *,
-                    max_new_tokens, num_samples, pad_id, cache_dtype, share_prefix=True,
-                    mesh=None, rules=None, num_rows=None):
+def _generate_split(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, params,
+                    parent=None, parent_rows=None, *, max_new_tokens, num_samples, pad_id,
+                    cache_dtype, share_prefix=True, mesh=None, rules=None, num_rows=None,
+                    keep_cache=False):
   model = nnx.merge(graphdef, model_state)
   out = generate(model, prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, key=key,
                  max_new_B=max_new_B, params=params, max_new_tokens=max_new_tokens,
                  num_samples=num_samples, pad_id=pad_id, cache_dtype=cache_dtype,
-                 share_prefix=share_prefix, mesh=mesh, rules=rules)
+                 share_prefix=share_prefix, mesh=mesh, rules=rules, parent=parent,
+                 parent_rows=parent_rows, keep_cache=keep_cache)
+  out, kept = out if keep_cache else (out, None)
   if num_rows is not None:  # drop the padding rows `Sampler` added for an even split
     out = shard_rows(jax.tree.map(lambda x: x[:num_rows], out), mesh, rules)
-  return out
+  # A kept cache keeps its padding rows: the real rows keep their indices.
+  return (out, kept) if keep_cache else out
 
 
 def replicate_key(key: Array, mesh) -> Array:
@@ -846,18 +970,29 @@ class Sampler:
     self._jitted = jax.jit(
         functools.partial(_generate_split, self.graphdef),
         static_argnames=("max_new_tokens", "num_samples", "pad_id", "cache_dtype",
-                         "share_prefix", "mesh", "rules", "num_rows"))
+                         "share_prefix", "mesh", "rules", "num_rows", "keep_cache"))
 
   def __call__(self, model_state, *, prompt_tokens: ArrayLike, prompt_mask: ArrayLike | None = None,
                key: Array, max_new_tokens: int, num_samples: int = 1,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                stop_tokens: Sequence[int] | None = None, min_new_tokens: int = 0,
                max_new_tokens_per_row: ArrayLike | None = None,
-               share_prefix: bool = True) -> SampleOutput:
+               share_prefix: bool = True, parent: RowCache | None = None,
+               parent_rows: ArrayLike | None = None, keep_cache: bool = False
+               ) -> SampleOutput | tuple[SampleOutput, RowCache]:
     """Validates eagerly, then runs the jitted sampler. Arguments as in `sample`.
 
     `model_state` is `nnx.state(model)` (or the model itself, whose state is then taken).
     `stop_tokens=None` uses the sampler's default; pass () for none.
+
+    Continuing earlier rows from their cache (tree branches): `keep_cache=True` returns
+    `(output, RowCache)`; a later call with `parent=` that `RowCache` and `parent_rows` [N]
+    (the row each prompt continues) takes prompts that are right-padded prefixes of those rows'
+    outputs (row n: columns [0, p_n) of row parent_rows[n], p_n >= 1; the caller keeps the
+    tokens equal) and copies their keys/values instead of prefilling them: only each prefix's
+    last token goes through the model (`prefill_from_parent`). The same parameters must have
+    sampled the parent rows. The kept cache holds the call's rows, padding rows of the mesh
+    split included (they come last).
     """
     if isinstance(model_state, nnx.Module):
       model_state = nnx.state(model_state)
@@ -879,6 +1014,8 @@ class Sampler:
                 prompt_mask=np.asarray(prompt_mask, bool),
                 max_new=np.asarray(max_new_tokens_per_row, np.int32))
     N = rows["prompt_tokens"].shape[0]
+    if parent is not None:
+      rows["parent_rows"] = _check_parent(parent, parent_rows, rows["prompt_mask"])
     mesh = self.mesh if self.mesh is not None else params_mesh(model_state)
     extra = pad_rows(N, mesh)
     if extra:  # finished copies of row 0 (no new token), so every device gets as many rows
@@ -889,9 +1026,36 @@ class Sampler:
     else:
       rows, key = parallel.shard_batch(rows, mesh), replicate_key(key, mesh)
     return self._jitted(model_state, rows["prompt_tokens"], rows["prompt_mask"], key,
-                        rows["max_new"], params, max_new_tokens=max_new_tokens,
-                        num_samples=num_samples, pad_id=self.pad_id,
-                        cache_dtype=self.cache_dtype, share_prefix=share_prefix,
-                        mesh=mesh, rules=self.rules,
-                        num_rows=N * num_samples if extra else None)
+                        rows["max_new"], params, parent, rows.get("parent_rows"),
+                        max_new_tokens=max_new_tokens, num_samples=num_samples,
+                        pad_id=self.pad_id, cache_dtype=self.cache_dtype,
+                        share_prefix=share_prefix, mesh=mesh, rules=self.rules,
+                        num_rows=N * num_samples if extra else None, keep_cache=keep_cache)
+
+
+def _check_parent(parent: RowCache, parent_rows: ArrayLike | None,
+                  prompt_mask: np.ndarray) -> np.ndarray:
+  """Eager checks of a continuation's parent rows and prefix masks; the rows as int32."""
+  if not isinstance(parent, RowCache):
+    raise ValueError(f"parent must be the RowCache a call with keep_cache=True returned, got "
+                     f"{type(parent).__name__}")
+  N, P = prompt_mask.shape
+  if parent_rows is None:
+    raise ValueError("parent_rows is required with parent: the row each prompt continues")
+  rows = np.asarray(parent_rows)
+  if rows.shape != (N,) or rows.dtype.kind not in "iu":
+    raise ValueError(f"parent_rows must be an int array of shape ({N},), got {rows.shape} "
+                     f"{rows.dtype}")
+  B = parent.slot_BT.shape[0]
+  if (rows < 0).any() or (rows >= B).any():
+    raise ValueError(f"parent_rows must be rows of the parent call in [0, {B}), got "
+                     f"{rows.tolist()}")
+  n = prompt_mask.sum(1)
+  if (prompt_mask != (np.arange(P)[None] < n[:, None])).any():
+    raise ValueError("prompt_mask: with parent, every prompt is a right-padded prefix of its "
+                     "parent row's output (True on columns [0, p), False after)")
+  if (n > parent.cache.k.shape[3]).any():
+    raise ValueError(f"prompt_mask: a prefix of {int(n.max())} tokens is longer than the "
+                     f"parent's cache ({parent.cache.k.shape[3]} slots)")
+  return rows.astype(np.int32)
 

@@ -23,9 +23,13 @@ Growing a tree (`grow_tree`, one round per depth d = 1..D):
      points: take the best candidate, then damp its row by γ_path (a path that already
      branched is less attractive, CBPO's path-level decay) and the positions near it by
      (1 − γ_node^{|t − t_sel|}) (node-level decay: no two points in one place);
-  4. sampling: k continuations of each chosen prefix with the jitted sampler, the prefix run
-     through the model once and its KV cache repeated for its k rows (`share_prefix`); each
-     continuation's budget keeps its path within the root's response length.
+  4. sampling: k continuations of each chosen prefix with the jitted sampler; each
+     continuation's budget keeps its path within the root's response length. Given the
+     roots' kept KV cache (`cache=`, `credit.sampling.RowCache`), a branch starts from a copy
+     of its parent's cache cut at the branch point: nothing of the prefix is computed again
+     except its last token (for the logits of the first draw), and each round keeps its own
+     cache for the next. Without it, each prefix is run through the model once and its cache
+     repeated for its k rows (`share_prefix`). Both draw the same tokens up to float rounding.
 
 A point that finds no candidate (a group whose rows are all one token long) samples k fresh
 roots of its prompt instead, so the batch keeps its static size ``N·G + N·k·Σ_d M_d``.
@@ -50,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from credit import ops
+from credit import ops, parallel
 from credit._checks import check_choice, check_int
 
 Array = jax.Array
@@ -164,6 +168,14 @@ def _concat(a: TreeRollout, b: TreeRollout) -> TreeRollout:
   return TreeRollout(*(np.concatenate([x, y], axis=0) for x, y in zip(a, b)))
 
 
+def _host(x) -> np.ndarray:
+  """A full host copy of `x`: a global array spread over several processes is gathered
+  (`credit.parallel.to_host`); host arrays and single-process arrays are read as they are."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return parallel.to_host(x)
+  return np.asarray(x)
+
+
 def tree_depth(parent_id: np.ndarray) -> np.ndarray:
   """[B] depth of every row (roots 0), from `parent_id` (parents precede their branches)."""
   parent_id = np.asarray(parent_id)
@@ -180,7 +192,7 @@ def grow_tree(roots: TreeRollout, sample_fn: Callable, *, num_groups: int, branc
               points: int, depth: int = 1, decay: float = 0.5, criterion: str = "entropy",
               score_fn: Callable | None = None, prompt_len: np.ndarray | None = None,
               max_new_tokens: int, gamma_path: float = 0.5, gamma_node: float = 0.5,
-              key: Array) -> tuple[TreeRollout, dict]:
+              key: Array, cache=None) -> tuple[TreeRollout, dict]:
   """Grows `roots` into a tree of depth `depth` (module docstring).
 
   Args:
@@ -200,6 +212,19 @@ def grow_tree(roots: TreeRollout, sample_fn: Callable, *, num_groups: int, branc
     max_new_tokens: the roots' response budget; a branch's path never exceeds it.
     gamma_path, gamma_node: selection decays (`choose_branch_points`).
     key: PRNG key.
+    cache: the KV cache the roots were sampled with (opaque here; `Sampler(...,
+      keep_cache=True)` returns it), its rows the roots' rows. Then every round calls
+      ``sample_fn(prefix_tokens, prefix_mask, max_new_per_row, key, parent=(cache, rows))``,
+      which continues prefix r from row rows[r] of `cache` (the previous round's call, or the
+      roots) and returns ``(SampleOutput, its own kept cache)``:
+
+        def sample_fn(prefix, mask, budget, key, parent):
+          return sampler(state, prompt_tokens=prefix, prompt_mask=mask, key=key,
+                         max_new_tokens=W, num_samples=k, max_new_tokens_per_row=budget,
+                         parent=parent[0], parent_rows=parent[1], keep_cache=True)
+
+      A point without a candidate (fresh roots: the prompt alone) continues the first row of
+      its group in the previous call, whose output also begins with the prompt.
 
   Returns:
     (tree, stats): stats has, per depth, `points_found` and `new_tokens`.
@@ -216,11 +241,13 @@ def grow_tree(roots: TreeRollout, sample_fn: Callable, *, num_groups: int, branc
   # Prompt length of every row's root: rows inherit it from their parent.
   plen = root_prompt_len.astype(np.int32)
   stats = {"points_found": [], "new_tokens": []}
+  # With a kept cache: rows [offset, offset + n) of the tree are the rows of `cache`'s call.
+  offset, n_cached = 0, roots.tokens.shape[0]
   for d, m in enumerate(budgets(points, depth, decay)):
     if criterion == "surprisal":
       score = np.where(tree.response_mask, -tree.logprob_sampler, 0.0)
     else:
-      score = np.asarray(score_fn(tree), np.float32)
+      score = _host(score_fn(tree)).astype(np.float32)
     cand = branch_candidates(tree.response_mask) & (tree.depth == d)[:, None]
     if criterion in ("step", "given"):  # only where the score marks a point
       cand &= score > 0
@@ -237,7 +264,20 @@ def grow_tree(roots: TreeRollout, sample_fn: Callable, *, num_groups: int, branc
     prefix_tok = np.where(t[None] < pos[:, None], tree.tokens[rows], 0).astype(np.int32)
     prefix_mask = t[None] < pos[:, None]
     budget = np.maximum(plen[rows] + max_new_tokens - pos, 0).astype(np.int32)
-    out = sample_fn(prefix_tok, prefix_mask, budget, jax.random.fold_in(key, d))
+    if cache is None:
+      out = sample_fn(prefix_tok, prefix_mask, budget, jax.random.fold_in(key, d))
+    else:
+      # Candidates (depth d) are rows of the previous call; a point without one continues
+      # the prompt from its group's first row there.
+      group_first = np.array([offset + np.flatnonzero(
+          tree.group_id[offset:offset + n_cached] == g)[0] for g in group])
+      src = np.where(ok, rows, group_first)
+      if np.any((src < offset) | (src >= offset + n_cached)):
+        raise AssertionError("a branch point's parent is not a row of the previous call")
+      out, cache = sample_fn(prefix_tok, prefix_mask, budget, jax.random.fold_in(key, d),
+                             parent=(cache, (src - offset).astype(np.int32)))
+      offset, n_cached = tree.tokens.shape[0], len(rows) * branches
+    out = jax.tree.map(_host, out)  # global arrays of several processes included
     R = len(rows) * branches
     width = np.asarray(out.tokens).shape[1]
     if width < T:
@@ -362,6 +402,7 @@ def step_rollout(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sample_fn: 
   for t in range(max_steps):
     budget = np.where(done, 0, plen + max_new_tokens - cur_len).astype(np.int32)
     out = sample_fn(cur, t_W[None] < cur_len[:, None], budget, jax.random.fold_in(key, t))
+    out = jax.tree.map(_host, out)  # global arrays of several processes included
     if np.any(np.asarray(out.lengths) > W):
       raise ValueError("a candidate ran past the path budget")
     tok = np.asarray(out.tokens)[:, :W].astype(np.int32)

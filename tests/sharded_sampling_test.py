@@ -91,41 +91,45 @@ def test_teacher_sampling_one_device_equals_eight():
 
 
 def test_tree_sampling_one_device_equals_eight():
-  # The roots (single-turn rows, tested above) come from one device; the branches, each
-  # continuing a shared prefix from its one prefill, are grown on one device and on the mesh.
-  tokens, mask = _prompts(n=4, seed=2)
-  one, _ = _models("policy")
-  out = Sampler(one, pad_id=TOK.pad_id, stop_tokens=(TOK.eos_id,))(
-      nnx.state(one), prompt_tokens=tokens, prompt_mask=mask, key=jax.random.key(4),
-      max_new_tokens=MAX_NEW, num_samples=2, temperature=1.0)
-  h = parallel.to_host(out._asdict())
-  B = h["tokens"].shape[0]
-  roots = trees.TreeRollout(
-      tokens=h["tokens"], response_mask=h["response_mask"], path_mask=h["response_mask"],
-      prompt_mask=h["prompt_mask"], logprob_sampler=h["logprob_sampler"],
-      logprob_raw=h["logprob_raw"], group_id=h["group_id"],
-      parent_id=np.full(B, -1, np.int32), prefix_len=np.zeros(B, np.int32),
-      depth=np.zeros(B, np.int32))
+  # Two rounds of branches grown on one device, each branch prefilling its prefix, and on the
+  # mesh as the runner grows them: every branch continues its parent's kept cache (roots' in
+  # round 1, round 1's in round 2). 6 prompts: 6 prefixes in round 2, padded to 8 on the 4
+  # batch shards (their parent rows too).
+  tokens, mask = _prompts(n=6, seed=2)
   grown, sharded = [], []
-  for m in _models("policy"):
+  for m, reuse in zip(_models("policy"), (False, True)):
     sampler = Sampler(m, pad_id=TOK.pad_id, stop_tokens=(TOK.eos_id,))
+    kw = dict(max_new_tokens=MAX_NEW, temperature=1.0)
+    out = sampler(nnx.state(m), prompt_tokens=tokens, prompt_mask=mask, key=jax.random.key(4),
+                  num_samples=2, keep_cache=reuse, **kw)
+    out, kept = out if reuse else (out, None)
+    h = parallel.to_host(out._asdict())
+    B = h["tokens"].shape[0]
+    roots = trees.TreeRollout(
+        tokens=h["tokens"], response_mask=h["response_mask"], path_mask=h["response_mask"],
+        prompt_mask=h["prompt_mask"], logprob_sampler=h["logprob_sampler"],
+        logprob_raw=h["logprob_raw"], group_id=h["group_id"],
+        parent_id=np.full(B, -1, np.int32), prefix_len=np.zeros(B, np.int32),
+        depth=np.zeros(B, np.int32))
 
-    def sample_fn(prefix, pmask, budget, key, sampler=sampler, state=nnx.state(m)):
-      out = sampler(state, prompt_tokens=prefix, prompt_mask=pmask, key=key,
-                    max_new_tokens=MAX_NEW, num_samples=2, temperature=1.0,
-                    max_new_tokens_per_row=budget)
-      sharded.append(out.tokens)
-      return parallel.to_host(out)
+    def sample_fn(prefix, pmask, budget, key, parent=None, sampler=sampler, state=nnx.state(m),
+                  kw=kw):
+      more = {} if parent is None else dict(parent=parent[0], parent_rows=parent[1],
+                                            keep_cache=True)
+      res = sampler(state, prompt_tokens=prefix, prompt_mask=pmask, key=key, num_samples=2,
+                    max_new_tokens_per_row=budget, **kw, **more)
+      sharded.append((res[0] if parent is not None else res).tokens)
+      return res
 
-    tree, _ = trees.grow_tree(roots, sample_fn, num_groups=4, branches=2, points=3, depth=1,
+    tree, _ = trees.grow_tree(roots, sample_fn, num_groups=6, branches=2, points=2, depth=2,
                               criterion="surprisal", max_new_tokens=MAX_NEW,
-                              key=jax.random.key(5))
+                              key=jax.random.key(5), cache=kept)
     grown.append(tree)
   a, b = grown
-  assert a.tokens.shape[0] > B  # branches were added
+  assert (a.depth == 2).any()  # branches of branches were added
   _assert_same(a, b, fields=("tokens", "response_mask", "path_mask", "parent_id",
                              "prefix_len", "logprob_sampler"))
-  _assert_rows_sharded(sharded[-1])  # 3 branch points x 2 branches x 4 groups: 24 rows
+  _assert_rows_sharded(sharded[-2])  # round 1 on the mesh: 2 points x 2 branches x 6 groups
 
 
 def test_multi_turn_one_device_equals_eight():

@@ -13,8 +13,9 @@ local rows in the multi-turn engine:
    has a token): the state after its first k turns, where the episode was still running;
 3. `local_rollouts` restores L fresh environments of the episode's example to that snapshot
    and plays L continuations (`MultiTurnSampler.continue_episodes`: the prefix — prompt,
-   turns < k and their observations, token for token as the episode had them — is
-   prefilled again as context, once for the L siblings, whose rows share its cache; then
+   turns < k and their observations, token for token as the episode had them — is the
+   context, once for the L siblings, whose rows share its cache: copied from the episodes'
+   kept cache when they were played with `keep_cache=True`, else prefilled again; then
    turns k, k+1, ... are sampled to the end of the episode).
 
 The batch is the B episodes followed by P·L local rows (static: `num_parents` × `local_size`),
@@ -33,9 +34,9 @@ parent's prompt group, local rows outside the global statistics) follows the pap
 and the authors' local normalisation. Ours, not from the paper or its code (neither says how
 Memory-R2 picks the states): the choice
 of states (uniform over episodes with a boundary, then uniform over their boundaries), P and
-L, the padding rows, and the prefill of the prefix once per saved state (the first rollout's
-KV cache is not kept; the continuation's log-probs equal one forward pass over the whole row,
-tested).
+L, the padding rows, and the prefix's cache taken once per saved state from the first
+rollout's cache (or prefilled again; either way the continuation's log-probs equal one forward
+pass over the whole row, tested).
 """
 from __future__ import annotations
 
@@ -166,10 +167,12 @@ def local_rollouts(sampler: MultiTurnSampler, model_state, episodes: MultiTurnOu
     prompts.append(episodes.trajectories[b].prompt)
   cont = None
   if R:
+    # From the episodes' kept cache when they were played with keep_cache=True.
+    parent = None if episodes.kept is None else (episodes.kept, slot_rows[live])
     cont = sampler.continue_episodes(
         model_state, envs, prefixes, first, plen, key=jax.random.fold_in(key, 1),
         group_id=episodes.group_id[slot_rows[live]], temperature=temperature, top_k=top_k,
-        top_p=top_p, prompts=prompts)
+        top_p=top_p, prompts=prompts, parent=parent)
 
   # The P·L local rows: continuations where a slot is real, padding rows elsewhere.
   pad = episodes.tokens[0] * episodes.prompt_mask[0] + sampler.pad_id * ~episodes.prompt_mask[0]

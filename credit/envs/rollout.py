@@ -41,8 +41,9 @@ Observation tokens never receive policy gradient: they are outside `response_mas
 Saved states (Memory-R2's local re-rollouts, `credit.envs.branching`): with
 `keep_snapshots=True` the sampler keeps each environment's `snapshot()` after every turn that
 did not end its episode; `continue_episodes` plays episodes on from such a state, given the
-episode's tokens up to there (prefilled again as context, once for the neighbouring rows that
-continue the same state, then turns k, k+1, ... as above).
+episode's tokens up to there (the context, once for the neighbouring rows that continue the
+same state: copied from the episodes' cache when they were played with `keep_cache=True`,
+else prefilled again; then turns k, k+1, ... as above).
 """
 from __future__ import annotations
 
@@ -169,6 +170,9 @@ class MultiTurnOutput(NamedTuple):
       the policy saw `ERROR_OBSERVATION` and the episode went on) or `TOOL_TIMEOUT` (it ran
       past `step_timeout_s`; the episode ended there, with reward 0). Counts in `timings`
       (`tool_errors`, `tool_timeouts`).
+    kept: with `keep_cache=True`, the KV cache the episodes ended with and the cache slot of
+      each output column (`credit.sampling.RowCache`, device arrays, rows padded for the
+      mesh), from which `continue_episodes(parent=...)` continues saved states; else None.
   """
   tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -189,6 +193,7 @@ class MultiTurnOutput(NamedTuple):
   timings: dict
   snapshots: list | None = None
   tool_status: np.ndarray | None = None
+  kept: Any = None
 
   def rollout(self) -> Rollout:
     """The contract `Rollout` (extras: prompt_mask, logprob_raw)."""
@@ -220,6 +225,18 @@ def _start(graphdef, model_state, prompt_tokens, prompt_mask, key, max_new_B, pa
                            pad_id=pad_id, cache_dtype=cache_dtype, share=share, mesh=mesh,
                            rules=rules)
   return state
+
+
+def _start_from(graphdef, model_state, parent, parent_rows, prompt_tokens, prompt_mask, key,
+                max_new_B, params, *, layout: TurnLayout, pad_id: int, share: int = 1, mesh=None,
+                rules=None):
+  """`_start` for prefixes already in an earlier call's cache (`parent`, a `RowCache`): their
+  keys/values are copied, only each prefix's last token is fed (`prefill_from_parent`)."""
+  model = nnx.merge(graphdef, model_state)
+  return sampling.prefill_from_parent(
+      model, parent=parent, parent_rows=parent_rows, prompt_tokens=prompt_tokens,
+      prompt_mask=prompt_mask, key=key, max_new_tokens=layout.buffer_width - layout.prompt_width,
+      max_new_B=max_new_B, params=params, pad_id=pad_id, share=share, mesh=mesh, rules=rules)
 
 
 def _run_turn(graphdef, model_state, state: sampling.SamplingState, params, *,
@@ -345,6 +362,8 @@ class MultiTurnSampler:
     static = ("layout", "mesh", "rules")
     self._start = jax.jit(functools.partial(_start, self.graphdef),
                           static_argnames=static + ("pad_id", "cache_dtype", "share"))
+    self._start_from = jax.jit(functools.partial(_start_from, self.graphdef),
+                               static_argnames=static + ("pad_id", "share"))
     # The decode state (its KV cache above all) is donated: each turn updates it in place
     # instead of first copying the whole cache buffer.
     self._run_turn = jax.jit(functools.partial(_run_turn, self.graphdef), static_argnames=static,
@@ -424,7 +443,7 @@ class MultiTurnSampler:
                group_id: Sequence[int] | None = None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                refresh: Callable[[int], Any] | None = None,
-               keep_snapshots: bool = False) -> MultiTurnOutput:
+               keep_snapshots: bool = False, keep_cache: bool = False) -> MultiTurnOutput:
     lay = self.layout
     B = len(envs)
     if B == 0:
@@ -438,13 +457,15 @@ class MultiTurnSampler:
                                                           top_p=top_p, min_p=min_p),
                       budget_B=np.full(B, lay.budget, np.int64),
                       turns_B=np.full(B, lay.max_turns, np.int64), width=lay.output_width,
-                      refresh=refresh, keep_snapshots=keep_snapshots, t_env=t_env)
+                      refresh=refresh, keep_snapshots=keep_snapshots, t_env=t_env,
+                      keep_cache=keep_cache)
 
   def continue_episodes(self, model_state, envs: Sequence[Any], prefixes: Sequence[Any],
                         first_turn: Sequence[int], prompt_len: Sequence[int], *, key: Array,
                         group_id: Sequence[int] | None = None, temperature: float = 1.0,
                         top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                        prompts: Sequence[str] | None = None) -> MultiTurnOutput:
+                        prompts: Sequence[str] | None = None,
+                        parent: tuple[Any, Sequence[int]] | None = None) -> MultiTurnOutput:
     """Plays R episodes on from saved intermediate states (Memory-R2's local re-rollouts).
 
     Row r: `envs[r]` has been restored to the state after its episode's first
@@ -452,8 +473,8 @@ class MultiTurnSampler:
     `prefixes[r]` holds the tokens of that episode up to there, as `__call__` returned them
     (compacted: prompt, actions and observations of turns < k, no pads), of which the first
     `prompt_len[r]` are the prompt. The prefix is fed again (one prefill of the whole prefix
-    as the context, shared by neighbouring rows with the same prefix, `shared_run`; the first
-    rollout's cache is not kept), then turns k, k+1, ... are played
+    as the context, shared by neighbouring rows with the same prefix, `shared_run`), then
+    turns k, k+1, ... are played
     as in `__call__` until the environment says done, turn K−1, or the episode's budget
     (`max_total_tokens`, counting the prefix's actions and observations) runs out. With the
     same parameters, the continuation is a draw from the policy's distribution given that
@@ -465,6 +486,12 @@ class MultiTurnSampler:
     [R,K] arrays use the episode's own turn indices (k, k+1, ...; the prefix's turns are
     not this row's: `step_mask` False there); `reward` = the environment's outcome.
     `trajectories` hold the continuation's texts only (prompt: `prompts[r]` or "").
+
+    `parent=(out.kept, rows)`: the episodes were played with `keep_cache=True` (`out.kept`)
+    and prefix r is row rows[r]'s first tokens; the prefix is then not fed again: its keys
+    and values are copied from that cache and only its last token goes through the model
+    (for the first draw; `credit.sampling.prefill_from_parent`), the same draws up to float
+    rounding. The parameters must be the ones that played the episodes.
     """
     lay = self.layout
     R, K, T = len(envs), lay.max_turns, lay.output_width
@@ -497,12 +524,22 @@ class MultiTurnSampler:
       budget_B[r] = lay.budget - (n - plen[r])
     if (budget_B <= 0).any():
       raise ValueError("continue_episodes: a prefix has used the whole episode budget")
+    if parent is not None:
+      kept, rows = parent
+      rows = np.asarray(rows)
+      if not isinstance(kept, sampling.RowCache) or rows.shape != (R,):
+        raise ValueError(f"continue_episodes: parent must be (out.kept, rows [R={R}]) of a call "
+                         f"with keep_cache=True, got {type(kept).__name__} and {rows.shape}")
+      if (rows < 0).any() or (rows >= kept.slot_BT.shape[0]).any():
+        raise ValueError(f"continue_episodes: parent rows must be rows of the parent call, got "
+                         f"{rows.tolist()}")
+      parent = (kept, rows.astype(np.int32))
     out = self._play(model_state, envs, list(prompts) if prompts is not None else [""] * R,
                      p_tok, p_mask, cont, key=key, group_id=group_id,
                      sampling_kw=dict(temperature=temperature, top_k=top_k, top_p=top_p,
                                       min_p=min_p),
                      budget_B=budget_B, turns_B=K - first, width=T, refresh=None,
-                     keep_snapshots=False, t_env=0.0)
+                     keep_snapshots=False, t_env=0.0, parent=parent)
     # Local turn j of row r is the episode's turn first[r] + j.
     cols = first[:, None] + np.arange(K - 1)[None]  # [R, K-1] target turn columns, < K valid
     rows = np.repeat(np.arange(R), K - 1).reshape(R, K - 1)
@@ -520,12 +557,34 @@ class MultiTurnSampler:
         turn_role=shift(out.turn_role, 0), step_mask=shift(out.step_mask, False),
         tool_status=shift(out.tool_status, TOOL_OK))
 
+  def _first_state(self, model_state, p_tok, p_mask, key, max_new_B, params, lay: TurnLayout,
+                   mesh, parent):
+    """The decode state after the contexts and turn 0's first draw, and the function that
+    places host rows on the device(s) as its rows are laid out. A context shared by k
+    neighbouring rows goes in once for them (`shared_run`): prefilled, or copied from
+    `parent`'s cache; rows are padded (finished from the start, never read back) so the mesh's
+    batch axes divide."""
+    B = p_tok.shape[0]
+    share = shared_run(p_tok, p_mask)
+    n_pre = B // share
+    n_pre += sampling.pad_rows(n_pre, mesh)
+    dev = functools.partial(self._device_rows, rows=n_pre * share, mesh=mesh)
+    kw = dict(layout=lay.device(), pad_id=self.pad_id, share=share, mesh=mesh, rules=self.rules)
+    pre = (dev(p_tok[::share], rows=n_pre, first=True),
+           dev(p_mask[::share], rows=n_pre, first=True),
+           key if mesh is None else sampling.replicate_key(key, mesh), dev(max_new_B), params)
+    if parent is None:
+      return self._start(model_state, *pre, cache_dtype=self.cache_dtype, **kw), dev
+    rows = dev(parent[1][::share], rows=n_pre, first=True)
+    return self._start_from(model_state, parent[0], rows, *pre, **kw), dev
+
   def _play(self, model_state, envs, prompts, p_tok, p_mask, lay: TurnLayout, *, key,
             group_id, sampling_kw, budget_B, turns_B, width, refresh, keep_snapshots,
-            t_env) -> MultiTurnOutput:
+            t_env, keep_cache=False, parent=None) -> MultiTurnOutput:
     """The turn loop of `__call__` / `continue_episodes`: `envs` ready to step, their
     contexts `p_tok`/`p_mask` [B,P] (right-aligned), per-row token budgets `budget_B` and
-    turn limits `turns_B`; the output compacted to `width` columns."""
+    turn limits `turns_B`; the output compacted to `width` columns. `parent`: (RowCache,
+    rows [B]) the contexts are already in; `keep_cache`: return the final cache."""
     if isinstance(model_state, nnx.Module):
       model_state = nnx.state(model_state)
     B, K, W_a = len(envs), lay.max_turns, lay.max_action_tokens
@@ -551,20 +610,11 @@ class MultiTurnSampler:
     n_action_tokens = 0
     n_obs_tokens = 0
 
-    # Device rows: a prefix shared by k neighbouring rows is prefilled once for them; rows
-    # are padded (finished from the start, never read back) so the mesh's batch axes divide.
     mesh = self.mesh if self.mesh is not None else sampling.params_mesh(model_state)
     shard = dict(mesh=mesh, rules=self.rules)
-    share = shared_run(p_tok, p_mask)
-    n_pre = B // share
-    n_pre += sampling.pad_rows(n_pre, mesh)
-    dev = functools.partial(self._device_rows, rows=n_pre * share, mesh=mesh)
     t_dev = time.perf_counter()
-    state = self._start(model_state, dev(p_tok[::share], rows=n_pre, first=True),
-                        dev(p_mask[::share], rows=n_pre, first=True),
-                        key if mesh is None else sampling.replicate_key(key, mesh),
-                        dev(max_new_B), params, layout=lay.device(), pad_id=self.pad_id,
-                        cache_dtype=self.cache_dtype, share=share, **shard)
+    state, dev = self._first_state(model_state, p_tok, p_mask, key, max_new_B, params, lay,
+                                   mesh, parent)
     t_dev = time.perf_counter() - t_dev
     for k in range(K):
       t1 = time.perf_counter()
@@ -628,6 +678,10 @@ class MultiTurnSampler:
     trajs = [Trajectory(prompts[b], actions[b], observations[b], results[b], float(outcome[b]),
                         bool(truncated[b])) for b in range(B)]
     out = _compact(kinds, turn_of, tokens_BL, lp_s, lp_r, width, self.pad_id)
+    kept = None
+    if keep_cache:  # output column j of row b is buffer column (= cache slot) slot[b, j]
+      slot = np.argsort(kinds == _PAD, axis=1, kind="stable")[:, :width].astype(np.int32)
+      kept = sampling.RowCache(cache=state.cache, slot_BT=dev(slot))
     timings = {"device_s": t_dev, "env_s": t_env, "action_tokens": n_action_tokens,
                "observation_tokens": n_obs_tokens,
                "tool_errors": int((rec.tool_status == TOOL_ERROR).sum()),
@@ -636,7 +690,7 @@ class MultiTurnSampler:
                            turn_progress=rec.progress, turn_role=rec.role,
                            step_mask=rec.step_mask, reward=outcome, truncated=truncated,
                            trajectories=trajs, timings=timings, snapshots=snaps,
-                           tool_status=rec.tool_status)
+                           tool_status=rec.tool_status, kept=kept)
 
 
 def _take_actions(tokenizer, live, num_new, block, a0: int, k: int, kinds, turn_of, used_B,

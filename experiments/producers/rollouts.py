@@ -269,8 +269,9 @@ def first_error_scores(tok, task, examples: Mapping[str, Any], tree) -> np.ndarr
           doc="G samples per prompt grown into trees: at c.tree.points branch points per "
               "prompt (by entropy, surprisal, step starts or the first wrong token; CBPO's "
               "path/node decays), "
-              "c.tree.branches continuations from each shared prefix (its KV cache computed "
-              "once), c.tree.depth rounds; each tree token is a loss token in one row only",
+              "c.tree.branches continuations from each shared prefix (its KV cache copied "
+              "from the parent row's), c.tree.depth rounds; each tree token is a loss token "
+              "in one row only",
           when=lambda c: rollout_kind(c) == "tree",
           check=_check_tree,
           off_doc="set tree.branches > 0 (single-turn tasks)")
@@ -284,9 +285,11 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
   def produce(state, batch, ctx: StepContext) -> dict:
     model_state = s.model_state(state.params)
     t0 = time.perf_counter()
-    out = s.sampler(model_state, prompt_tokens=ctx.prompt_tokens, prompt_mask=ctx.prompt_mask,
-                    key=jax.random.fold_in(ctx.key, 0), max_new_tokens=c.max_new_tokens,
-                    num_samples=G, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+    out, kept = s.sampler(model_state, prompt_tokens=ctx.prompt_tokens,
+                          prompt_mask=ctx.prompt_mask, key=jax.random.fold_in(ctx.key, 0),
+                          max_new_tokens=c.max_new_tokens, num_samples=G,
+                          temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                          keep_cache=True)
     h = parallel.to_host(out._asdict())
     B0 = h["tokens"].shape[0]
     roots = trees.TreeRollout(
@@ -304,11 +307,13 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
       sharded = parallel.shard_batch((tree.tokens, tree.prompt_mask | tree.path_mask), s.mesh)
       return np.asarray(parallel.to_host(entropy(state.params, *sharded)[1]))
 
-    def sample_fn(prefix, mask, budget, key):  # rows sharded on the mesh, read on the host
-      return parallel.to_host(s.sampler(
+    def sample_fn(prefix, mask, budget, key, parent):  # branches start from their parent's cache
+      out, kept = s.sampler(
           model_state, prompt_tokens=prefix, prompt_mask=mask, key=key,
           max_new_tokens=c.max_new_tokens, num_samples=t.branches, temperature=c.temperature,
-          top_k=c.top_k, top_p=c.top_p, max_new_tokens_per_row=budget, share_prefix=True))
+          top_k=c.top_k, top_p=c.top_p, max_new_tokens_per_row=budget, share_prefix=True,
+          parent=parent[0], parent_rows=parent[1], keep_cache=True)
+      return parallel.to_host(out), kept  # rows sharded on the mesh, read on the host
 
     tree, stats = trees.grow_tree(
         roots, sample_fn, num_groups=s.num_groups, branches=t.branches, points=t.points,
@@ -316,7 +321,7 @@ def _build_tree_rollout(s: Setup, wanted: frozenset) -> Produce:
         criterion="given" if t.criterion == "first_error" else t.criterion,
         score_fn=None if t.criterion == "surprisal" else score_fn,
         max_new_tokens=c.max_new_tokens, gamma_path=t.gamma_path, gamma_node=t.gamma_node,
-        key=jax.random.fold_in(ctx.key, 1))
+        key=jax.random.fold_in(ctx.key, 1), cache=kept)
     wall = time.perf_counter() - t0
     own = tree.response_mask
     ctx.metrics.update(rollout_tokens_per_s=float(own.sum()) / max(wall, 1e-9),
@@ -518,8 +523,8 @@ def _check_logo(c: ml_collections.ConfigDict) -> None:
           doc="env_rollout's G episodes per prompt, then Memory-R2's local re-rollouts: "
               "c.logo.branch_rows episodes (distinct, >= 2 turns) each restored to its "
               "environment's snapshot after a turn k >= 1 (uniform) and continued "
-              "c.logo.local_size times from the same token prefix (prefilled once for the "
-              "siblings, who share its cache; the prefix is "
+              "c.logo.local_size times from the same token prefix (its cache copied once "
+              "from the episodes' for the siblings, who share it; the prefix is "
               "context, the continuation the loss tokens); parent_id = the episode's row, "
               "reward = each continuation's own outcome",
           when=lambda c: rollout_kind(c) == "logo",
@@ -540,7 +545,7 @@ def _build_logo_rollout(s: Setup, wanted: frozenset) -> Produce:
     kw = dict(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
     t0 = time.perf_counter()
     eps = ms(model_state, envs, key=jax.random.fold_in(ctx.key, 0), group_id=group_id,
-             keep_snapshots=True, **kw)
+             keep_snapshots=True, keep_cache=True, **kw)
     t1 = time.perf_counter()
     lr = local_rollouts(ms, model_state, eps, lambda b: task.make_env(rows[b // G], limits),
                         num_parents=lg.branch_rows, local_size=lg.local_size,
