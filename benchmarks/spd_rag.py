@@ -15,7 +15,10 @@ Readers: `oracle` (exact reading: each system's ceiling under its budgets; the d
 with `--agents_from <hf_policy>`, SPD-RAG's document agents sampled greedily from a policy
 trained on `multidoc_agents` (e.g. `experiments/configs/spd_rag_multidoc.py`'s export). At
 two document counts (`--docs 3,8`); tokens are prompt tokens read by every call plus tokens
-written, per question, and the ratio to full context's in the same run.
+written, per question, and the ratio to full context's in the same run. With
+`--agents_from`, also the agents alone (`agent_breakdown`): every hop's sub-question put to
+every document, greedy, scored against the document (the fact on the document that holds
+it, "none" on the others), and the share of "none" answers.
 
   python benchmarks/spd_rag.py [--docs 3,8] [--examples 256] [--budget 128]
       [--synthesis_budget 40] [--agents_from runs/spd_rag_multidoc/hf_policy] [--out FILE]
@@ -56,8 +59,30 @@ def policy_reader(path: str, tokenizer, task, seed: int):
   return fanout.PolicyReader(agents)
 
 
+def agent_breakdown(reader, task, examples) -> dict:
+  """The document agents alone: each gold hop's sub-question to every document (one
+  `reader` call); accuracy on the documents that hold the fact and on the others (whose right
+  answer is "none"), and the share of "none" answers on each."""
+  from credit.envs.subagents import NONE, oracle_answer  # pylint: disable=g-import-not-at-top
+  requests, holds = [], []
+  for e in examples:
+    world, texts, where = task.documents(int(e["world_seed"]))
+    docs = [t[:task.max_observation_chars] for t in texts]
+    for i, (s, r, _) in enumerate(world.chain):
+      for j, d in enumerate(docs):
+        requests.append((d, f"{s} {r}"))
+        holds.append(j == where[i])
+  holds = np.array(holds)
+  answers = np.array([rep.text for rep in reader(requests)])
+  right = answers == np.array([oracle_answer(d, q)[0] for d, q in requests])
+  none = answers == NONE
+  return {"docs": task.num_docs, "calls": len(requests),
+          "holding_acc": float(right[holds].mean()), "other_acc": float(right[~holds].mean()),
+          "holding_none": float(none[holds].mean()), "other_none": float(none[~holds].mean())}
+
+
 def run(num_docs: int, examples: int, budget: int, synthesis_budget: int,
-        agents_from: str, seed: int) -> list[dict]:
+        agents_from: str, seed: int, breakdown: list | None = None) -> list[dict]:
   tok = CharTokenizer()
   task = multidoc_task(num_docs)
   ex = task.generate(np.random.default_rng(seed), examples)
@@ -68,6 +93,8 @@ def run(num_docs: int, examples: int, budget: int, synthesis_budget: int,
     agents_task = get_task("multidoc_agents", min_hops=1, max_hops=2, num_docs=num_docs,
                            num_distractors=max(2, 2 * num_docs - 4))
     reader = policy_reader(agents_from, tok, agents_task, seed)
+    if breakdown is not None:
+      breakdown.append(agent_breakdown(reader, task, ex))
     systems.append(("spd_rag (policy agents)",
                     lambda: fanout.spd_rag_answers(task, ex, reader, tokenizer=tok,
                                                    synthesis_budget=synthesis_budget)))
@@ -113,10 +140,16 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="", help="also write the table (markdown) here")
   a = p.parse_args(argv)
-  rows = []
+  rows, agents = [], []
   for d in (int(x) for x in a.docs.split(",")):
-    rows += run(d, a.examples, a.budget, a.synthesis_budget, a.agents_from, a.seed)
+    rows += run(d, a.examples, a.budget, a.synthesis_budget, a.agents_from, a.seed, agents)
   text = table(rows)
+  if agents:
+    text += ("\n\n| docs | agent calls | accuracy where the document holds the fact | "
+             "\"none\" share there | accuracy (= \"none\" share) on the other documents |\n"
+             "|---:|---:|---:|---:|---:|\n" + "\n".join(
+                 f"| {b['docs']} | {b['calls']} | {b['holding_acc']:.3f} | "
+                 f"{b['holding_none']:.3f} | {b['other_acc']:.3f} |" for b in agents))
   print(text)
   if a.out:
     with open(a.out, "w") as f:

@@ -115,3 +115,16 @@ def test_policy_agents_are_one_sampler_call_per_hop():
   out = fanout.spd_rag_answers(task, ex, fanout.PolicyReader(agents), tokenizer=TOK)
   assert batches == [4 * 3]
   assert all(c.calls >= 3 and c.tokens_in > 0 for c in out.costs)
+
+
+def test_agent_breakdown_scores_holding_and_other_documents_apart():
+  from benchmarks.spd_rag import agent_breakdown, multidoc_task
+  task = multidoc_task(3)
+  ex = task.generate(np.random.default_rng(0), 8)
+  exact = agent_breakdown(fanout.oracle_reader(TOK), task, ex)
+  hops = sum(int(e["hops"]) for e in ex)
+  assert exact["calls"] == 3 * hops and exact["docs"] == 3
+  assert exact["holding_acc"] == exact["other_acc"] == exact["other_none"] == 1.0
+  assert exact["holding_none"] == 0.0
+  lazy = agent_breakdown(lambda reqs: [fanout.Reply("none", 1, 1) for _ in reqs], task, ex)
+  assert lazy["holding_acc"] == 0.0 and lazy["other_acc"] == 1.0 and lazy["holding_none"] == 1.0
