@@ -1,7 +1,7 @@
 """PRIME: implicit process rewards of an online PRM combined with the RLOO outcome return."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import chex
 import jax
@@ -55,14 +55,50 @@ def prime_token_scores(*, response_mask: ArrayLike, logprob_prm: ArrayLike,
   chex.assert_rank([mask_BT, prm_BT, ref_BT], 2)
   chex.assert_equal_shape([mask_BT, prm_BT, ref_BT])
   mask_BT = mask_BT.astype(bool)
-  q_BT = jnp.where(mask_BT, prm_BT - ref_BT, 0.0)
-  if granularity == "whole":
-    q_BT = jnp.where(ops.last_token_mask(mask_BT), jnp.sum(q_BT, -1, keepdims=True), 0.0)
+  q_BT = _log_ratio(mask_BT, prm_BT, ref_BT, granularity)
   if process_scale == "beta":
     return jnp.asarray(beta, jnp.float32) * q_BT
   ret_BT = ops.discounted_reverse_cumsum(q_BT, mask_BT)
   denom = jnp.max(jnp.where(mask_BT, jnp.abs(ret_BT), 0.0)) + _MAX_RETURN_EPS
   return q_BT / denom
+
+
+def _log_ratio(mask_BT: Array, prm_BT: Array, ref_BT: Array, granularity: str) -> Array:
+  """q_t = log π_φ − log π_ref on valid tokens ("token"), or their sum on the last ("whole")."""
+  q_BT = jnp.where(mask_BT, prm_BT - ref_BT, 0.0)
+  if granularity == "whole":
+    q_BT = jnp.where(ops.last_token_mask(mask_BT), jnp.sum(q_BT, -1, keepdims=True), 0.0)
+  return q_BT
+
+
+def _undiscounted_process_return(tok_BT: Array, logprob_prm: ArrayLike, logprob_ref: ArrayLike,
+                                 *, beta: ArrayLike, granularity: str, process_scale: str,
+                                 baseline: Callable[[Array], tuple[Array, Array]]) -> Array:
+  """Σ_{u≥t} s̃_u for γ_p = 1 from ONE reverse cumulative sum.
+
+  The baselined score is affine in the score per row, s̃_t = a·s_t − c, so its return is
+  a·Σ_{u≥t} s_u − c·n_t with n_t the valid tokens from t on. Both sums come from one
+  cumulative sum of the complex q + i·[valid] (its real part is the plain cumulative sum of
+  q; the imaginary part counts exactly), instead of one cumulative sum for the scale and a
+  second over s̃. `baseline(mean_B) -> (a_B, c_B)` gives the row's affine map from its mean
+  score. Rounding differs from summing s̃ directly by float32 rounding only.
+  """
+  prm_BT = jnp.asarray(logprob_prm, jnp.float32)
+  ref_BT = jnp.asarray(logprob_ref, jnp.float32)
+  chex.assert_rank([prm_BT, ref_BT], 2)
+  chex.assert_equal_shape([tok_BT, prm_BT, ref_BT])
+  q_BT = _log_ratio(tok_BT, prm_BT, ref_BT, granularity)
+  cum_BT = jax.lax.cumsum(jax.lax.complex(q_BT, tok_BT.astype(jnp.float32)), axis=1,
+                          reverse=True)
+  rq_BT, n_BT = jnp.real(cum_BT), jnp.imag(cum_BT)
+  if process_scale == "beta":
+    scale = jnp.asarray(beta, jnp.float32)
+    rs_BT, total_B = scale * rq_BT, scale * rq_BT[:, 0]
+  else:
+    denom = jnp.max(jnp.where(tok_BT, jnp.abs(rq_BT), 0.0)) + _MAX_RETURN_EPS
+    rs_BT, total_B = rq_BT / denom, rq_BT[:, 0] / denom
+  a_B, c_B = baseline(total_B / jnp.maximum(n_BT[:, 0], 1.0))   # the row's mean score
+  return a_B[:, None] * rs_BT - c_B[:, None] * n_BT
 
 
 @register_estimator(
@@ -139,24 +175,37 @@ def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   """
   fn = "prime_advantages"
   check_choice(fn, "process_baseline", process_baseline, _BASELINES)
+  check_choice(fn, "granularity", granularity, _GRANULARITIES)
+  check_choice(fn, "process_scale", process_scale, _SCALES)
   if not isinstance(whiten, bool):
     raise ValueError(f"{fn}: whiten must be a Python bool (static), got {whiten!r}")
   reward_B, gid_B, mask_BT, valid_B = ops.group_rows(
       fn, reward, group_id, num_groups, group_size, response_mask=response_mask)
   tok_BT = mask_BT & valid_B[:, None]
-  s_BT = prime_token_scores(response_mask=tok_BT, logprob_prm=logprob_prm,
-                            logprob_ref=logprob_ref, beta=beta, granularity=granularity,
-                            process_scale=process_scale)
   count_B = ops.group_count_rows(gid_B, valid_B, num_groups, group_size)
   ok_B = valid_B & (count_B > 1)
   km1_B = jnp.maximum(count_B - 1.0, 1.0)
-  mean_B = ops.masked_mean(s_BT, tok_BT, axis=-1)
-  sum_B = ops.group_reduce_rows(mean_B, gid_B, valid_B, num_groups, group_size, "sum")
-  if process_baseline == "group_mean":
-    proc_BT = (s_BT * count_B[:, None] - sum_B[:, None]) / km1_B[:, None]
+  coef = jnp.asarray(process_coef, jnp.float32)
+
+  def baseline(mean_B):  # s̃ = a·s − c per row
+    sum_B = ops.group_reduce_rows(mean_B, gid_B, valid_B, num_groups, group_size, "sum")
+    if process_baseline == "group_mean":
+      return count_B / km1_B, sum_B / km1_B
+    return jnp.ones_like(mean_B), (sum_B - mean_B) / km1_B
+
+  if ops.is_one(gamma_process):
+    proc_ret_BT = coef * _undiscounted_process_return(
+        tok_BT, logprob_prm, logprob_ref, beta=beta, granularity=granularity,
+        process_scale=process_scale, baseline=baseline)
   else:
-    proc_BT = s_BT - ((sum_B - mean_B) / km1_B)[:, None]
-  proc_BT = jnp.asarray(process_coef, jnp.float32) * proc_BT
+    s_BT = prime_token_scores(response_mask=tok_BT, logprob_prm=logprob_prm,
+                              logprob_ref=logprob_ref, beta=beta, granularity=granularity,
+                              process_scale=process_scale)
+    # s is exactly 0 outside tok: its row mean needs no [B,T] float copy of the mask.
+    mean_B = jnp.sum(s_BT, -1) / jnp.maximum(jnp.sum(tok_BT, -1), 1).astype(jnp.float32)
+    a_B, c_B = baseline(mean_B)
+    proc_ret_BT = ops.discounted_reverse_cumsum(
+        coef * (a_B[:, None] * s_BT - c_B[:, None]), tok_BT, gamma_process)
   # Outcome RLOO from the accurately centred reward: K/(K−1)·(R − μ_g).
   cen_B = ops.group_normalize(reward_B, gid_B, num_groups, valid=valid_B, scale=False,
                               group_size=group_size)
@@ -166,9 +215,25 @@ def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   else:
     outcome_BT = ops.discounted_reverse_cumsum(ops.outcome_to_token_rewards(out_B, tok_BT),
                                                tok_BT, gamma_outcome)
-  ret_BT = ops.discounted_reverse_cumsum(proc_BT, tok_BT, gamma_process) + outcome_BT
+  ret_BT = proc_ret_BT + outcome_BT
   use_BT = tok_BT & ok_B[:, None]
   ret_BT = jnp.where(use_BT, ret_BT, 0.0)
   if not whiten:
     return ret_BT
-  return ops.masked_whiten(ret_BT, use_BT, eps=eps)
+  return _whiten_zero_outside(ret_BT, use_BT, eps=eps)
+
+
+def _whiten_zero_outside(x_BT: Array, mask_BT: Array, eps: ArrayLike) -> Array:
+  """`ops.masked_whiten(x, mask)` for x already 0 outside a bool mask, the same operations.
+
+  Sums of x, of the centred values and of their squares are taken with the bool mask in
+  `where`s instead of products with a float copy of it (the values summed are the same).
+  """
+  count = jnp.sum(mask_BT).astype(jnp.float32)
+  mean1 = jnp.sum(x_BT) / jnp.maximum(count, 1.0)
+  d_BT = jnp.where(mask_BT, x_BT - mean1, 0.0)
+  dmean = jnp.sum(d_BT) / jnp.maximum(count, 1.0)
+  centred_BT = d_BT - dmean
+  var = jnp.sum(jnp.where(mask_BT, jnp.square(centred_BT), 0.0)) / jnp.maximum(count - 1.0, 1.0)
+  y_BT = centred_BT * jax.lax.rsqrt(var + eps)
+  return jnp.where(mask_BT & (count > 1), y_BT, 0.0)

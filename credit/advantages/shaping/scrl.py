@@ -19,6 +19,7 @@ __all__ = ["scrl_advantages"]
 _PAPER = ("SCRL: From Reasoning Chains to Verifiable Subproblems (subproblem curriculum RL), "
           "arXiv preprint")
 _FILLS = ("next", "zero")
+_INT32_KEYS = 2**31  # the fill keys pos·J + span must stay below this
 
 
 @register_estimator("scrl", needs=("sub_rewards", "sub_mask", "span_id", "group_id",
@@ -103,10 +104,18 @@ def scrl_advantages(*, sub_rewards: ArrayLike, sub_mask: ArrayLike, span_id: Arr
     return on_span_BT
   T = mask_BT.shape[1]
   pos_T = jnp.arange(T, dtype=jnp.int32)
-  # Next span token at or after t (T when none), and the row's last span token (−1 when none).
-  nxt_BT = jax.lax.cummin(jnp.where(span_BT, pos_T[None, :], T), axis=1, reverse=True)
-  last_B = jnp.max(jnp.where(span_BT, pos_T[None, :], -1), axis=1)
-  src_BT = jnp.where(nxt_BT < T, nxt_BT, last_B[:, None])
-  filled_BT = jnp.take_along_axis(on_span_BT, jnp.clip(src_BT, 0, T - 1), axis=1)
-  filled_BT = jnp.where(src_BT >= 0, filled_BT, 0.0)
-  return jnp.where(mask_BT, filled_BT, 0.0)
+  if (T + 1) * num_sub >= _INT32_KEYS:  # keys pos·J + span would overflow: fill from [B,T]
+    nxt_BT = jax.lax.cummin(jnp.where(span_BT, pos_T[None, :], T), axis=1, reverse=True)
+    last_B = jnp.max(jnp.where(span_BT, pos_T[None, :], -1), axis=1)
+    src_BT = jnp.where(nxt_BT < T, nxt_BT, last_B[:, None])
+    filled_BT = jnp.take_along_axis(on_span_BT, jnp.clip(src_BT, 0, T - 1), axis=1)
+    return jnp.where(mask_BT & (src_BT >= 0), filled_BT, 0.0)
+  # The span of the next span token at or after t, else of the row's last span token: one
+  # key pos·J + span per span token, so a reverse cummin (and a max) find the position and
+  # its span together and the fill gathers from the [B,J] table, not from a [B,T] array.
+  key_BT = pos_T[None, :] * num_sub + jnp.clip(sid_BT, 0, num_sub - 1)
+  none = T * num_sub
+  nxt_BT = jax.lax.cummin(jnp.where(span_BT, key_BT, none), axis=1, reverse=True)
+  last_B = jnp.max(jnp.where(span_BT, key_BT, -1), axis=1)
+  src_BT = jnp.where(nxt_BT < none, nxt_BT, last_B[:, None])
+  return ops.turn_broadcast(adv_BJ, jnp.where(src_BT >= 0, src_BT % num_sub, -1), mask_BT)

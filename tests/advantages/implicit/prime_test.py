@@ -316,3 +316,27 @@ def test_shape_mismatch_raises():
                         response_mask=np.ones((B, T), bool),
                         logprob_prm=np.zeros((B, T), np.float32),
                         logprob_ref=np.zeros((B, T + 1), np.float32), num_groups=N)
+
+
+@pytest.mark.parametrize("granularity,scale,baseline", [
+    ("token", "max_return", "group_mean"), ("whole", "beta", "leave_one_out"),
+    ("token", "beta", "group_mean"), ("whole", "max_return", "leave_one_out")])
+def test_one_cumsum_return_equals_the_scan(granularity, scale, baseline):
+  """γ_p = 1 as a Python number takes the one-cumulative-sum path; as an array, the scan."""
+  rng = np.random.default_rng(7)
+  mask = rng.random((B, T)) < 0.8
+  mask[3] = False
+  kw = dict(reward=rng.choice([0.0, 1.0], B).astype(np.float32),
+            group_id=np.repeat(np.arange(N), G).astype(np.int32), response_mask=mask,
+            logprob_prm=rng.normal(size=(B, T)).astype(np.float32),
+            logprob_ref=rng.normal(size=(B, T)).astype(np.float32), num_groups=N,
+            granularity=granularity, process_scale=scale, process_baseline=baseline,
+            process_coef=0.7, gamma_outcome=0.9)
+  fast = np.asarray(pr.prime_advantages(gamma_process=1.0, **kw))
+  scan = np.asarray(pr.prime_advantages(gamma_process=np.float32(1.0), **kw))
+  np.testing.assert_allclose(fast, scan, rtol=1e-5, atol=1e-6)
+  jitted = jax.jit(functools.partial(pr.prime_advantages, gamma_process=1.0,
+                                     **{k: v for k, v in kw.items() if isinstance(v, str)},
+                                     num_groups=N))
+  arrays = {k: v for k, v in kw.items() if not isinstance(v, (str, int))}
+  np.testing.assert_allclose(np.asarray(jitted(**arrays)), fast, rtol=1e-5, atol=1e-6)

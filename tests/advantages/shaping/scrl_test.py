@@ -88,3 +88,17 @@ def test_bad_arguments_raise():
   b = fixed_batch()
   with pytest.raises(ValueError, match="num_groups"):
     scrl_advantages(**{f: b[f] for f in FIELDS}, num_groups=0)
+
+
+def test_fill_without_int32_keys_is_the_same(monkeypatch):
+  """The [B,T] fill used where the pos·J + span keys would overflow int32 gives the same."""
+  from credit.advantages.shaping import scrl
+  rng = np.random.default_rng(3)
+  span = rng.integers(-1, 3, (3, 9)).astype(np.int32)
+  mask = np.arange(9)[None] < np.array([[9], [4], [7]])
+  kw = dict(span_id=span, response_mask=mask, sub_rewards=rng.normal(size=(3, 2)).astype(np.float32))
+  args = dict(sub_mask=np.ones((3, 2), bool), group_id=np.zeros(3, np.int32), num_groups=1, **kw)
+  fast = np.asarray(scrl_advantages(**args))   # eager: each call traces the module afresh
+  monkeypatch.setattr(scrl, "_INT32_KEYS", 1)
+  np.testing.assert_array_equal(np.asarray(scrl_advantages(**args)), fast)
+  np.testing.assert_allclose(_call(**kw), fast, rtol=1e-6, atol=1e-6)
