@@ -15,6 +15,7 @@ from credit.ops.baselines import GROUP_STDS, sequence_advantage
 from credit.registry import register_estimator
 
 Array = jax.Array
+_UNROLL_INTERVENTIONS = 8  # up to this many interventions, the mean is unrolled adds
 
 __all__ = ["SCAPOState", "SCAPOOutput", "scapo_init_state", "scapo_stability",
            "scapo_advantages"]
@@ -69,7 +70,14 @@ def scapo_stability(*, response_mask: ArrayLike, logprob_old: ArrayLike,
   mask_BT = mask_BT.astype(bool)
   p_BT = jnp.exp(jnp.where(mask_BT, lp_BT, 0.0))
   p_BTM = jnp.exp(jnp.where(mask_BT[..., None], sf_BTM, 0.0))
-  drift_BT = jnp.mean(jnp.abs(p_BTM - p_BT[..., None]), axis=-1)
+  num_m = sf_BTM.shape[-1]
+  if num_m <= _UNROLL_INTERVENTIONS:  # adds in one fused pass (XLA CPU would first copy
+    total_BT = jnp.abs(p_BTM[..., 0] - p_BT)  # the [B,T,M] |differences| for its reduction)
+    for m in range(1, num_m):
+      total_BT = total_BT + jnp.abs(p_BTM[..., m] - p_BT)
+    drift_BT = total_BT / num_m
+  else:
+    drift_BT = jnp.mean(jnp.abs(p_BTM - p_BT[..., None]), axis=-1)
   any_B = jnp.any(mask_BT, axis=-1)
   lo_B = jnp.where(any_B, jnp.min(jnp.where(mask_BT, drift_BT, jnp.inf), axis=-1), 0.0)
   hi_B = jnp.where(any_B, jnp.max(jnp.where(mask_BT, drift_BT, -jnp.inf), axis=-1), 0.0)

@@ -158,3 +158,16 @@ def test_bad_shapes_raise():
       sc.scapo_advantages(logprob_interventions=bad, **base)
   with pytest.raises(ValueError, match="num_prompts"):
     sc.scapo_init_state(0)
+
+
+@pytest.mark.parametrize("num_m", [1, 3])
+def test_unrolled_intervention_mean_equals_the_reduction(num_m, monkeypatch):
+  """The mean over M interventions as unrolled adds (M <= 8) equals the [B,T,M] reduction."""
+  rng = np.random.default_rng(5)
+  kw = dict(response_mask=rng.random((4, 7)) < 0.8,
+            logprob_old=-rng.random((4, 7)).astype(np.float32),
+            logprob_interventions=-rng.random((4, 7, num_m)).astype(np.float32))
+  unrolled = np.asarray(sc.scapo_stability(**kw))
+  monkeypatch.setattr(sc, "_UNROLL_INTERVENTIONS", 0)
+  np.testing.assert_allclose(np.asarray(sc.scapo_stability(**kw)), unrolled, rtol=1e-6,
+                             atol=1e-7)
