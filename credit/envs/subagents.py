@@ -49,8 +49,14 @@ Per turn:
             object exactly (with `askall`: the gold document's agent among the D); else 0;
   progress  (gold hops revealed so far) / h;
   info      `doc`, `question`, `agent_answer`, `agent_correct` (equal to the oracle's),
-            `agent_call`, `gold_revealed`, `gold_calls` (the ask of the first unrevealed hop,
-            the answer once all are revealed), `correct`.
+            `agent_holds` (the document holds the asked fact: the oracle's answer is not
+            "none"; with `askall`, like `agent_correct`, a list), `agent_call`,
+            `gold_revealed`, `gold_calls` (the ask of the first unrevealed hop, the answer
+            once all are revealed), `correct`.
+The document agents' own rewards (the runner's `subagents.reward`) come from these:
+`document` is `agent_correct` as 0/1; `document_balanced` (`balanced_document_reward`)
+weighs the calls of one turn so that the documents holding the asked fact and those without
+it carry equal total reward.
 Outcome: exact match of the answered name, as in `multidoc`.
 
 Confidence: inferred. The abstract fixes the roles (coordinator, per-document agents,
@@ -303,6 +309,8 @@ class MultiDocAgentsEnv(MultiDocEnv):
                              "agent_answer": list(texts),
                              "agent_correct": [t == oracle_answer(doc, question)[0]
                                                for t, doc in zip(texts, docs)],
+                             "agent_holds": [oracle_answer(doc, question)[0] != NONE
+                                             for doc in docs],
                              "agent_call": calls, "gold_revealed": hops})
 
   def _act(self, state: tuple[bool, ...], action: Action) -> tuple[Any, Turn]:
@@ -333,7 +341,45 @@ class MultiDocAgentsEnv(MultiDocEnv):
     return state, Turn(text or EMPTY, reward=float(bool(hops)), correct=bool(hops),
                        info={"gold_calls": gold, "doc": d + 1, "question": question,
                              "agent_answer": text, "agent_correct": text == expected,
+                             "agent_holds": expected != NONE,
                              "agent_call": record, "gold_revealed": hops})
+
+
+def balanced_document_reward(*, correct: Sequence[bool],
+                              holds: Sequence[bool]) -> np.ndarray:
+  """The document agents' class-balanced reward over the calls of one turn (one `askall`,
+  or the single call of an `ask`).
+
+  With k of the turn's n calls put to documents that hold the asked fact, a right answer
+  scores 1/k on such a document and 1/(n − k) on one without it (where "none" is right), a
+  wrong answer 0:
+
+      r_i = correct_i · (holds_i / k + (1 − holds_i) / (n − k)),
+
+  so each class carries a total of 1 when every answer is right. Under the plain document
+  reward (r_i = correct_i) an `askall` over D documents, one of which holds the fact, pays
+  D − 1 for answering "none" everywhere against D for answering everything right, so the
+  agents drift to "none"; here "none" everywhere earns 1 of 2. A single `ask` (n = 1) scores
+  as the plain document reward. Ours: SPD-RAG (arXiv 2603.08329) trains nothing.
+
+  Args:
+    correct: per call, the answer equals the oracle's (the step's `agent_correct`).
+    holds: per call, the document holds the asked fact (the step's `agent_holds`).
+
+  Returns:
+    float32 [n] rewards.
+
+  >>> balanced_document_reward(correct=[True, True, False],
+  ...                          holds=[True, False, False]).tolist()
+  [1.0, 0.5, 0.0]
+  """
+  correct, holds = np.asarray(correct, bool), np.asarray(holds, bool)
+  if correct.shape != holds.shape or correct.ndim != 1:
+    raise ValueError(f"correct {correct.shape} and holds {holds.shape} must be one list "
+                     "each of equal length; pass one entry per agent call of the turn")
+  k = int(holds.sum())
+  weight = np.where(holds, 1.0 / max(k, 1), 1.0 / max(holds.size - k, 1))
+  return np.where(correct, weight, 0.0).astype(np.float32)
 
 
 class DocAgents:

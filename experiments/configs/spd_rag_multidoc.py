@@ -12,7 +12,12 @@ verifiable reward, their answer against their document, instead of the episode's
 `:fanout` (SPD-RAG's exhaustive dispatch: the coordinator's `askall(ann boss)` puts each
 sub-question to every document's agent at once, the D·B calls of a turn sampled as one batch
 across documents and episodes, and observes their merged answers; the demonstrations use it;
-4 turns; combinable with `:document` and `:grpo`).
+4 turns; combinable with `:document` and `:grpo`), `:balanced` (the document reward
+class-balanced within each turn, `subagents.reward=document_balanced`: a right answer scores
+1/k on each of the k documents holding the asked fact and 1/(n − k) on each of the n − k
+without it, so under `askall` the right "none"s do not outweigh the one answer that finds
+the fact; implies `:document`'s setting, meant as `:fanout,balanced`; under a single `ask`
+it equals `:document`).
 `:fanout` measured (seed 0, 2026-12-07, 2-core CPU at load 7-21; 300-step warm-up ~5 CPU-min,
 then 12 steps of 4 prompts x 8 episodes, 2.8 CPU-min): held-out greedy accuracy 0.164 ->
 0.258; with `:fanout,document` 0.164 -> 0.023, the agents collapsing onto "none" (right on
@@ -70,7 +75,8 @@ def multidoc_config(a, task: str = "multidoc_agents") -> ml_collections.ConfigDi
 
 
 def get_config(arg=None):
-  a = common.parse_arg(arg, tiny=False, grpo=False, document=False, fanout=False)
+  a = common.parse_arg(arg, tiny=False, grpo=False, document=False, fanout=False,
+                       balanced=False)
   c = multidoc_config(a)
   if a.fanout:                    # askall per hop + the answer + one spare turn
     c.task_kwargs.fanout = True
@@ -79,12 +85,15 @@ def get_config(arg=None):
   c.estimator = "spd_rag"
   c.estimator_kwargs = ml_collections.ConfigDict({"token_budget": 12.0, "budget_coef": 0.1})
   # credit: auto | estimator | episode; reward: outcome (the episode's answer) | document
-  # (the agent's answer against its own document, `agent_correct`)
+  # (the agent's answer against its own document, `agent_correct`) | document_balanced
+  # (the same, the fact-holding and the other documents of a turn weighted to equal totals)
   c.subagents = ml_collections.ConfigDict({"credit": "auto", "loss_coef": 1.0,
                                            "reward": "outcome"})
   c.policy_loss = "ppo_clip"
   if a.document:
     c.subagents.reward = "document"
+  if a.balanced:
+    c.subagents.reward = "document_balanced"
   if a.grpo:
     c.estimator = "grpo"
     c.estimator_kwargs = ml_collections.ConfigDict()

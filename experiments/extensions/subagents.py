@@ -15,6 +15,11 @@ this module turns the agents' generations into rows of their own:
 * fields: `reward` = the episode's outcome (the agent is credited by the final answer), or
   with `c.subagents.reward=document` the agent's own verifiable reward: 1 when its answer
   equals its document's (the oracle's: the fact, or "none"; the step's `agent_correct`),
+  or with `c.subagents.reward=document_balanced` that reward class-balanced within each turn
+  (`credit.envs.subagents.balanced_document_reward`: a right answer scores 1/k on one of the
+  k documents holding the asked fact, 1/(n − k) on one of the n − k without it, so under an
+  `askall` the right "none"s of the documents without the fact no longer outweigh the one
+  answer that finds it; equal to `document` for a single `ask`),
   `turn_role` 1 and `step_mask` on turn 0 of a used slot, `turn_id` 0 on the answer tokens,
   the sampler's log-probs as recorded at the call (`logprob_sampler`), `logprob_old`
   recomputed in the agent's own context (or the sampler's with
@@ -24,8 +29,9 @@ this module turns the agents' generations into rows of their own:
   coordinator and agent rows stacked, since the coordinator rows hold roles 0 and 2 only and
   the agent rows role 1); `episode` gives each agent row its episode's mean advantage over
   the episode's policy tokens (GRPO's constant row advantage: one trajectory, one credit, the
-  role-blind baseline); `auto` = `estimator` for `spd_rag` or the `document` reward, else
-  `episode` (which ignores the agents' own reward, so `document` needs `estimator`).
+  role-blind baseline); `auto` = `estimator` for `spd_rag` or a document reward, else
+  `episode` (which ignores the agents' own reward, so the document rewards need
+  `estimator`).
 
 Both sets of rows go into one update (`train.make_update` with a second row set, `ROLE`, as
 JOLT's two roles): L = L_episodes + w·L_agents (w = `c.subagents.loss_coef`), one gradient per
@@ -36,7 +42,8 @@ metrics prefixed `agent_`.
 
 Confidence: inferred (SPD-RAG has no training objective; see credit/envs/subagents.py and
 credit/advantages/turn/spd_rag.py). Choices of ours: the fixed M slots, the outcome as the
-agents' reward, the `episode` baseline, one loss weight.
+agents' reward, the `episode` baseline, one loss weight, the class-balanced document
+reward.
 """
 from __future__ import annotations
 
@@ -50,7 +57,7 @@ import numpy as np
 import credit
 from credit import parallel
 from credit import tasks as tasks_lib
-from credit.envs.subagents import AgentsMultiTurnSampler
+from credit.envs.subagents import AgentsMultiTurnSampler, balanced_document_reward
 from credit.tasks.char_tokenizer import prompt_ids
 from experiments import producers, train
 from experiments.extensions import estimator_loss
@@ -63,7 +70,8 @@ ROWS = "subagent_fields"    # batch key of all their fields (device arrays)
 HOST = "subagent_host"      # batch key of their host copies and texts
 ROLE = "agents"            # the agent rows' row set in the update batch
 CREDITS = ("auto", "estimator", "episode")
-REWARDS = ("outcome", "document")
+REWARDS = ("outcome", "document", "document_balanced")
+DOCUMENT_REWARDS = ("document", "document_balanced")  # the agents' own verifiable rewards
 # The fields the agent rows have (besides the update's own logprob / entropy).
 AGENT_FIELDS = frozenset({"tokens", "response_mask", "group_id", "prompt_id", "reward",
                           "logprob_old", "logprob_sampler", "logprob_ref", "advantages",
@@ -95,7 +103,8 @@ def credit_mode(c: ml_collections.ConfigDict) -> str:
   s = settings(c)
   if s.credit != "auto":
     return s.credit
-  return "estimator" if c.estimator == "spd_rag" or s.reward == "document" else "episode"
+  return ("estimator" if c.estimator == "spd_rag" or s.reward in DOCUMENT_REWARDS
+          else "episode")
 
 
 def slots(c: ml_collections.ConfigDict) -> int:
@@ -117,8 +126,8 @@ def check(c: ml_collections.ConfigDict) -> None:
     raise SetupError(f"subagents.loss_coef={s.loss_coef} must be >= 0")
   if s.reward not in REWARDS:
     raise SetupError(f"subagents.reward={s.reward!r}; valid: {' | '.join(REWARDS)}")
-  if s.reward == "document" and credit_mode(c) == "episode":
-    raise SetupError("subagents.reward=document is the agents' own reward, which "
+  if s.reward in DOCUMENT_REWARDS and credit_mode(c) == "episode":
+    raise SetupError(f"subagents.reward={s.reward} is the agents' own reward, which "
                      "subagents.credit=episode ignores; use subagents.credit=estimator (or auto)")
   for bad, why in ((c.async_rollouts, "async_rollouts (the agents sample with the step's "
                                       "parameters inside the rollout)"),
@@ -178,35 +187,48 @@ def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, sl
                width: int, num_turns: int, pad_id: int,
                reward_source: str = "outcome") -> dict[str, Any]:
   """Host arrays of the agents' B·M rows from the episodes' step infos (`agent_call`, one
-  record or, after an `askall`, a list of them with `agent_correct` a list alike):
-  tokens, prompt_mask, response_mask, logprob_sampler, logprob_raw [B·M, width]; reward,
-  group_id, episode [B·M]; step_mask, turn_role [B·M, K]; turn_id [B·M, width]; answers
-  (text or None per row) and agent_correct (bool per row). `reward` is the episode's outcome
-  (`reward_source="outcome"`) or the row's `agent_correct` as 0/1 (`"document"`; 0 on an
-  unused slot)."""
+  record or, after an `askall`, a list of them with `agent_correct` and `agent_holds` lists
+  alike): tokens, prompt_mask, response_mask, logprob_sampler, logprob_raw [B·M, width];
+  reward, group_id, episode [B·M]; step_mask, turn_role [B·M, K]; turn_id [B·M, width];
+  answers (text or None per row) and agent_correct (bool per row). `reward` is the episode's
+  outcome (`reward_source="outcome"`), the row's `agent_correct` as 0/1 (`"document"`), or
+  `balanced_document_reward` over the calls of the row's turn (`"document_balanced"`); 0 on
+  an unused slot under the latter two."""
   B, M = len(trajectories), slots_M
   n = B * M
   out = {"tokens": np.full((n, width), pad_id, np.int32),
          "prompt_mask": np.zeros((n, width), bool), "response_mask": np.zeros((n, width), bool),
          "logprob_sampler": np.zeros((n, width), np.float32),
          "logprob_raw": np.zeros((n, width), np.float32)}
+  if reward_source not in REWARDS:
+    raise ValueError(f"reward_source={reward_source!r} is not one of {REWARDS}")
   answers: list[str | None] = [None] * n
   correct = np.zeros(n, bool)
+  balanced = np.zeros(n, np.float32)
   for b, traj in enumerate(trajectories):
     m = 0
     for res in traj.results:
       recs, oks = res.info.get("agent_call"), res.info.get("agent_correct")
       if recs is None:
         continue
+      holds = res.info.get("agent_holds")
       if not isinstance(recs, (list, tuple)):  # one ask: one record
-        recs, oks = [recs], [oks]
-      for rec, ok in zip(recs, oks):
+        recs, oks, holds = [recs], [oks], [holds]
+      if reward_source == "document_balanced":
+        if holds is None or any(h is None for h in holds):
+          raise ValueError("reward_source='document_balanced' needs the step info's "
+                           "agent_holds; use an environment that records it")
+        turn = balanced_document_reward(correct=[bool(ok) for ok in oks],
+                                        holds=[bool(h) for h in holds])
+      for j, (rec, ok) in enumerate(zip(recs, oks)):
         if m >= M:
           raise AssertionError(f"episode {b} made more than {M} agent calls")
         i = b * M + m
         for k in ("tokens", "prompt_mask", "response_mask", "logprob_sampler", "logprob_raw"):
           out[k][i] = rec[k]
         answers[i], correct[i] = rec["answer"], bool(ok)
+        if reward_source == "document_balanced":
+          balanced[i] = turn[j]
         m += 1
   resp = out["response_mask"]
   used = resp.any(1)
@@ -214,10 +236,9 @@ def agent_rows(trajectories, reward_B: np.ndarray, group_id_B: np.ndarray, *, sl
   out["logprob_raw"] = np.where(resp, out["logprob_raw"], 0.0).astype(np.float32)
   step_mask = np.zeros((n, num_turns), bool)
   step_mask[:, 0] = used
-  if reward_source not in REWARDS:
-    raise ValueError(f"reward_source={reward_source!r} is not one of {REWARDS}")
-  reward = (np.repeat(np.asarray(reward_B, np.float32), M) if reward_source == "outcome"
-            else correct.astype(np.float32))
+  reward = {"outcome": lambda: np.repeat(np.asarray(reward_B, np.float32), M),
+            "document": lambda: correct.astype(np.float32),
+            "document_balanced": lambda: balanced}[reward_source]()
   return dict(out, reward=reward,
               group_id=np.repeat(np.asarray(group_id_B, np.int32), M),
               episode=np.repeat(np.arange(B, dtype=np.int32), M), step_mask=step_mask,

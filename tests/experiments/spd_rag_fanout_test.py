@@ -1,6 +1,7 @@
 """SPD-RAG's fan-out inside training (`multidoc_agents` with `fanout=True`): `askall` asks every
 document's agent, the D·B calls of a turn are one sampler call, the agent rows hold one row
-per document, the document reward reaches them, and the `:tiny,fanout,document` recipe runs."""
+per document, the document reward (plain and class-balanced) reaches them, and the
+`:tiny,fanout,document` and `:tiny,fanout,balanced` recipes run."""
 from __future__ import annotations
 
 import functools
@@ -9,11 +10,12 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from credit.envs import Limits, run_episode
 from credit.envs.rollout import TurnLayout
 from credit.envs.subagents import (ASK_ALL, NONE, AgentsMultiTurnSampler, MultiDocAgentsEnv,
-                                   merge_answers, oracle_answer)
+                                   balanced_document_reward, merge_answers, oracle_answer)
 from credit.tasks import CharTokenizer, get_task
 from experiments.extensions import subagents
 from tests.tiny_decoder import scaled_tiny_decoder
@@ -75,9 +77,11 @@ def test_askall_calls_each_document_in_order_and_merges():
   assert res.observation == o and res.reward == 1.0
   assert res.info["agent_call"] == [{"tag": i + 1} for i in range(D)]
   assert res.info["agent_correct"] == [True] * D
+  assert res.info["agent_holds"] == [d == where[0] for d in range(D)]
   res = env.step(f"{ASK_ALL}(zzz boss)")
   assert res.observation == "kim" and res.reward == 0.0
   assert res.info["agent_correct"] == [False, False, True]  # only the "none" is right
+  assert res.info["agent_holds"] == [False] * D
   assert env.step(f"{ASK_ALL}({'x' * 20})").observation.startswith("error")
   assert env.agent_request(f"{ASK_ALL}(ann boss)") == []  # the last turn: nobody would read
   res = env.step(f"{ASK_ALL}(ann boss)")
@@ -87,6 +91,28 @@ def test_askall_calls_each_document_in_order_and_merges():
   env = plain.make_env(plain.generate(np.random.default_rng(5), 1)[0], LIMITS)
   env.reset()
   assert "unknown tool askall" in env.step(f"{ASK_ALL}(ann boss)").info["error"]
+
+
+def test_balanced_document_reward_values():
+  # one of four documents holds the fact: a right answer there 1, a right "none" 1/3
+  np.testing.assert_allclose(
+      balanced_document_reward(correct=[True, True, False, True],
+                               holds=[True, False, False, False]), [1, 1 / 3, 0, 1 / 3])
+  # "none" everywhere: the holding document wrong, the others' class still sums to 1
+  r = balanced_document_reward(correct=[False, True, True, True],
+                               holds=[True, False, False, False])
+  assert r[0] == 0 and np.isclose(r[1:].sum(), 1.0)
+  # two holding documents: 1/2 each; every answer right: each class totals 1
+  r = balanced_document_reward(correct=[True] * 5, holds=[True, False, True, False, False])
+  np.testing.assert_allclose(r, [1 / 2, 1 / 3, 1 / 2, 1 / 3, 1 / 3], rtol=1e-6)
+  # no document holds it (a missing fact): 1/n each; a single ask: the plain 0/1
+  np.testing.assert_allclose(balanced_document_reward(correct=[True, False, True],
+                                                      holds=[False] * 3), [1 / 3, 0, 1 / 3])
+  assert balanced_document_reward(correct=[True], holds=[True]).tolist() == [1.0]
+  assert balanced_document_reward(correct=[True], holds=[False]).tolist() == [1.0]
+  assert balanced_document_reward(correct=[False], holds=[True]).tolist() == [0.0]
+  with pytest.raises(ValueError, match="equal length"):
+    balanced_document_reward(correct=[True, False], holds=[True])
 
 
 class _Asking(MultiDocAgentsEnv):
@@ -134,7 +160,7 @@ def _produced():
   M = (K - 1) * TASK.agent_calls_per_turn
   kw = dict(slots_M=M, width=width + TASK.agent_max_tokens, num_turns=K, pad_id=TOK.pad_id)
   rows = {src: subagents.agent_rows(out.trajectories, out.reward, gid, reward_source=src, **kw)
-          for src in ("outcome", "document")}
+          for src in ("outcome", "document", "document_balanced")}
   return out, rows, rows_per_call
 
 
@@ -167,6 +193,21 @@ def test_agent_rows_one_per_document_with_the_document_reward():
   np.testing.assert_array_equal(doc["reward"], np.asarray(want, np.float32))
   assert doc["answers"] == [rec["answer"] for traj in out.trajectories
                             for res in traj.results[:K - 1] for rec in res.info["agent_call"]]
+  # balanced: per turn, a right answer scores 1/k on the k holding documents, 1/(D-k) on
+  # the others (the second askall asks a missing fact when the question has one hop)
+  bal, want_bal = rows["document_balanced"], []
+  for traj in out.trajectories:
+    for res in traj.results[:K - 1]:
+      holds = np.asarray(res.info["agent_holds"])
+      k = holds.sum()
+      want_bal += [ok * (1 / k if h else 1 / (D - k))
+                   for ok, h in zip(res.info["agent_correct"], holds)]
+  np.testing.assert_allclose(bal["reward"], want_bal, rtol=1e-6)
+  np.testing.assert_array_equal(bal["agent_correct"], doc["agent_correct"])
+  with pytest.raises(ValueError, match="reward_source"):
+    subagents.agent_rows(out.trajectories, out.reward, np.zeros(B, int), slots_M=M,
+                         width=doc["tokens"].shape[1], num_turns=K, pad_id=TOK.pad_id,
+                         reward_source="balanced")
 
 
 def test_recipe_fanout_variant_and_slots():
@@ -176,10 +217,21 @@ def test_recipe_fanout_variant_and_slots():
   assert subagents.slots(c) == (c.max_turns - 1) * c.task_kwargs.num_docs
   subagents.check(c)
   assert subagents.row_sets(c)[0].group_size == c.group_size * subagents.slots(c)
+  c = spd_rag_multidoc.get_config("tiny,fanout,balanced")
+  assert c.subagents.reward == "document_balanced" and subagents.credit_mode(c) == "estimator"
+  subagents.check(c)
+  c.subagents.credit = "episode"
+  with pytest.raises(subagents.SetupError, match="subagents.reward=document_balanced"):
+    subagents.check(c)
+  c.subagents.credit, c.subagents.reward = "auto", "balanced"
+  with pytest.raises(subagents.SetupError, match="valid: outcome"):
+    subagents.check(c)
 
 
-def test_tiny_fanout_run_trains_the_agents_on_their_document_reward(tmp_path, monkeypatch):
-  """`:tiny,fanout,document` end to end, the coordinator scripted to `askall` the gold hops
+@pytest.mark.parametrize("variant", ["document", "balanced"])
+def test_tiny_fanout_run_trains_the_agents_on_their_document_reward(tmp_path, monkeypatch,
+                                                                    variant):
+  """`:tiny,fanout,document` and `:tiny,fanout,balanced` end to end, the coordinator scripted to `askall` the gold hops
   (batched through `agent_request`), so every document's agent answers on every asking turn
   and its row is trained on its own reward."""
   from experiments import loop
@@ -191,7 +243,7 @@ def test_tiny_fanout_run_trains_the_agents_on_their_document_reward(tmp_path, mo
   monkeypatch.setattr(MultiDocAgentsEnv, "step", lambda self, a: step(self, script(self, a)))
   monkeypatch.setattr(MultiDocAgentsEnv, "agent_request",
                       lambda self, a: request(self, script(self, a)))
-  c = spd_rag_multidoc.get_config("tiny,fanout,document")
+  c = spd_rag_multidoc.get_config(f"tiny,fanout,{variant}")
   c.mesh, c.eval_every, c.num_eval_examples, c.checkpoint_every = "data=1", 0, 4, 0
   c.debug_checks = True
   c.max_new_tokens = 120
