@@ -21,7 +21,8 @@ it equals `:document`).
 `:fanout` measured (seed 0, 2026-12-07, 2-core CPU at load 7-21; 300-step warm-up ~5 CPU-min,
 then 12 steps of 4 prompts x 8 episodes, 2.8 CPU-min): held-out greedy accuracy 0.164 ->
 0.258; with `:fanout,document` 0.164 -> 0.023, the agents collapsing onto "none" (right on
-2 of every 3 fan-out calls; benchmarks/results/spd_rag.md).
+2 of every 3 fan-out calls); with `:fanout,balanced` 0.164 -> 0.188 (0.227 at step 6), no
+collapse (benchmarks/results/spd_rag.md).
 Time: ~30 s per RL step on 2 CPU cores at load 11-14, 30 steps after a 300-step warm-up.
 Score: held-out greedy accuracy 0.367 -> 0.500 at step 30 (seed 0; `:grpo` 0.477).
 
