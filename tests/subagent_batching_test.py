@@ -29,12 +29,8 @@ class _Asking(MultiDocAgentsEnv):
     return super().agent_request(self._script(action))
 
 
-def test_agent_calls_of_a_turn_are_one_batch_and_answer_their_episodes():
-  width = subagents.agent_prompt_width(TASK, TOK)
-  lay = TurnLayout(prompt_width=width, max_turns=K, max_action_tokens=4,
-                   max_observation_tokens=8)
-  sampler = AgentsMultiTurnSampler(_model(), tokenizer=TOK, layout=lay,
-                                   agent_max_tokens=TASK.agent_max_tokens)
+def count_agent_rows(sampler: AgentsMultiTurnSampler) -> list[int]:
+  """Wraps `sampler`'s document-agent sampler; the returned list gets each call's row count."""
   rows_per_call = []
   inner = sampler.agent_sampler.__call__
 
@@ -43,6 +39,16 @@ def test_agent_calls_of_a_turn_are_one_batch_and_answer_their_episodes():
     return inner(model_state, **kw)
 
   sampler.agent_sampler = counting
+  return rows_per_call
+
+
+def test_agent_calls_of_a_turn_are_one_batch_and_answer_their_episodes():
+  width = subagents.agent_prompt_width(TASK, TOK)
+  lay = TurnLayout(prompt_width=width, max_turns=K, max_action_tokens=4,
+                   max_observation_tokens=8)
+  sampler = AgentsMultiTurnSampler(_model(), tokenizer=TOK, layout=lay,
+                                   agent_max_tokens=TASK.agent_max_tokens)
+  rows_per_call = count_agent_rows(sampler)
   envs = []
   for e in (x for x in EXAMPLES[:2] for _ in range(G)):
     env = TASK.make_env(e, LIMITS)

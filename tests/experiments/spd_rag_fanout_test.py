@@ -18,6 +18,8 @@ from credit.envs.subagents import (ASK_ALL, NONE, AgentsMultiTurnSampler, MultiD
                                    balanced_document_reward, merge_answers, oracle_answer)
 from credit.tasks import CharTokenizer, get_task
 from experiments.extensions import subagents
+from tests.experiments.spd_rag_runner_test import _Recorder
+from tests.subagent_batching_test import count_agent_rows
 from tests.tiny_decoder import scaled_tiny_decoder
 
 TOK = CharTokenizer()
@@ -28,15 +30,6 @@ K = 3  # two askall turns, then the answer
 LIMITS = Limits(max_turns=K, max_observation_chars=24)  # D merged answers fit
 EXAMPLES = TASK.generate(np.random.default_rng(5), 2)
 G = 2
-
-
-class _Recorder:
-  def __init__(self, answers):
-    self.answers, self.calls = list(answers), []
-
-  def __call__(self, doc, question):
-    self.calls.append((doc, question))
-    return self.answers.pop(0), {"tag": len(self.calls)}
 
 
 def test_merge_answers():
@@ -141,14 +134,7 @@ def _produced():
                    max_observation_tokens=24)
   sampler = AgentsMultiTurnSampler(model, tokenizer=TOK, layout=lay,
                                    agent_max_tokens=TASK.agent_max_tokens)
-  rows_per_call = []
-  inner = sampler.agent_sampler.__call__
-
-  def counting(model_state, **kw):
-    rows_per_call.append(len(kw["prompt_tokens"]))
-    return inner(model_state, **kw)
-
-  sampler.agent_sampler = counting
+  rows_per_call = count_agent_rows(sampler)
   envs = []
   for b, e in enumerate(x for x in EXAMPLES for _ in range(G)):
     env = TASK.make_env(e, LIMITS)
