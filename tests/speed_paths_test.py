@@ -57,14 +57,16 @@ def test_discounted_reverse_cumsum_vmap_and_grad_on_the_sequential_path():
 
 
 @pytest.mark.parametrize("holes", [False, True])
-def test_prime_undiscounted_outcome_without_a_scan_is_bitwise_the_same(holes):
+def test_prime_undiscounted_outcome_without_a_scan_agrees_with_the_scan(holes):
+  """gamma_outcome = 1 (static) takes one complex cumulative sum instead of the scan; the two
+  differ only in float32 summation order (measured: at most 2 ulp)."""
   f = make_fields(3, holes=holes)
   kw = dict(reward=f["reward"], group_id=f["group_id"], response_mask=f["response_mask"],
             logprob_prm=f["logprob_prm"], logprob_ref=f["logprob_ref"], num_groups=4,
             group_size=4)
   fast = jax.jit(lambda: prime_advantages(**kw, gamma_outcome=1.0))()
   scan = jax.jit(lambda g: prime_advantages(**kw, gamma_outcome=g))(jnp.float32(1.0))
-  np.testing.assert_array_equal(fast, scan)
+  np.testing.assert_allclose(fast, scan, rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("holes", [False, True])
