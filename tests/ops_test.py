@@ -354,3 +354,21 @@ def test_turn_edges_first_and_last_token_of_each_turn():
   first = np.asarray(turn_edges(tid, mask, 3, last=False))
   np.testing.assert_array_equal(last, [[0, 1, 0, 0, 1, 0], [0, 1, 0, 1, 0, 0]])
   np.testing.assert_array_equal(first, [[1, 0, 1, 0, 0, 0], [1, 0, 1, 0, 0, 0]])
+
+
+def test_a_bool_mask_selects_exactly_as_its_float_form():
+  """Boolean masks take `where` instead of a float copy: the same values (bit for bit for the
+  sums, means and centred whitening; the scale-only whitening adds the mean back in another
+  fusion, within an ulp), and masked NaN/inf entries still contribute nothing."""
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal((64, 257)) * 3 + 100).astype(np.float32)
+  m = rng.random((64, 257)) > 0.3
+  x_bad = np.where(m, x, np.nan).astype(np.float32)
+  for f in (lambda x, m: ops.masked_whiten(x, m), lambda x, m: ops.masked_mean(x, m, axis=-1),
+            lambda x, m: ops.masked_sum(x, m, axis=0)):
+    a, b = jax.jit(f)(x, m), jax.jit(f)(x, m.astype(np.float32))
+    np.testing.assert_array_equal(a, b)
+    assert np.all(np.isfinite(jax.jit(f)(x_bad, m)))
+  scale_only = jax.jit(lambda x, m: ops.masked_whiten(x, m, shift_mean=False))
+  np.testing.assert_allclose(scale_only(x, m), scale_only(x, m.astype(np.float32)), rtol=2e-7)
+  assert np.all(np.isfinite(scale_only(x_bad, m)))

@@ -17,9 +17,23 @@ __all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "weighted
            "safe_sqrt", "safe_div"]
 
 
+def _bool_mask(mask: ArrayLike | None, like: Array) -> Array | None:
+  """`mask` broadcast to `like` when it is boolean, else None (weights take the float path).
+
+  A boolean mask selects with `where` and needs no float copy: the values summed are the
+  same as with its 0/1 float form (x·1 = x), without writing a [B,T] float array first.
+  """
+  if mask is None or jnp.asarray(mask).dtype != jnp.bool_:
+    return None
+  return jnp.broadcast_to(jnp.asarray(mask), like.shape)
+
+
 def masked_sum(x: ArrayLike, mask: ArrayLike | None = None, axis=None) -> Array:
   """Σ x·m over `axis`; masked entries (even NaN/inf ones) contribute exactly 0."""
   x = as_f32(x)
+  b = _bool_mask(mask, x)
+  if b is not None:
+    return jnp.sum(jnp.where(b, x, 0.0), axis=axis)
   m = mask_f32(mask, x)
   return jnp.sum(jnp.where(m > 0, x * m, 0.0), axis=axis)
 
@@ -27,6 +41,9 @@ def masked_sum(x: ArrayLike, mask: ArrayLike | None = None, axis=None) -> Array:
 def masked_mean(x: ArrayLike, mask: ArrayLike | None = None, axis=None) -> Array:
   """Σ x·m / max(Σ m, 1): 0 where the mask selects nothing."""
   x = as_f32(x)
+  b = _bool_mask(mask, x)
+  if b is not None:
+    return masked_sum(x, b, axis) / jnp.maximum(jnp.sum(b, axis=axis, dtype=jnp.float32), 1.0)
   m = mask_f32(mask, x)
   return masked_sum(x, m, axis) / jnp.maximum(jnp.sum(m, axis=axis), 1.0)
 
@@ -59,17 +76,27 @@ def masked_whiten(x: ArrayLike, mask: ArrayLike | None = None, *,
   With `shift_mean=False` the mean is added back (scale only).
   """
   x = as_f32(x)
-  m = mask_f32(mask, x)
-  count = jnp.sum(m)
-  mean1 = masked_mean(x, m)
-  d = jnp.where(m > 0, x - mean1, 0.0)
-  dmean = jnp.sum(d * m) / jnp.maximum(count, 1.0)
+  b = _bool_mask(mask, x)
+  if b is None:
+    m = mask_f32(mask, x)
+    count, sel = jnp.sum(m), m > 0
+
+    def weigh(v):
+      return v * m
+  else:  # the same sums, selected by `where` (see `_bool_mask`)
+    count, sel = jnp.sum(b, dtype=jnp.float32), b
+
+    def weigh(v):
+      return jnp.where(b, v, 0.0)
+  mean1 = masked_mean(x, b if b is not None else m)
+  d = jnp.where(sel, x - mean1, 0.0)
+  dmean = jnp.sum(weigh(d)) / jnp.maximum(count, 1.0)
   centred = d - dmean
-  var = jnp.sum(jnp.square(centred) * m) / jnp.maximum(count - 1.0, 1.0)
+  var = jnp.sum(weigh(jnp.square(centred))) / jnp.maximum(count - 1.0, 1.0)
   y = centred * jax.lax.rsqrt(var + eps)
   if not shift_mean:
     y = y + (mean1 + dmean)
-  return jnp.where((m > 0) & (count > 1), y, 0.0)
+  return jnp.where(sel & (count > 1), y, 0.0)
 
 
 def weighted_whiten(x_B: ArrayLike, weight_B: ArrayLike, eps: float = 1e-8) -> Array:

@@ -201,8 +201,7 @@ def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
     s_BT = prime_token_scores(response_mask=tok_BT, logprob_prm=logprob_prm,
                               logprob_ref=logprob_ref, beta=beta, granularity=granularity,
                               process_scale=process_scale)
-    # s is exactly 0 outside tok: its row mean needs no [B,T] float copy of the mask.
-    mean_B = jnp.sum(s_BT, -1) / jnp.maximum(jnp.sum(tok_BT, -1), 1).astype(jnp.float32)
+    mean_B = ops.masked_mean(s_BT, tok_BT, axis=-1)
     a_B, c_B = baseline(mean_B)
     proc_ret_BT = ops.discounted_reverse_cumsum(
         coef * (a_B[:, None] * s_BT - c_B[:, None]), tok_BT, gamma_process)
@@ -220,20 +219,5 @@ def prime_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   ret_BT = jnp.where(use_BT, ret_BT, 0.0)
   if not whiten:
     return ret_BT
-  return _whiten_zero_outside(ret_BT, use_BT, eps=eps)
+  return ops.masked_whiten(ret_BT, use_BT, eps=eps)
 
-
-def _whiten_zero_outside(x_BT: Array, mask_BT: Array, eps: ArrayLike) -> Array:
-  """`ops.masked_whiten(x, mask)` for x already 0 outside a bool mask, the same operations.
-
-  Sums of x, of the centred values and of their squares are taken with the bool mask in
-  `where`s instead of products with a float copy of it (the values summed are the same).
-  """
-  count = jnp.sum(mask_BT).astype(jnp.float32)
-  mean1 = jnp.sum(x_BT) / jnp.maximum(count, 1.0)
-  d_BT = jnp.where(mask_BT, x_BT - mean1, 0.0)
-  dmean = jnp.sum(d_BT) / jnp.maximum(count, 1.0)
-  centred_BT = d_BT - dmean
-  var = jnp.sum(jnp.where(mask_BT, jnp.square(centred_BT), 0.0)) / jnp.maximum(count - 1.0, 1.0)
-  y_BT = centred_BT * jax.lax.rsqrt(var + eps)
-  return jnp.where(mask_BT & (count > 1), y_BT, 0.0)
