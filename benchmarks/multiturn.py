@@ -19,8 +19,16 @@ wall time, the median process CPU time and tokens per CPU second, and prints the
 `--one-core` pins the process to one core before XLA starts, so that CPU time is the
 single-thread work whatever the load (on a loaded machine XLA's second thread mostly waits).
 
+`--phases` also times the parts of a multi-turn rollout, over `--repeats` more rollouts: each of
+the sampler's compiled programs (prefill, a turn's decode loop with its catch-up feed, an
+observation feed with the next turn's first draw; each call waited for), the environments'
+steps, the observations' tokenisation and the rest of the host's work (decoding actions,
+bookkeeping, device-to-host copies, the final compaction). A single-turn call is timed after
+each of those rollouts, so the two compare at the same load. It also prints how many times
+each program was compiled (once each: the turn index is data).
+
   python benchmarks/multiturn.py [--batch 32] [--turns 4] [--action 16] [--obs 16] [--repeats 3]
-                                 [--one-core]
+                                 [--one-core] [--phases]
 """
 from __future__ import annotations
 
@@ -42,6 +50,63 @@ from credit.sampling import Sampler
 from credit.tasks import CharTokenizer
 
 TOK = CharTokenizer()
+
+
+class _Timed:
+  """Wraps a callable and adds up the wall and process CPU time of its calls; with `block`, each
+  call waits for its result's arrays (so a jitted program's time is its own)."""
+
+  def __init__(self, fn, block: bool):
+    self.fn, self.block = fn, block
+    self.wall = self.cpu = 0.0
+    self.calls = 0
+
+  def __call__(self, *args, **kwargs):
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = self.fn(*args, **kwargs)
+    if self.block:
+      out = jax.block_until_ready(out)
+    self.wall += time.perf_counter() - w0
+    self.cpu += time.process_time() - c0
+    self.calls += 1
+    return out
+
+
+def phases(ms: MultiTurnSampler, run, repeats: int, single
+           ) -> tuple[list[tuple[str, float, float, float]], float, float]:
+  """(phase, calls per rollout, wall s per rollout, CPU s per rollout) of `run()`, a multi-turn
+  rollout with `ms`, over `repeats` rollouts (the phases add up to the whole), and the mean wall
+  and CPU seconds of `single()` (the single-turn program) timed between them."""
+  parts = [("prefill + turn 0's first draw", "_start", True),
+           ("decode loops + catch-up feeds", "_run_turn", True),
+           ("observation feeds + first draws", "_observe", True),
+           ("environment steps", "_step_envs", False),
+           ("observation tokenisation", "_encode_observations", False)]
+  saved = {attr: getattr(ms, attr) for _, attr, _ in parts}
+  timers = {attr: _Timed(fn, block) for (_, attr, block), fn in
+            zip(parts, saved.values())}
+  for attr, t in timers.items():
+    setattr(ms, attr, t)
+  wall = cpu = wall1 = cpu1 = 0.0
+  try:
+    for _ in range(repeats):
+      w0, c0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(run())
+      wall += time.perf_counter() - w0
+      cpu += time.process_time() - c0
+      w0, c0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(single())
+      wall1 += time.perf_counter() - w0
+      cpu1 += time.process_time() - c0
+  finally:
+    for attr, fn in saved.items():
+      setattr(ms, attr, fn)
+  rows = [(name, timers[attr].calls / repeats, timers[attr].wall / repeats,
+           timers[attr].cpu / repeats) for name, attr, _ in parts]
+  rows.append(("other host work (actions, bookkeeping, transfers, compaction)", 1,
+               wall / repeats - sum(r[2] for r in rows), cpu / repeats - sum(r[3] for r in rows)))
+  rows.append(("whole rollout", 1, wall / repeats, cpu / repeats))
+  return rows, wall1 / repeats, cpu1 / repeats
 
 
 class FixedEnv:
@@ -73,6 +138,8 @@ def main():
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--one-core", action="store_true",
                   help="pin the process to one core (see the module docstring)")
+  ap.add_argument("--phases", action="store_true",
+                  help="also time the parts of a rollout (see the module docstring)")
   a = ap.parse_args()
   if a.one_core and hasattr(os, "sched_setaffinity"):  # before XLA's thread pool starts
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -148,6 +215,21 @@ def main():
     print(f"| {name} | {n} | {best:.3f} | {med:.3f} | {n / best:,.0f} | "
           f"{(n / best) / base:.2f}x | {c:.3f} | {n / c:,.0f} | {(n / c) / base_cpu:.2f}x |")
   print(f"(multi-turn drew {n_policy} policy tokens of {B * K * W_a} possible)")
+  if a.phases:
+    rows, w1, c1 = phases(ms, multi, a.repeats, single)
+    total_w, total_c = rows[-1][2], rows[-1][3]
+    print(f"\nmulti-turn rollout by phase (mean of {a.repeats} rollouts):")
+    print("| phase | calls | wall ms | share | CPU ms | share |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, n, w, c in rows:
+      print(f"| {name} | {n:g} | {w * 1e3:.1f} | {w / total_w:.0%} | {c * 1e3:.1f} | "
+            f"{c / total_c:.0%} |")
+    print(f"single-turn, one program (prefill + {K * W_a - 1} decode steps), timed between "
+          f"those rollouts: wall {w1 * 1e3:.1f} ms, CPU {c1 * 1e3:.1f} ms")
+    compiles = {name: fn._cache_size() for name, fn in
+                (("prefill", ms._start), ("turn", ms._run_turn), ("observe", ms._observe),
+                 ("single-turn", sampler._jitted))}
+    print(f"compiled programs (cache entries): {compiles}")
 
 
 if __name__ == "__main__":

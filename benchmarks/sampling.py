@@ -16,19 +16,33 @@ and its two jitted programs alone (prefill + decode loop from a prepared state, 
 Tunix's sampler takes strings, so prompts go in as space-separated ids through a small id
 tokenizer whose cost is part of the first row only.
 
-  python benchmarks/sampling.py [--repeats 5] [--batch 16] [--new 64] [--modes greedy sampled]
-
 Tunix (PyPI `google-tunix`) is optional: without it its rows print "skipped: google-tunix not
 installed". It cannot share this project's environment (it pins safetensors < 0.8, which the
 transformers version pinned here does not accept); install it into a separate environment with
 this project's jax/flax/numpy versions (docs/performance.md gives the commands).
 
-Also prints our prefill time alone, so decode tokens/s can be read off.
+Also prints our prefill time alone, so decode tokens/s can be read off, and per call the
+median number of voluntary context switches of the process (thread hand-offs, each of which
+can wait for the scheduler on a loaded machine). `--breakdown` profiles one decode loop of ours
+and one of Tunix (`jax.profiler`, XLA:CPU's per-op events) and prints the time per step in each
+kind of op (weight matmuls, attention, KV-cache writes and copies, the sampling head over the
+vocabulary, the rest), classified from the loops' optimized HLO. For comparable CPU and wall
+times on a shared machine, pin the process and XLA to one core:
+`taskset -c 1 env XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" python benchmarks/sampling.py`.
+
+  python benchmarks/sampling.py [--repeats 5] [--batch 16] [--new 64] [--modes greedy sampled]
+                                [--torch-threads 1 2] [--breakdown]
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
+import json
 import os
+import re
+import resource
 import statistics
 import tempfile
 import time
@@ -70,14 +84,19 @@ def build_checkpoint(path: str, seed: int = 0):
 
 
 def time_runs(fn, repeats):
-  """(best wall, median wall, best process CPU) seconds over `repeats` calls."""
-  walls, cpus = [], []
+  """(best wall, median wall, best process CPU seconds, median voluntary context switches)
+  over `repeats` calls. A voluntary switch is a thread of the process going to sleep to wait
+  (for another thread's result, or for work in XLA's thread pool): under CPU contention each
+  one can cost a scheduling delay that shows in wall time and not in CPU time."""
+  walls, cpus, switches = [], [], []
   for _ in range(repeats):
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     t0, c0 = time.perf_counter(), time.process_time()
     fn()
     walls.append(time.perf_counter() - t0)
     cpus.append(time.process_time() - c0)
-  return min(walls), statistics.median(walls), min(cpus)
+    switches.append(resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - r0)
+  return min(walls), statistics.median(walls), min(cpus), statistics.median(switches)
 
 
 class _IdTokenizer:
@@ -142,7 +161,7 @@ def tunix_side(path: str, prompts: np.ndarray, new: int, repeats: int):
     out = smp(texts, seed=calls[0], **kwargs(mode))
     return np.stack([np.asarray(t) for t in out.tokens])
 
-  def programs(mode):  # the jitted prefill + decode loop alone, from a prepared state
+  def prefilled(mode):  # Tunix's jitted prefill from a prepared state
     calls[0] += 1
     smp.eos_ids = jnp.array([EOS])
     kw = kwargs(mode)
@@ -151,8 +170,13 @@ def tunix_side(path: str, prompts: np.ndarray, new: int, repeats: int):
         forbidden_token_ids=(EOS,), temperature=kw.get("temperature", 0.0),
         top_p=kw.get("top_p"), top_k=kw.get("top_k"), seed=jax.random.PRNGKey(calls[0]),
         beam_size=None)
-    state = smp._compiled_prefill_fn(smp._flattened_transformer_state, state, None, echo=False)
-    state = smp._compiled_decode_fn(smp._flattened_transformer_state, state)
+    return smp._compiled_prefill_fn(smp._flattened_transformer_state, state, None, echo=False)
+
+  def decode(state):  # Tunix's jitted decode loop (donates its state)
+    return smp._compiled_decode_fn(smp._flattened_transformer_state, state)
+
+  def programs(mode):  # the jitted prefill + decode loop alone, from a prepared state
+    state = decode(prefilled(mode))
     return np.asarray(jax.block_until_ready(state.token_buffer))[:, P:]
 
   def run(mode):
@@ -164,7 +188,78 @@ def tunix_side(path: str, prompts: np.ndarray, new: int, repeats: int):
                  *time_runs(lambda: programs(mode), repeats)))
     return rows, toks
 
+  def loop(mode):
+    """(prepare a prefilled state, decode loop, its optimized HLO text) for `step_breakdown`."""
+    prep = lambda: jax.block_until_ready(prefilled(mode))
+    hlo = jax.jit(smp._decode_fn, donate_argnums=1).lower(
+        smp._flattened_transformer_state, prep()).compile().as_text()
+    return prep, decode, hlo
+
+  run.loop = loop
   return run
+
+
+# What each compiled op of a decode step is, from its optimized HLO: the einsum (op name) of a
+# dot, and for other ops whether they touch [B,V] arrays or the KV cache.
+_DOT_KINDS = (("unembedding matmul", ("BTD,DV->BTV",)),
+              ("MLP matmuls", ("BTD,DF->BTF", "BTF,FD->BTD", "feed_forward/")),
+              ("q/k/v/o projections", ("DNH->", "DKH->", "NHD->")),
+              ("attention (scores, weighted sum)", ("BKGTS", "BTKGH", "BHGTS", "BTHGD")))
+_BREAKDOWN_ORDER = [k for k, _ in _DOT_KINDS] + [
+    "sampling / log-probs ([B,V] ops)", "KV cache writes and copies",
+    "other ops (norms, RoPE, softmax, masks, loop state)"]
+
+
+def _op_kinds(hlo: str, vocab: int, cache_dims: tuple[int, int]) -> dict[str, str]:
+  """Instruction name -> category, for every instruction of every computation of `hlo`."""
+  params = {}  # computation name -> its parameter list text
+  for m in re.finditer(r"^(?:ENTRY )?%([\w.\-]+) \((.*?)\) -> ", hlo, re.M):
+    params[m.group(1)] = m.group(2)
+  kinds = {}
+  for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo, re.M):
+    name, rest = m.groups()
+    op = re.search(r'op_name="([^"]*)"', rest)
+    op = op.group(1) if op else ""
+    calls = re.search(r"calls=%([\w.\-]+)", rest)
+    shapes = rest.split(" metadata=")[0] + (params.get(calls.group(1), "") if calls else "")
+    kind = None
+    if "dot_general" in op:
+      kind = next((k for k, keys in _DOT_KINDS if any(x in op for x in keys)), None)
+    if kind is None:
+      slots, head = cache_dims
+      if re.search(rf"\b{vocab}\b", shapes):
+        kind = "sampling / log-probs ([B,V] ops)"
+      elif re.search(rf"\b{slots}\b", shapes) and re.search(rf"\b{head}\b", shapes) and (
+          "dynamic-update-slice" in rest or "dynamic_update_slice" in op or "copy" in name
+          or "transpose" in name or "slice" in name):
+        kind = "KV cache writes and copies"
+      else:
+        kind = "other ops (norms, RoPE, softmax, masks, loop state)"
+    kinds[name] = kind
+  return kinds
+
+
+def step_breakdown(prep, decode, hlo: str, *, steps: int, vocab: int, cache_dims, calls: int = 3
+                   ) -> dict[str, float]:
+  """Per decode step, milliseconds of wall time in each category of op, from a `jax.profiler`
+  trace of `calls` runs of the compiled decode loop (XLA:CPU records one event per executed
+  op; control flow ops are not counted, their contents are)."""
+  kinds = _op_kinds(hlo, vocab, cache_dims)
+  states = [prep() for _ in range(calls)]
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp, create_perfetto_trace=True):
+      for st in states:
+        jax.block_until_ready(decode(st))
+    with gzip.open(glob.glob(os.path.join(tmp, "**", "*.json.gz"), recursive=True)[0]) as f:
+      trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  per = collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    if (e.get("ph") == "X" and name in kinds
+        and not name.startswith(("while", "cond", "conditional", "call"))):
+      per[kinds[name]] += e["dur"]
+  return {k: per[k] / (calls * steps) / 1e3 for k in _BREAKDOWN_ORDER}
 
 
 def main():
@@ -177,6 +272,9 @@ def main():
                   choices=["greedy", "sampled"])
   ap.add_argument("--torch-threads", type=int, nargs="*", default=[1, 2],
                   help="torch thread settings for transformers (none: skip transformers)")
+  ap.add_argument("--breakdown", action="store_true",
+                  help="also profile one decode loop of ours and of Tunix and print the time "
+                       "per step in each kind of op (step_breakdown)")
   args = ap.parse_args()
   import torch
   B, P, N = args.batch, args.prompt, args.new
@@ -216,23 +314,44 @@ def main():
     our_tokens = np.asarray(out.tokens)[:, P:P + N]
     rows = [("credit Sampler (jax, jit)", *time_runs(ours, args.repeats))]
 
-    # Prefill alone (same jitted building block), to split prefill vs decode.
+    # Prefill alone and the decode loop alone (the same building blocks as the sampler's
+    # program), to split prefill from decode and to profile the decode loop.
     params = sampling.sampling_params(stop_tokens=(EOS,), min_new_tokens=N, vocab_size=VOCAB,
                                       **kw)
 
-    @jax.jit
-    def prefill_only(st, toks_, msk, key):
+    def prefill_state(st, toks_, msk, key):
       m = nnx.merge(graphdef, st)
-      s = sampling.prefill(m, prompt_tokens=toks_, prompt_mask=msk, key=key, max_new_tokens=N,
-                           max_new_B=jnp.full((B,), N, jnp.int32), params=params, pad_id=PAD)
-      return s.tokens_BL
+      return sampling.prefill(m, prompt_tokens=toks_, prompt_mask=msk, key=key, max_new_tokens=N,
+                              max_new_B=jnp.full((B,), N, jnp.int32), params=params, pad_id=PAD)
+    prefill_only = jax.jit(lambda *a: prefill_state(*a).tokens_BL)
     pre = lambda: jax.block_until_ready(prefill_only(state, prompts, mask, jax.random.key(0)))
     pre()
     pre_best = time_runs(pre, args.repeats)[0]
 
+    breakdown = {}
+    if args.breakdown:
+      prefill_jit = jax.jit(prefill_state)
+      decode_jit = jax.jit(
+          lambda st, s: sampling.decode(nnx.merge(graphdef, st), s, params, max_new_tokens=N),
+          donate_argnums=1)
+      prep = lambda: jax.block_until_ready(
+          prefill_jit(state, prompts, mask, jax.random.key(calls[0])))
+      dec = lambda s: decode_jit(state, s)
+      hlo = decode_jit.lower(state, prep()).compile().as_text()
+      jax.block_until_ready(dec(prep()))
+      cache_dims = (P + N, config.head_dim)
+      breakdown["credit"] = step_breakdown(prep, dec, hlo, steps=N - 1, vocab=VOCAB,
+                                           cache_dims=cache_dims)
+      if tunix_run is not None:
+        tprep, tdec, thlo = tunix_run.loop(mode)
+        jax.block_until_ready(tdec(tprep()))
+        # Tunix's loop runs `new` steps (its prefill's draw is step 0 of the buffer).
+        breakdown["Tunix"] = step_breakdown(tprep, tdec, thlo, steps=N, vocab=VOCAB,
+                                            cache_dims=cache_dims)
+
     agree = {}
     if tunix_run is None:
-      rows.append(("Tunix", None, None, None))
+      rows.append(("Tunix", None, None, None, None))
     else:
       trows, ttoks = tunix_run(mode)
       rows += trows
@@ -254,18 +373,20 @@ def main():
       agree["transformers"] = float(np.mean(o[:, P:].numpy() == our_tokens))
     rows += hf_rows
 
+    aff = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     print(f"\n[{mode}] B={B} prompt={P} new={N} {kw}; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}, torch {torch.__version__}; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; cores allowed {aff}, nice "
+          f"{os.nice(0)}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"{'sampler':36s} {'best s':>8s} {'median s':>9s} {'cpu s':>7s} {'tok/s best':>11s} "
-          f"{'tok/s med':>10s} {'ours x':>7s}")
-    ob, om, oc = rows[0][1:]
-    for name, b, m, c in rows:
+          f"{'tok/s med':>10s} {'ours x':>7s} {'csw/call':>9s}")
+    ob, om, oc, _ = rows[0][1:]
+    for name, b, m, c, sw in rows:
       if b is None:
         print(f"{name:36s} skipped: google-tunix not installed")
         continue
       print(f"{name:36s} {b:8.3f} {m:9.3f} {c:7.3f} {toks / b:11.0f} {toks / m:10.0f} "
-            f"{b / ob:7.2f}")
+            f"{b / ob:7.2f} {sw:9.0f}")
     for peer, prefix in (("Tunix", "Tunix Sampler"), ("Tunix programs", "Tunix jitted"),
                          ("transformers", "transformers")):
       cand = [r for r in rows if r[0].startswith(prefix) and r[1] is not None]
@@ -282,6 +403,14 @@ def main():
     print(f"ours: first call incl. compile {compile_s:.2f} s; prefill alone {pre_best * 1e3:.1f} ms;"
           f" decode ≈ {(ob - pre_best) * 1e3 / (N - 1):.2f} ms/step "
           f"({B * (N - 1) / (ob - pre_best):.0f} tok/s)")
+    if breakdown:
+      names = list(breakdown)
+      print("decode step by kind of op (ms per step, wall time under jax.profiler):")
+      print(f"  {'':52s}" + "".join(f"{n:>10s}" for n in names))
+      for k in _BREAKDOWN_ORDER:
+        print(f"  {k:52s}" + "".join(f"{breakdown[n][k]:10.3f}" for n in names))
+      print(f"  {'sum of ops':52s}" + "".join(f"{sum(breakdown[n].values()):10.3f}"
+                                          for n in names))
   print(f"\nload average {load0:.1f} (start) -> {os.getloadavg()[0]:.1f} (end)")
   for mode, peer, rb, rm, rc in summary:
     print(f"summary [{mode}] credit/{peer}: {rb:.2f}x best wall, {rm:.2f}x median wall, "
