@@ -307,6 +307,50 @@ class RecurrenceTest(parameterized.TestCase):
     np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), 1), atol=1e-5)
     np.testing.assert_allclose(ops.cumsum_blocked(x, block=8), got, atol=1e-5)
 
+  @parameterized.parameters((5,), (16,), (40,), (300,))
+  def test_prefix_sum_equals_cumsum(self, t):
+    # t = 300 takes two block levels and a padded tail.
+    rng = np.random.default_rng(t)
+    x = rng.uniform(-1, 1, (3, t)).astype(np.float32)
+    flags = rng.random((2, 3, t)) < 0.4
+    f = jax.jit(ops.prefix_sum, static_argnames=("reverse",))
+    np.testing.assert_allclose(f(x), np.cumsum(x.astype(np.float64), -1), atol=2e-5)
+    np.testing.assert_allclose(f(x, reverse=True),
+                               np.cumsum(x[:, ::-1].astype(np.float64), -1)[:, ::-1], atol=2e-5)
+    got = f(flags)
+    assert got.dtype == jnp.int32 and got.shape == flags.shape
+    np.testing.assert_array_equal(got, np.cumsum(flags, -1))
+    np.testing.assert_array_equal(f(flags, reverse=True), np.cumsum(flags[..., ::-1], -1)[..., ::-1])
+    with pytest.raises(TypeError, match="float or bool"):
+      ops.prefix_sum(np.arange(3))
+
+  @parameterized.parameters((0.95, 300), (0.5, 40), (1.0, 17), (0.0, 33))
+  def test_discounted_suffix_sum_equals_the_loop(self, gamma, t):
+    x = np.random.default_rng(t).uniform(-1, 1, (2, t)).astype(np.float32)
+    want = np.zeros((2, t))
+    run = np.zeros(2)
+    for i in reversed(range(t)):
+      run = x[:, i] + gamma * run
+      want[:, i] = run
+    got = jax.jit(ops.discounted_suffix_sum, static_argnums=1)(x, gamma)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+  @parameterized.parameters((0.95, True), (0.5, True), (1.0, True), (0.95, False), (1.0, False))
+  def test_discounted_reverse_cumsum_fast_equals_the_scan(self, gamma, one_run):
+    # One run of valid tokens per row takes the block products; holes take the scan (γ < 1).
+    rng = np.random.default_rng(int(gamma * 100))
+    t = ops.returns.FAST_RECURRENCE_MIN_T + 35
+    x = rng.uniform(-1, 1, (4, t)).astype(np.float32)
+    start, stop = rng.integers(0, 20, 4), rng.integers(20, t + 1, 4)
+    m = (np.arange(t)[None] >= start[:, None]) & (np.arange(t)[None] < stop[:, None])
+    m[3] = False
+    if not one_run:
+      m &= rng.random((4, t)) > 0.3
+    got = jax.jit(ops.discounted_reverse_cumsum_fast, static_argnums=2)(x, m, gamma)
+    np.testing.assert_allclose(got, ops.discounted_reverse_cumsum(x, m, gamma), rtol=1e-5,
+                               atol=1e-5)
+    assert not np.asarray(got)[~m].any()
+
   def test_next_valid_value(self):
     got = ops.next_valid_value(jnp.arange(5.0)[None], jnp.array([[1, 0, 1, 1, 0]], bool))
     np.testing.assert_array_equal(got, [[2, 2, 3, 0, 0]])

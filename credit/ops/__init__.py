@@ -33,8 +33,11 @@ from credit.ops.groups import (SINGLETONS, GroupMoments, GroupRows, SingletonPol
 from credit.ops.masked import (masked_mean, masked_sum, masked_var, masked_whiten, safe_div,
                                safe_sqrt, weighted_whiten)
 from credit.ops.returns import (RECURRENCE_BLOCK, broadcast_to_tokens, cumsum_blocked,
-                                discounted_reverse_cumsum, last_token_mask, next_valid_value,
-                                outcome_to_token_rewards, sequence_lengths)
+                                discounted_reverse_cumsum,
+                                discounted_reverse_cumsum_fast, discounted_suffix_sum,
+                                last_token_mask, next_valid_value,
+                                outcome_to_token_rewards, prefix_sum,
+                                sequence_lengths)
 from credit.ops.select import (masked_order_statistics, masked_quantiles, row_smallest_k,
                                row_smallest_k_mask, smallest_k_mask)
 from credit.ops.turns import (TURN_NORMS, previous_valid, row_grpo, turn_broadcast, turn_counts,

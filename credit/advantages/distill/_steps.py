@@ -65,7 +65,7 @@ def steps_from_mask(response_mask: ArrayLike, num_steps: int) -> Array:
   mask_BT = jnp.asarray(response_mask).astype(bool)
   chex.assert_rank(mask_BT, 2)
   start_BT = mask_BT & ~shift_right(mask_BT, 1, False)
-  sid_BT = jnp.cumsum(start_BT.astype(jnp.int32), axis=1) - 1
+  sid_BT = ops.prefix_sum(start_BT) - 1   # exact int32 counts
   return jnp.where(mask_BT, jnp.minimum(sid_BT, num_steps - 1), -1)
 
 

@@ -9,7 +9,7 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice, check_int
-from credit.advantages.distill._steps import clean_logprobs, grpo_rows, step_means, steps_from_mask
+from credit.advantages.distill._steps import clean_logprobs, grpo_rows, steps_from_mask
 from credit.registry import register_estimator
 
 Array = jax.Array
@@ -20,6 +20,63 @@ _PAPER = ("SOD: Step-wise On-policy Distillation for small-model agents (tool-us
           "multi-turn rollouts); code https://github.com/YoungZ365/SOD")
 
 MODES = ("stepwise", "gated")
+
+
+# Block length of `_ordered_step_means`.
+_BLOCK = 16
+
+
+def _ordered_step_means(x_BT: Array, sid_BT: Array, num_steps: int) -> Array:
+  """[B,S] mean of x over the tokens of each step (`sid` ≥ 0), for step ids that never
+  decrease along a row's tokens (as `steps_from_mask` numbers them).
+
+  Equal to `step_means(x, sid, S)[0]` up to float32 rounding (the sums are formed per block
+  of positions first). The positions are cut into blocks of `_BLOCK`: a block whose tokens
+  all belong to one step adds its sum and count to that step as a whole; as the ids never
+  decrease, at most S − 1 blocks of a row hold tokens of two or more steps, and only their
+  tokens are added one by one.
+  """
+  B, T = x_BT.shape
+  S, c = num_steps, _BLOCK
+  nb = -(-T // c)
+  ok_BT = sid_BT >= 0
+  x_BT = jnp.where(ok_BT, x_BT, 0.0)
+  if nb * c != T:   # trailing positions outside every step
+    x_BT = jnp.pad(x_BT, ((0, 0), (0, nb * c - T)))
+    sid_BT = jnp.pad(sid_BT, ((0, 0), (0, nb * c - T)), constant_values=-1)
+    ok_BT = sid_BT >= 0
+  x_BNC = x_BT.reshape(B, nb, c)
+  sid_BNC = sid_BT.reshape(B, nb, c)
+  ok_BNC = ok_BT.reshape(B, nb, c)
+  hi_BN = jnp.max(jnp.where(ok_BNC, sid_BNC, -1), axis=2)
+  lo_BN = jnp.min(jnp.where(ok_BNC, sid_BNC, S), axis=2)
+  pure_BN = hi_BN == lo_BN                      # one step (a block without tokens: hi < lo)
+  row_B1 = jnp.arange(B, dtype=jnp.int32)[:, None]
+  drop = B * S
+
+  def per_step(val_N2, seg_N):
+    return jax.ops.segment_sum(val_N2, seg_N, drop + 1)[:-1].reshape(B, S, 2)
+
+  blk_N2 = jnp.stack([jnp.sum(x_BNC, axis=2), jnp.sum(ok_BNC, axis=2).astype(jnp.float32)],
+                     axis=-1).reshape(-1, 2)
+  acc_BS2 = per_step(blk_N2, jnp.where(pure_BN, row_B1 * S + hi_BN, drop).reshape(-1))
+  # The blocks of several steps (hi > lo), the first M of each row, token by token.
+  m = min(S - 1, nb)
+  if m > 0:
+    mixed_BN = hi_BN > lo_BN
+    rank_BN = ops.prefix_sum(mixed_BN) - 1       # order of the block among the row's mixed
+    slot_BN = jnp.where(mixed_BN & (rank_BN < m), rank_BN, m)
+    idx_BM = jnp.full((B, m + 1), -1, jnp.int32).at[
+        jnp.broadcast_to(row_B1, (B, nb)), slot_BN].set(
+            jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32)[None, :], (B, nb)))[:, :m]
+    take = lambda a: jnp.take_along_axis(a, jnp.maximum(idx_BM, 0)[:, :, None], axis=1)
+    sid_BMC = take(sid_BNC)
+    sel_BMC = take(ok_BNC) & (idx_BM >= 0)[:, :, None]
+    tok_N2 = jnp.stack([jnp.where(sel_BMC, take(x_BNC), 0.0), sel_BMC.astype(jnp.float32)],
+                       axis=-1).reshape(-1, 2)
+    seg = jnp.where(sel_BMC, row_B1[:, :, None] * S + sid_BMC, drop).reshape(-1)
+    acc_BS2 = acc_BS2 + per_step(tok_N2, seg)
+  return acc_BS2[..., 0] / jnp.maximum(acc_BS2[..., 1], 1.0)
 
 
 def sod_step_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
@@ -49,7 +106,7 @@ def sod_step_weights(*, response_mask: ArrayLike, logprob_old: ArrayLike,
   check_int("sod_step_weights", "num_steps", num_steps)
   mask_BT, ls_BT, lt_BT = clean_logprobs(response_mask, logprob_old, logprob_teacher)
   sid_BT = steps_from_mask(mask_BT, num_steps)
-  d_BS, _ = step_means(jnp.abs(ls_BT - lt_BT), sid_BT, num_steps)
+  d_BS = _ordered_step_means(jnp.abs(ls_BT - lt_BT), sid_BT, num_steps)
   eps = jnp.asarray(eps, jnp.float32)
   # (d_1+ε)/(d_k+ε) ≥ 0: the telescoped product of the code's step-to-step ratios.
   w_BS = jnp.minimum((d_BS[:, :1] + eps) / (d_BS + eps), 1.0 + jnp.asarray(delta, jnp.float32))

@@ -131,22 +131,55 @@ def exit_columns(tree: TreeRows, big: int) -> Array:
   return ex
 
 
+def subtree_sums(tree: TreeRows) -> Array:
+  """[B,2]: over the valid rows r in the subtree of each row c (c and the rows below it), the
+  sum of their rewards and their number (a [B,B] product with the `exit_columns` paths)."""
+  ex = exit_columns(tree, tree.mask.shape[1])       # [r, c]: c is on r's path iff >= 0
+  w_B = tree.valid.astype(jnp.float32)
+  x_B2 = jnp.stack([w_B * tree.reward, w_B], axis=-1)
+  return jnp.matmul((ex >= 0).astype(jnp.float32).T, x_B2,
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+def _own_sums(tree: TreeRows) -> Array:
+  """[B,2]: (reward, 1) of each valid row, 0 for the others."""
+  w_B = tree.valid.astype(jnp.float32)
+  return jnp.stack([w_B * tree.reward, w_B], axis=-1)
+
+
 def tree_leaf_values(tree: TreeRows) -> tuple[Array, Array]:
   """(sum_BT, count_BT): over the valid rows r whose path passes through token (a, t), the sum
   of their rewards and their number (every row is a leaf: a complete path with a reward).
 
-  Row r passes through (a, t) iff t < E[r, a] (`exit_columns`); both are built from a
-  histogram of E per row a and a reverse cumulative sum over columns, O(B² + B·T).
+  Row r passes through (a, t) iff t < E[r, a] (`exit_columns`): row a itself at every
+  column, and the rows below a branch c of a (the subtree of c, whose paths leave a at
+  p = prefix_len[c]) at the columns t < p. So with S_c the subtree sums (`subtree_sums`),
+  sum[a, t] = r_a + Σ_{c: parent(c) = a, prefix_len(c) > t} S_c: a table of B entries and one
+  reverse cumulative sum over columns, O(B² + B·T).
   """
   B, T = tree.mask.shape
-  ex = exit_columns(tree, T)                        # [r, a]
-  e = jnp.clip(ex, 0, T)                            # −1 → bin 0, counted for no column
-  bins = (jnp.arange(B, dtype=jnp.int32)[None, :] * (T + 1) + e).reshape(-1)
-  w = jnp.broadcast_to(tree.valid[:, None], (B, B)).astype(jnp.float32)
-  n = B * (T + 1)
+  sub_B2 = subtree_sums(tree)
+  # Branch c adds S_c to its parent's columns t < p, i.e. at column p − 1 of a suffix sum.
+  col = tree.prefix - 1
+  ok = tree.child & (col >= 0) & (col < T - 1)
+  at = jnp.zeros((2, B, T), jnp.float32).at[:, jnp.where(ok, tree.parent, B),
+                                            jnp.clip(col, 0, T - 1)].add(sub_B2.T, mode="drop")
+  out = ops.prefix_sum(at, reverse=True) + _own_sums(tree).T[:, :, None]
+  return out[0], out[1]
 
-  def per_column(x):
-    h = jax.ops.segment_sum(x.reshape(-1), bins, n).reshape(B, T + 1)
-    return jax.lax.cumsum(h, axis=1, reverse=True)[:, 1:]   # Σ_{e > t}
 
-  return per_column(w * tree.reward[:, None]), per_column(w)
+def tree_leaf_values_at(tree: TreeRows, row_Q: Array, col_Q: Array,
+                        sub_B2: Array | None = None) -> tuple[Array, Array]:
+  """`tree_leaf_values` at Q tokens (row_Q[q], col_Q[q]) only: ([Q] sum, [Q] count).
+
+  The same sums, r_a + Σ_{c: parent(c) = a, prefix_len(c) > t} S_c, as a [Q,B] masked
+  product instead of a [B,T] table (row indices must lie in [0, B)). `sub_B2`: the
+  `subtree_sums` of the tree when already computed.
+  """
+  T = tree.mask.shape[1]
+  sub_B2 = subtree_sums(tree) if sub_B2 is None else sub_B2
+  branch_QB = (tree.child[None, :] & (tree.parent[None, :] == row_Q[:, None])
+               & (tree.prefix[None, :] > col_Q[:, None]) & (tree.prefix[None, :] < T))
+  out_Q2 = _own_sums(tree)[row_Q] + jnp.matmul(branch_QB.astype(jnp.float32), sub_B2,
+                                               precision=jax.lax.Precision.HIGHEST)
+  return out_Q2[:, 0], out_Q2[:, 1]

@@ -14,11 +14,11 @@ from jax.typing import ArrayLike
 from credit import ops
 from credit._checks import check_choice
 from credit.advantages.tree._common import (check_steps, pooled_zscore, prorag_outcome,
-                                           step_tokens, tree_leaf_values)
+                                           step_tokens, tree_leaf_values_at)
 from credit.contract import ContractError, validate_fields
 from credit.ops._cast import as_f32
 from credit.registry import register_estimator
-from credit.trees import (first_of_node, segment_starts, sibling_matrix, tree_layout,
+from credit.trees import (first_of_node, sibling_matrix, tree_layout,
                           validate_tree)
 
 Array = jax.Array
@@ -38,6 +38,26 @@ def log_boost(q: ArrayLike, a: ArrayLike = 10.0) -> Array:
   return jnp.log1p(a * q) / jnp.log1p(a)
 
 
+def _node_values_to_tokens(tree, first, own, as_parent) -> Array:
+  """[B,T]: token (a, t) takes `as_parent` of the node of the last branch point of row a at or
+  before t, `own[a]` before the first (`first`: one branch row per node).
+
+  The row's own value plus, at each branch point, the step from the previous node's value,
+  summed over the columns (one cumulative sum instead of a search and a gather).
+  """
+  B, T = tree.mask.shape
+  writer = first & tree.child & (tree.prefix >= 0) & (tree.prefix < T)
+  before = (writer[None, :] & (tree.parent[None, :] == tree.parent[:, None])
+            & (tree.prefix[None, :] < tree.prefix[:, None]))
+  prev = jnp.argmax(jnp.where(before, tree.prefix[None, :], -1), axis=1)
+  prev_value = jnp.where(jnp.any(before, axis=1), as_parent[prev],
+                         own[jnp.clip(tree.parent, 0, B - 1)])
+  step = jnp.zeros((B, T), jnp.float32).at[
+      jnp.where(writer, tree.parent, B), jnp.clip(tree.prefix, 0, T - 1)].add(
+          as_parent - prev_value, mode="drop")
+  return own[:, None] + ops.prefix_sum(step)
+
+
 def _node_grpo(reward, group_id, response_mask, parent_id, prefix_len, num_groups, eps,
                min_span, boost_a) -> Array:
   """The code's form on the tree layout (see `propa_advantages`)."""
@@ -45,13 +65,14 @@ def _node_grpo(reward, group_id, response_mask, parent_id, prefix_len, num_group
                      num_groups)
   B, T = tree.mask.shape
   valid, child = tree.valid, tree.child
-  total, count = tree_leaf_values(tree)
-  value_BT = total / jnp.maximum(count, 1.0)          # mean leaf reward below (a, t)
-  rows = jnp.arange(B)
+  rows = jnp.arange(B, dtype=jnp.int32)
   p = jnp.clip(tree.prefix, 0, T - 1)
   par = jnp.clip(tree.parent, 0, B - 1)
-  x = log_boost(value_BT[rows, p], boost_a)           # row c as a child of its node
-  x_cont = log_boost(value_BT[par, p], boost_a)       # the parent's continuation in c's node
+  # Mean leaf reward below (a, t), at (c, p_c) and (parent(c), p_c) only.
+  total, count = tree_leaf_values_at(tree, jnp.concatenate([rows, par]), jnp.concatenate([p, p]))
+  value_2B = total / jnp.maximum(count, 1.0)
+  x = log_boost(value_2B[:B], boost_a)                # row c as a child of its node
+  x_cont = log_boost(value_2B[B:], boost_a)           # the parent's continuation in c's node
   # Members of c's node: its valid siblings (roots: the valid roots of its prompt group) and,
   # for a branch node, the parent row's own continuation.
   same = ((tree.parent[:, None] == tree.parent[None, :])
@@ -77,11 +98,7 @@ def _node_grpo(reward, group_id, response_mask, parent_id, prefix_len, num_group
   as_parent = jnp.where(skip | ~cont, 0.0, (x_cont - mean) / denom)
   # Row a's tokens from a branch point p on are its continuation step in the node (a, p).
   first = first_of_node(sibling_matrix(tree), valid)
-  _, start = segment_starts(tree, first, T)
-  a_idx = jnp.where(first & child, tree.parent, B)
-  table = jnp.zeros((B, T), jnp.float32).at[a_idx, p].set(as_parent, mode="drop")
-  seg = jnp.take_along_axis(table, jnp.clip(start, 0, T - 1), axis=1)
-  out = jnp.where(start >= 0, seg, own[:, None])
+  out = _node_values_to_tokens(tree, first, own, as_parent)
   return jnp.where(tree.mask & valid[:, None], out, 0.0)
 
 

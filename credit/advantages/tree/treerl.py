@@ -9,9 +9,10 @@ from jax.typing import ArrayLike
 
 from credit import ops
 from credit._checks import check_choice
-from credit.advantages.tree._common import tree_leaf_values
+from credit.advantages.tree._common import (subtree_sums, tree_leaf_values,
+                                           tree_leaf_values_at)
 from credit.registry import register_estimator
-from credit.trees import TreeRows, segment_starts, tree_layout
+from credit.trees import TreeRows, tree_layout
 
 Array = jax.Array
 
@@ -43,32 +44,6 @@ def _parent_segment(tree: TreeRows, x_BT: Array, count_BT: Array, root_B: Array)
   return jnp.where(start >= 1, before, entry[:, None])
 
 
-def _path_view(tree: TreeRows, x_BTC: Array) -> Array:
-  """[B,T,C]: x along each row's root-to-row path, x[owner of column t on the path, t].
-
-  Column t of row a's path is owned by a for t >= prefix_len[a], else by the ancestor whose
-  own tokens hold it; a while loop over the tree depth walks up the ancestors.
-  """
-  B, T = x_BTC.shape[:2]
-  t_idx = jnp.arange(T, dtype=jnp.int32)[None, :]
-  out = x_BTC
-
-  def cond(state):
-    return jnp.any(state[0] >= 0)
-
-  def body(state):
-    cur, hi, out = state
-    on = cur >= 0
-    safe = jnp.clip(cur, 0, B - 1)
-    lo = tree.prefix[safe]
-    take = on[:, None] & (t_idx >= lo[:, None]) & (t_idx < hi[:, None])
-    out = jnp.where(take[:, :, None], x_BTC[safe], out)
-    return jnp.where(on, tree.parent[safe], -1), jnp.where(on, lo, hi), out
-
-  _, _, out = jax.lax.while_loop(cond, body, (tree.parent, tree.prefix, out))
-  return out
-
-
 def _weight(n: Array, reweight: str) -> Array:
   """ω(n) of `compute_weighted_update`: √n, n or 1 (n >= 1)."""
   if reweight == "sqrt":
@@ -78,34 +53,73 @@ def _weight(n: Array, reweight: str) -> Array:
   return jnp.ones_like(n)
 
 
+def _last_break_before(bp_B: Array, tree: TreeRows, row_Q: Array, col_Q: Array) -> Array:
+  """[Q] piece of the last break point of row_Q[q] strictly before col_Q[q]: B + c for the
+  break point of branch row c, or row_Q[q] itself (the row's first segment) when none."""
+  B = bp_B.shape[0]
+  before_QB = (bp_B[None, :] & (tree.parent[None, :] == row_Q[:, None])
+               & (tree.prefix[None, :] < col_Q[:, None]))
+  # One max over the keys prefix_len·B + c (unique; columns < T) finds c and whether any.
+  key_B = tree.prefix * B + jnp.arange(B, dtype=jnp.int32)
+  last_Q = jnp.max(jnp.where(before_QB, key_B[None, :], -1), axis=1)
+  return jnp.where(last_Q >= 0, B + last_Q % B, row_Q)
+
+
 def _code_form(tree: TreeRows, global_weight, local_weight, reweight: str, fill_tol) -> Array:
+  """The code's R(s) on every token, computed per segment.
+
+  Segments ("pieces") are the first segment of every row a (index a) and the segment that
+  starts at the break point (parent(c), prefix_len(c)) of a branch row c whose node has a
+  valid leaf below (index B + c, one c per node): 2B pieces. V, D, the fill-in D̃ and R are
+  computed on pieces; tokens then read R from a [B, B+1] table (row, number of the row's
+  break points at or before the column).
+  """
   B, T = tree.mask.shape
+  rows = jnp.arange(B, dtype=jnp.int32)
   # Leave-one-out centred leaf reward, from pairwise differences (exact 0 on equal rewards).
   same = ((tree.group_id[:, None] == tree.group_id[None, :])
           & tree.valid[:, None] & tree.valid[None, :])
   n_grp = jnp.sum(same, axis=1).astype(jnp.float32)                   # N of the row's group
   diff = jnp.sum(jnp.where(same, tree.reward[:, None] - tree.reward[None, :], 0.0), axis=1)
   c = jnp.where(tree.valid & (n_grp >= 2), diff / jnp.maximum(n_grp - 1.0, 1.0), 0.0)
-  total, count = tree_leaf_values(tree._replace(reward=c))
-  n = jnp.maximum(count, 1.0)
-  value = total / (n * _weight(n, reweight))                          # V(a, t)
+  tree_c = tree._replace(reward=c)
   n_root = jnp.maximum(n_grp, 1.0)
   v_root = jnp.sum(jnp.where(same, c[None, :], 0.0), axis=1) / (n_root * _weight(n_root, reweight))
-  d = value - _parent_segment(tree, value, count, v_root)             # D(a, t)
-  # Fill-in along each path: a |D| < tol segment below the top one takes its parent's D̃.
-  has = count[jnp.arange(B), jnp.clip(tree.prefix, 0, T - 1)] > 0        # a valid leaf below
-  mark, _ = segment_starts(tree, has, T)
-  t_idx = jnp.arange(T, dtype=jnp.int32)[None, :]
-  own_start = tree.child[:, None] & (t_idx == tree.prefix[:, None])
-  bound = (mark | own_start).astype(jnp.float32)
-  path = _path_view(tree, jnp.stack([d, bound], axis=-1))
-  d_path, b_path = path[..., 0], path[..., 1] > 0
-  top = ~jnp.cumsum(b_path, axis=1).astype(bool)                     # before the first cut
-  keep = top | (jnp.abs(d_path) >= jnp.asarray(fill_tol, jnp.float32))
-  last = jax.lax.cummax(jnp.where(keep, t_idx, 0), axis=1)
-  filled = jnp.take_along_axis(d_path, last, axis=1)                  # D̃ on own columns
-  return (jnp.asarray(local_weight, jnp.float32) * filled
-          + jnp.asarray(global_weight, jnp.float32) * value)
+  sub_B2 = subtree_sums(tree_c)
+  # Break points: the nodes (parent, prefix_len) with a valid leaf below, one branch row each.
+  branch = tree.child & (tree.prefix >= 1) & (tree.prefix < T)
+  node_BB = ((tree.parent[:, None] == tree.parent[None, :])
+             & (tree.prefix[:, None] == tree.prefix[None, :]) & branch[:, None] & branch[None, :])
+  node_count = jnp.sum(jnp.where(node_BB, sub_B2[None, :, 1], 0.0), axis=1)
+  first = branch & ~jnp.any(node_BB & (rows[None, :] < rows[:, None]), axis=1)
+  bp = first & (node_count > 0)
+  # Pieces: V from the leaf sums at their first column, D against the previous piece.
+  row_P = jnp.concatenate([rows, jnp.clip(tree.parent, 0, B - 1)])
+  col_P = jnp.concatenate([tree.prefix, tree.prefix])
+  total, count = tree_leaf_values_at(tree_c, row_P, col_P, sub_B2)
+  n = jnp.maximum(count, 1.0)
+  value_P = total / (n * _weight(n, reweight))
+  prev_P = _last_break_before(bp, tree, jnp.concatenate([jnp.clip(tree.parent, 0, B - 1),
+                                                          row_P[B:]]), col_P)
+  top_P = jnp.concatenate([~tree.child, jnp.zeros((B,), bool)])        # a root's first piece
+  parent_v = jnp.where(top_P, jnp.concatenate([v_root, v_root]), value_P[prev_P])
+  d_P = value_P - parent_v
+  # Fill-in: a piece with |D| < tol below the top one takes the D̃ of the piece before it.
+  real_P = jnp.concatenate([jnp.ones((B,), bool), bp])
+  keep_P = top_P | ~real_P | (jnp.abs(d_P) >= jnp.asarray(fill_tol, jnp.float32))
+  ptr = jnp.where(keep_P, jnp.arange(2 * B, dtype=jnp.int32), prev_P)
+  ptr = jax.lax.fori_loop(0, max(int(2 * B - 1).bit_length(), 1),       # pointer jumping
+                          lambda _, p: p[p], ptr)
+  r_P = (jnp.asarray(local_weight, jnp.float32) * d_P[ptr]
+         + jnp.asarray(global_weight, jnp.float32) * value_P)
+  # Tokens: the k-th break point of row a at or before t gives the piece (k = 0: the first).
+  mark = jnp.zeros((B, T), bool).at[jnp.where(bp, tree.parent, B),
+                                    jnp.clip(tree.prefix, 0, T - 1)].set(True, mode="drop")
+  k_BT = ops.prefix_sum(mark)
+  rank = k_BT[jnp.clip(tree.parent, 0, B - 1), jnp.clip(tree.prefix, 0, T - 1)]  # of c's point
+  table = jnp.zeros((B, B + 1), jnp.float32).at[:, 0].set(r_P[:B])
+  table = table.at[jnp.where(bp, tree.parent, B), rank].set(r_P[B:], mode="drop")
+  return jnp.take_along_axis(table, k_BT, axis=1)
 
 
 def _paper_form(tree: TreeRows, num_groups: int, global_weight, local_weight,

@@ -122,3 +122,19 @@ def test_shape_mismatch_raises():
   with pytest.raises(AssertionError):
     call(sod.sod_advantages, **dict(pick(b, *FIELDS), logprob_teacher=np.zeros((B, T + 1))),
          num_groups=N)
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 3, 16])
+def test_block_step_means_equal_the_per_token_sums(num_steps):
+  # Blocks of one step are summed whole, the others token by token: same means as the
+  # per-token segment sums (to float32 rounding), on masks with many short runs.
+  import jax
+  rng = np.random.default_rng(num_steps)
+  for t in (16, 37, 70):
+    mask = rng.random((5, t)) < rng.choice([0.3, 0.7, 0.95], (5, 1))
+    mask[0] = False
+    x = rng.uniform(0, 3, (5, t)).astype(np.float32)
+    sid = _steps.steps_from_mask(mask, num_steps)
+    got = jax.jit(sod._ordered_step_means, static_argnums=2)(x, sid, num_steps)
+    want, _ = _steps.step_means(x, sid, num_steps)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)

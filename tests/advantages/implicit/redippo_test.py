@@ -219,3 +219,22 @@ def test_bad_input_raises_before_tracing():
   kw["response_mask"] = np.ones((B, T), bool)
   kw["response_mask"][1, 2] = False                  # NaN under the mask is allowed
   contract.validate_fields(dict(kw, values_ref=nan))
+
+
+def test_block_recurrence_equals_the_scan():
+  # Rows long enough for the block products of `ops.discounted_reverse_cumsum_fast`.
+  from credit import ops
+  rng = np.random.default_rng(0)
+  b, t = 4, ops.returns.FAST_RECURRENCE_MIN_T + 20
+  mask = np.arange(t)[None] < rng.integers(1, t + 1, b)[:, None]
+  reward = rng.choice([0.0, 1.0], b).astype(np.float32)
+  v = rng.uniform(-1, 1, (b, t)).astype(np.float32)
+  vr = rng.uniform(-1, 1, (b, t)).astype(np.float32)
+  out = jax.jit(lambda r, v, vr, m: rd.redippo_advantages(
+      reward=r, values=v, values_ref=vr, response_mask=m))(reward, v, vr, mask)
+  gae = ops.gae("test", reward=reward, values=vr, response_mask=mask, lam=0.95)
+  w = rd.redippo_weights(values=v, values_ref=vr, response_mask=mask)
+  np.testing.assert_allclose(np.asarray(out.advantages), np.asarray(w * gae.advantages),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out.returns), np.asarray(gae.returns), rtol=1e-5,
+                             atol=1e-5)

@@ -268,3 +268,18 @@ def test_exact_kl_needs_the_field():
   assert spec.needs_for({"exact_kl": True}) == spec.needs | {"kl_ref"}
   with pytest.raises(ValueError, match="exact_kl=True needs `kl_ref`"):
     vm.vimpo_advantages(exact_kl=True, **EX)
+
+
+def test_block_sums_equal_the_scan():
+  # λ = 1 (a Python float) sums by block products; a traced λ = 1 runs the recurrence scan.
+  rng = np.random.default_rng(0)
+  t = 70
+  mask = (np.arange(t)[None] < rng.integers(0, t + 1, B)[:, None]) & (rng.random((B, t)) > 0.2)
+  kw = dict(reward=rng.choice([0.0, 1.0], B).astype(np.float32),
+            group_id=(np.arange(B) // G).astype(np.int32), response_mask=mask,
+            logprob=rng.uniform(-4, 0, (B, t)).astype(np.float32),
+            logprob_ref=rng.uniform(-4, 0, (B, t)).astype(np.float32), num_groups=N, beta=0.1)
+  fast = vm.vimpo_advantages(**kw)
+  scan = jax.jit(lambda lam: vm.vimpo_advantages(**kw, gae_lambda=lam))(jnp.float32(1.0))
+  np.testing.assert_allclose(np.asarray(fast.advantages), np.asarray(scan.advantages),
+                             rtol=1e-5, atol=1e-5)

@@ -313,3 +313,27 @@ def test_degenerate_and_validation():
                                       step_value_form=True)
   with pytest.raises(ContractError, match="group_id"):
     propa.validate_propa_inputs(**b, num_groups=1, step_value_form=True)
+
+
+@pytest.mark.parametrize("seed", [0, 11, 21])
+def test_node_values_reach_tokens_as_by_a_search(seed):
+  # The cumulative sum of steps between node values equals reading the node of the last
+  # branch point at or before each column (the previous search and gather), to rounding.
+  import jax.numpy as jnp
+  from credit.trees import first_of_node, segment_starts, sibling_matrix, tree_layout
+  b = tr.make_tree(seed, nodes=5)
+  tree = tree_layout("test", b["reward"], b["group_id"], b["response_mask"], b["parent_id"],
+                     b["prefix_len"], tr.NG)
+  Bt, Tt = tree.mask.shape
+  rng = np.random.default_rng(seed)
+  own = jnp.asarray(rng.normal(size=Bt).astype(np.float32))
+  as_parent = jnp.asarray(np.where(rng.random(Bt) < 0.3, 0.0, rng.normal(size=Bt)), jnp.float32)
+  first = first_of_node(sibling_matrix(tree), tree.valid)
+  got = propa._node_values_to_tokens(tree, first, own, as_parent)
+  _, start = segment_starts(tree, first, Tt)
+  table = jnp.zeros((Bt, Tt)).at[jnp.where(first & tree.child, tree.parent, Bt),
+                                 jnp.clip(tree.prefix, 0, Tt - 1)].set(as_parent, mode="drop")
+  want = jnp.where(start >= 0, jnp.take_along_axis(table, jnp.clip(start, 0, Tt - 1), axis=1),
+                   own[:, None])
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  assert np.asarray(start).max() > 0

@@ -393,3 +393,94 @@ def test_jit_equals_eager_and_bad_choice():
     treerl.treerl_advantages(**b, num_groups=NG, reweight="log")
   with pytest.raises(ValueError, match="form"):
     treerl.treerl_advantages(**b, num_groups=NG, form="mcts")
+
+
+# The previous token-level forms (one [B,T] array per quantity), kept to check the per-segment
+# computation against: leaf sums from a histogram of exit columns, fill-in along path views.
+
+
+def _old_leaf_values(tree):
+  import jax.numpy as jnp
+  from credit.advantages.tree._common import exit_columns
+  Bt, Tt = tree.mask.shape
+  e = jnp.clip(exit_columns(tree, Tt), 0, Tt)
+  bins = (jnp.arange(Bt)[None, :] * (Tt + 1) + e).reshape(-1)
+  w = jnp.broadcast_to(tree.valid[:, None], (Bt, Bt)).astype(jnp.float32)
+
+  def per_column(x):
+    h = jax.ops.segment_sum(x.reshape(-1), bins, Bt * (Tt + 1)).reshape(Bt, Tt + 1)
+    return jax.lax.cumsum(h, axis=1, reverse=True)[:, 1:]
+
+  return per_column(w * tree.reward[:, None]), per_column(w)
+
+
+def _old_path_view(tree, x_BTC):
+  import jax.numpy as jnp
+  Bt, Tt = x_BTC.shape[:2]
+  t_idx = jnp.arange(Tt)[None, :]
+
+  def body(state):
+    cur, hi, out = state
+    on = cur >= 0
+    safe = jnp.clip(cur, 0, Bt - 1)
+    lo = tree.prefix[safe]
+    take = on[:, None] & (t_idx >= lo[:, None]) & (t_idx < hi[:, None])
+    out = jnp.where(take[:, :, None], x_BTC[safe], out)
+    return jnp.where(on, tree.parent[safe], -1), jnp.where(on, lo, hi), out
+
+  return jax.lax.while_loop(lambda s: jnp.any(s[0] >= 0), body,
+                            (tree.parent, tree.prefix, x_BTC))[2]
+
+
+def _old_code_form(tree, reweight, fill_tol):
+  import jax.numpy as jnp
+  from credit.trees import segment_starts
+  Bt, Tt = tree.mask.shape
+  same = ((tree.group_id[:, None] == tree.group_id[None, :])
+          & tree.valid[:, None] & tree.valid[None, :])
+  n_grp = jnp.sum(same, axis=1).astype(jnp.float32)
+  diff = jnp.sum(jnp.where(same, tree.reward[:, None] - tree.reward[None, :], 0.0), axis=1)
+  c = jnp.where(tree.valid & (n_grp >= 2), diff / jnp.maximum(n_grp - 1.0, 1.0), 0.0)
+  total, count = _old_leaf_values(tree._replace(reward=c))
+  n = jnp.maximum(count, 1.0)
+  value = total / (n * treerl._weight(n, reweight))
+  n_root = jnp.maximum(n_grp, 1.0)
+  v_root = jnp.sum(jnp.where(same, c[None, :], 0.0), axis=1) / (
+      n_root * treerl._weight(n_root, reweight))
+  d = value - treerl._parent_segment(tree, value, count, v_root)
+  has = count[jnp.arange(Bt), jnp.clip(tree.prefix, 0, Tt - 1)] > 0
+  mark, _ = segment_starts(tree, has, Tt)
+  t_idx = jnp.arange(Tt)[None, :]
+  own_start = tree.child[:, None] & (t_idx == tree.prefix[:, None])
+  path = _old_path_view(tree, jnp.stack([d, (mark | own_start).astype(jnp.float32)], axis=-1))
+  d_path, b_path = path[..., 0], path[..., 1] > 0
+  keep = ~jnp.cumsum(b_path, axis=1).astype(bool) | (jnp.abs(d_path) >= fill_tol)
+  last = jax.lax.cummax(jnp.where(keep, t_idx, 0), axis=1)
+  return jnp.take_along_axis(d_path, last, axis=1) + value
+
+
+def _tree_rows(b):
+  from credit.trees import tree_layout
+  return tree_layout("test", b["reward"], b["group_id"], b["response_mask"], b["parent_id"],
+                     b["prefix_len"], NG)
+
+
+@pytest.mark.parametrize("seed", [3, 11, 21, 30])
+def test_segment_form_equals_the_token_form(seed):
+  from credit.advantages.tree._common import tree_leaf_values, tree_leaf_values_at
+  b = make_tree(seed, nodes=5, rewards=(0.0, 1.0, 0.5, 0.25))
+  b["response_mask"][1] = False                 # an invalid root with branches below
+  tree = _tree_rows(b)
+  new, old = tree_leaf_values(tree), _old_leaf_values(tree)
+  for x, y in zip(new, old):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+  rng = np.random.default_rng(seed)
+  rows, cols = rng.integers(0, tree.mask.shape[0], 9), rng.integers(0, T, 9)
+  at = tree_leaf_values_at(tree, jax.numpy.asarray(rows), jax.numpy.asarray(cols))
+  for x, y in zip(at, old):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y)[rows, cols], rtol=1e-6, atol=1e-6)
+  on = np.asarray(tree.mask & tree.valid[:, None])
+  for reweight, tol in [("sqrt", 1e-6), ("uniform", 0.0), ("none", 0.05)]:
+    got = treerl._code_form(tree, 1.0, 1.0, reweight, tol)
+    want = _old_code_form(tree, reweight, tol)
+    np.testing.assert_allclose(np.asarray(got)[on], np.asarray(want)[on], rtol=1e-5, atol=1e-6)

@@ -102,3 +102,28 @@ def test_matches_numpy_reference(seed, kw):
   adv, ret = np_gae(x, b["values"], b["response_mask"], kw.get("gamma", 1.0), kw.get("lam", 1.0))
   np.testing.assert_allclose(np.asarray(out.advantages), adv, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(np.asarray(out.returns), ret, rtol=1e-4, atol=1e-5)
+
+
+def test_suffix_sums_equal_the_cumsum_on_long_rows():
+  # Rows long enough for `ops.discounted_reverse_cumsum_fast`'s block sums (γ = λ = 1).
+  from credit import ops
+  rng = np.random.default_rng(0)
+  b, k, t = 4, 3, ops.returns.FAST_RECURRENCE_MIN_T + 30
+  mask = rng.random((b, t)) > 0.2
+  tid = np.where(mask, np.minimum(np.arange(t) * k // t, k - 1)[None, :], -1).astype(np.int32)
+  kw = dict(reward=rng.choice([0.0, 1.0], b).astype(np.float32),
+            step_reward=rng.random((b, k)).astype(np.float32), step_mask=np.ones((b, k), bool),
+            turn_id=tid, values=rng.uniform(-1, 1, (b, t)).astype(np.float32),
+            response_mask=mask)
+  got = pica.pica_advantages(**kw)
+  mask_BT, _, valid, last, tid_BT = ops.turn_layout(mask, kw["step_mask"], tid)
+  r_BK = pica.pica_step_rewards(kw["step_reward"], valid)
+  ends = ops.turn_edges(tid_BT, mask_BT, k, last=True)
+  step = np.where(ends & ~np.asarray(ops.last_token_mask(mask_BT)),
+                  0.3 * np.asarray(ops.turn_broadcast(r_BK, tid_BT)), 0.0)
+  want = ops.gae("test", reward=1.5 * kw["reward"], values=kw["values"], response_mask=mask,
+                 token_reward=step.astype(np.float32))
+  np.testing.assert_allclose(np.asarray(got.advantages), np.asarray(want.advantages),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got.returns), np.asarray(want.returns), rtol=1e-5,
+                             atol=1e-5)
