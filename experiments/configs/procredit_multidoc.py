@@ -7,11 +7,13 @@ Variants: `:tiny` (2 steps, seconds; used by tests). The GRPO baseline on the sa
 `--config.estimator=grpo`; IGPO (information gain of the gold answer after each turn):
 `--config.estimator=igpo`. The same questions with SPD-RAG's per-document agents:
 spd_rag_multidoc.py.
-Time: warm-up ~15 min (400 SFT steps, ~2.2 s each), then ~10 s per RL step, on 2 CPU cores
-  at load 7-12.
-Score: held-out sampled accuracy (mean@4) 0.240 -> 0.397 at step 50, greedy accuracy flat
-  (0.487 -> 0.485); mean of seeds 0-2 from one warm-up (docs/methods/procredit.md: the
-  greedy errors are in picking the answer out of the facts read).
+Time: warm-up ~5 min (400 SFT steps, ~0.75 s each), then ~5 s per RL step, on 2 CPU cores
+  at load 5-8 (~2.2 s and ~10 s at load 7-12).
+Score: held-out sampled accuracy (mean@4) 0.242 -> 0.418 and 0.201 -> 0.404 at step 100
+  (seeds 0, 1, each from its own warm-up; seed 2's warm-up ends at 0.195 and the run
+  collapses), greedy accuracy flat (0.500 -> 0.445, 0.398 -> 0.492): the policy picks the
+  answer among the names it read about as well as a blind pick, and two-hop questions stay at
+  chance even after a 1200-1800-step warm-up (docs/methods/procredit.md has the measurements).
 
 The setting (`credit.envs.multidoc`, single agent): a 1- or 2-hop question over 3 hidden
 documents ("3 docs. city of boss of ann?"); each turn the policy reads one document with
