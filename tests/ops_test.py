@@ -301,7 +301,7 @@ class RecurrenceTest(parameterized.TestCase):
 
   @parameterized.parameters((48,), (40,), (16,))
   def test_cumsum_blocked_equals_cumsum(self, t):
-    # T % 16 == 0 takes the blocked path; 40 the jnp.cumsum fallback.
+    # Any T: prefix_sum pads a last partial block (40) with zeros.
     x = np.random.default_rng(t).uniform(-1, 1, (3, t)).astype(np.float32)
     got = jax.jit(ops.cumsum_blocked)(x)
     np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), 1), atol=1e-5)

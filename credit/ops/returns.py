@@ -204,23 +204,11 @@ def next_valid_value(values: ArrayLike, mask: ArrayLike) -> Array:
 
 
 def cumsum_blocked(x_BT: ArrayLike, block: int = 16) -> Array:
-  """Forward cumulative sum along the last axis of [B,T], blocked for XLA CPU.
-
-  XLA CPU runs a reverse cumsum several times faster than a forward one, so the
-  in-block prefix sums are (block total − reverse cumsum + x) and the block
-  offsets a short forward cumsum over T/block totals. Rounding is that of the
-  block sums, as for a plain cumsum. Falls back to `jnp.cumsum` when T % block.
-  """
+  """Forward cumulative sum along the last axis of [B,T], blocked for XLA CPU: `prefix_sum`
+  (block-triangular products), kept under this name for its callers."""
   x_BT = jnp.asarray(x_BT)
   chex.assert_rank(x_BT, 2)
-  B, T = x_BT.shape
-  if T % block:
-    return jnp.cumsum(x_BT, axis=-1)
-  x_BKC = x_BT.reshape(B, T // block, block)
-  rev_BKC = jax.lax.cumsum(x_BKC, axis=2, reverse=True)
-  tot_BK = rev_BKC[:, :, 0]
-  off_BK = jnp.cumsum(tot_BK, axis=1) - tot_BK
-  return (tot_BK[:, :, None] - rev_BKC + x_BKC + off_BK[:, :, None]).reshape(B, T)
+  return prefix_sum(x_BT, block=block)
 
 
 # Block length of `prefix_sum`'s triangular products.
