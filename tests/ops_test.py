@@ -229,19 +229,25 @@ def _row_reductions(v, gid, valid):
           ops.group_moments_rows(v, gid, valid, N, G), ops.group_moments(v, gid, N, valid))
 
 
+def _loop_returns(x, m, gamma):
+  """The masked discounted recurrence of `ops.discounted_reverse_cumsum`, a float64 loop."""
+  want = np.zeros(x.shape)
+  for idx in np.ndindex(x.shape[:-1]):
+    run = 0.0
+    for t in reversed(range(x.shape[-1])):
+      if m[idx + (t,)]:
+        run = x[idx + (t,)] + gamma * run
+        want[idx + (t,)] = run
+  return want
+
+
 class RecurrenceTest(parameterized.TestCase):
 
   @given(hnp.arrays(np.float32, (3, 7), elements=st.floats(-5, 5, width=32)),
          hnp.arrays(np.bool_, (3, 7)), st.floats(0.0, 1.0))
   def test_discounted_reverse_cumsum_matches_loop(self, x, m, gamma):
     got = ops.discounted_reverse_cumsum(x, m, gamma)
-    want = np.zeros_like(x, dtype=np.float64)
-    for b in range(3):
-      run = 0.0
-      for t in reversed(range(7)):
-        if m[b, t]:
-          run = x[b, t] + np.float32(gamma) * run
-          want[b, t] = run
+    want = _loop_returns(x, m, float(np.float32(gamma)))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
   def test_observation_tokens_do_not_reset_or_leak(self):
@@ -277,15 +283,8 @@ class RecurrenceTest(parameterized.TestCase):
     x = rng.standard_normal((3, t)).astype(np.float32)
     m = rng.random((3, t)) > 0.3
     for gamma in (0.0, 0.97, 0.999):
-      want = np.zeros((3, t))
-      for b in range(3):
-        run = 0.0
-        for i in reversed(range(t)):
-          if m[b, i]:
-            run = x[b, i] + gamma * run
-            want[b, i] = run
       got = ops.discounted_reverse_cumsum(x, m, gamma)
-      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+      np.testing.assert_allclose(got, _loop_returns(x, m, gamma), rtol=1e-4, atol=1e-4)
     vm = jax.jit(jax.vmap(ops.discounted_reverse_cumsum, in_axes=(None, None, 0)))(
         x, m, jnp.array([0.97, 0.999]))
     np.testing.assert_allclose(vm[0], ops.discounted_reverse_cumsum(x, m, 0.97), rtol=1e-5,
@@ -335,21 +334,27 @@ class RecurrenceTest(parameterized.TestCase):
     got = jax.jit(ops.discounted_suffix_sum, static_argnums=1)(x, gamma)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
-  @parameterized.parameters((0.95, True), (0.5, True), (1.0, True), (0.95, False), (1.0, False))
-  def test_discounted_reverse_cumsum_fast_equals_the_scan(self, gamma, one_run):
-    # One run of valid tokens per row takes the block products; holes take the scan (γ < 1).
-    rng = np.random.default_rng(int(gamma * 100))
-    t = ops.returns.FAST_RECURRENCE_MIN_T + 35
-    x = rng.uniform(-1, 1, (4, t)).astype(np.float32)
-    start, stop = rng.integers(0, 20, 4), rng.integers(20, t + 1, 4)
-    m = (np.arange(t)[None] >= start[:, None]) & (np.arange(t)[None] < stop[:, None])
-    m[3] = False
+  @parameterized.parameters((0.95, True, 2), (0.5, True, 3), (1.0, True, 2), (0.95, False, 2),
+                            (1.0, False, 3), (0.0, True, 2))
+  def test_long_rows_take_block_products_or_the_scan(self, gamma, one_run, rank):
+    # Rows of >= FAST_RECURRENCE_MIN_T positions: one run of valid tokens per row takes the
+    # block products, holes take the scan (γ < 1); γ = 1 is a suffix sum for any mask. Both
+    # agree with the loop, under jit and with a traced γ (always the scan).
+    rng = np.random.default_rng(int(gamma * 100) + rank)
+    t = ops.FAST_RECURRENCE_MIN_T + 35
+    shape = (4, t) if rank == 2 else (2, 2, t)
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    start, stop = rng.integers(0, 20, shape[:-1]), rng.integers(20, t + 1, shape[:-1])
+    m = (np.arange(t) >= start[..., None]) & (np.arange(t) < stop[..., None])
+    m.reshape(-1, t)[3] = False
     if not one_run:
-      m &= rng.random((4, t)) > 0.3
-    got = jax.jit(ops.discounted_reverse_cumsum_fast, static_argnums=2)(x, m, gamma)
-    np.testing.assert_allclose(got, ops.discounted_reverse_cumsum(x, m, gamma), rtol=1e-5,
-                               atol=1e-5)
+      m &= rng.random(shape) > 0.3
+    want = _loop_returns(x, m, gamma)
+    got = jax.jit(ops.discounted_reverse_cumsum, static_argnums=2)(x, m, gamma)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not np.asarray(got)[~m].any()
+    traced = jax.jit(ops.discounted_reverse_cumsum)(x, m, jnp.float32(gamma))
+    np.testing.assert_allclose(traced, want, rtol=1e-5, atol=1e-5)
 
   def test_next_valid_value(self):
     got = ops.next_valid_value(jnp.arange(5.0)[None], jnp.array([[1, 0, 1, 1, 0]], bool))

@@ -32,9 +32,8 @@ from credit.ops.groups import (SINGLETONS, GroupMoments, GroupRows, SingletonPol
                                group_reduce_rows, group_rows, group_sum)
 from credit.ops.masked import (masked_mean, masked_sum, masked_var, masked_whiten, safe_div,
                                safe_sqrt, weighted_whiten)
-from credit.ops.returns import (RECURRENCE_BLOCK, broadcast_to_tokens, cumsum_blocked,
-                                discounted_reverse_cumsum,
-                                discounted_reverse_cumsum_fast, discounted_suffix_sum,
+from credit.ops.returns import (FAST_RECURRENCE_MIN_T, RECURRENCE_BLOCK, broadcast_to_tokens,
+                                cumsum_blocked, discounted_reverse_cumsum, discounted_suffix_sum,
                                 last_token_mask, next_valid_value,
                                 outcome_to_token_rewards, prefix_sum,
                                 sequence_lengths)

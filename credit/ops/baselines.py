@@ -23,7 +23,7 @@ from credit.ops.groups import (SINGLETONS, group_count_rows, group_moments_rows,
                                group_normalize, group_rows)
 from credit.ops.masked import masked_var, masked_whiten, safe_sqrt
 from credit.ops.returns import (broadcast_to_tokens, discounted_reverse_cumsum,
-                                discounted_reverse_cumsum_fast, next_valid_value,
+                                next_valid_value,
                                 outcome_to_token_rewards)
 
 Array = jax.Array
@@ -168,7 +168,7 @@ def _next_value_at_valid(values_BT: Array, mask_BT: Array) -> Array:
 def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLike,
         logprob_old: ArrayLike | None = None, logprob_ref: ArrayLike | None = None,
         token_reward: ArrayLike | None = None, gamma: float = 1.0, lam: float = 1.0,
-        kl_coef: float = 0.0, whiten: bool = True, fast_recurrence: bool = False) -> GAEOutput:
+        kl_coef: float = 0.0, whiten: bool = True) -> GAEOutput:
   """GAE over the valid tokens of each row (the body of the registered `gae_advantages`).
 
   .. math::
@@ -178,10 +178,9 @@ def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLi
   r_t = `token_rewards` (outcome on the last valid token, dense rewards, KL-in-reward).
   Masked positions pass V_next and the running Â through (`next_valid_value`,
   `discounted_reverse_cumsum`); for Python `gamma == lam == 1` the sum telescopes to
-  Â_t = G_t − V_t and no scan is run. `fn` names the caller in error messages.
-  `fast_recurrence=True` computes the returns with `discounted_reverse_cumsum_fast` (equal
-  up to float32 rounding; block products when γ·λ is a Python float and every row's valid
-  tokens form one run, or γ = λ = 1 with dense rewards).
+  Â_t = G_t − V_t and no scan is run. With Python-float γ and λ the discount γλ stays a
+  Python float, so long rows without observation holes take the block products of
+  `discounted_reverse_cumsum`. `fn` names the caller in error messages.
 
   Returns:
     GAEOutput(advantages [B,T], returns [B,T]); both zero outside the mask.
@@ -199,8 +198,6 @@ def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLi
     # γ = λ = 1 (verl's default): the TD errors telescope, Â_t = G_t − V_t exactly.
     if x_BT is None:   # outcome only: G_t = R on every valid token
       returns_BT = broadcast_to_tokens(reward_B, mask_BT)
-    elif fast_recurrence:
-      returns_BT = discounted_reverse_cumsum_fast(x_BT, mask_BT, 1.0)
     else:
       returns_BT = discounted_reverse_cumsum(x_BT, mask_BT, 1.0)
     adv_BT = jnp.where(mask_BT, returns_BT - values_BT, 0.0)
@@ -209,10 +206,11 @@ def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLi
       x_BT = outcome_to_token_rewards(reward_B, mask_BT)
     g = jnp.asarray(gamma, jnp.float32)
     delta_BT = x_BT + g * _next_value_at_valid(values_BT, mask_BT) - values_BT
-    if fast_recurrence and isinstance(gamma, (int, float)) and isinstance(lam, (int, float)):
-      adv_BT = discounted_reverse_cumsum_fast(delta_BT, mask_BT, float(gamma) * float(lam))
+    if isinstance(gamma, (int, float)) and isinstance(lam, (int, float)):
+      gl = float(gamma) * float(lam)
     else:
-      adv_BT = discounted_reverse_cumsum(delta_BT, mask_BT, g * jnp.asarray(lam, jnp.float32))
+      gl = g * jnp.asarray(lam, jnp.float32)
+    adv_BT = discounted_reverse_cumsum(delta_BT, mask_BT, gl)
     returns_BT = jnp.where(mask_BT, adv_BT + values_BT, 0.0)
   if whiten:
     adv_BT = masked_whiten(adv_BT, mask_BT)

@@ -14,7 +14,7 @@ Array = jax.Array
 __all__ = ["broadcast_to_tokens", "sequence_lengths", "last_token_mask",
            "outcome_to_token_rewards", "RECURRENCE_BLOCK", "discounted_reverse_cumsum",
            "next_valid_value", "cumsum_blocked", "prefix_sum",
-           "discounted_suffix_sum", "discounted_reverse_cumsum_fast"]
+           "discounted_suffix_sum", "FAST_RECURRENCE_MIN_T"]
 
 
 # --------------------------------------------------------------------------
@@ -165,6 +165,11 @@ def _parallel_reverse_recurrence(x_BT: Array, coef_BT: Array) -> Array:
   return jnp.moveaxis(y, 0, -1).reshape(lead + (nb * c,))[..., :t]
 
 
+# Shortest rows for which `discounted_reverse_cumsum` uses block products instead of the
+# scan (below it the scan is as fast).
+FAST_RECURRENCE_MIN_T = 128
+
+
 def discounted_reverse_cumsum(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 1.0) -> Array:
   """G[t] = x[t] + γ·G[next valid t'], computed only over valid positions.
 
@@ -172,23 +177,49 @@ def discounted_reverse_cumsum(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 
   response) neither add to the return nor reset or discount it: the running
   return passes through them unchanged. The output is 0 at masked positions.
 
+  How it is computed (the result is the same up to float32 rounding):
+    - γ = 1 (a Python number): a reverse cumulative sum of the masked rewards, as
+      block-triangular products (`prefix_sum`) on rows of `FAST_RECURRENCE_MIN_T`
+      positions or more, else `lax.cumsum`;
+    - another Python-float γ in [0, 1] on rows of `FAST_RECURRENCE_MIN_T` positions or
+      more: when the valid positions of every row form one run (a response without
+      observation holes), the return inside the run is the plain discounted suffix sum
+      (`discounted_suffix_sum`, block products); the batch chooses at run time
+      (`lax.cond`) between that and the scan, which a batch with holes takes;
+    - otherwise (a traced γ, a γ outside [0, 1], short rows): the blocked scan.
+  Under `vmap` over batches the run-time choice becomes a select that computes both
+  forms; vmap over γ (traced) takes the scan only.
+
   Args:
-    x: [B,T] per-token rewards (values at masked positions are ignored).
-    mask: [B,T] bool, the positions that take part in the recurrence.
+    x: [..., T] per-token rewards (values at masked positions are ignored).
+    mask: [..., T] bool, the positions that take part in the recurrence.
     gamma: discount, a scalar (may be a traced array, so vmap can sweep it).
   Returns:
-    [B,T] float32 returns, zero where mask is 0.
+    [..., T] float32 returns, zero where mask is 0.
   """
   x = as_f32(x)
   m = jnp.asarray(mask).astype(bool)
   chex.assert_equal_shape([x, m])
   xs = jnp.where(m, x, 0.0)
-  if isinstance(gamma, (int, float)) and gamma == 1.0:
+  python_gamma = isinstance(gamma, (int, float)) and not isinstance(gamma, bool)
+  long_rows = x.ndim >= 1 and x.shape[-1] >= FAST_RECURRENCE_MIN_T
+  if python_gamma and gamma == 1.0:
     # Undiscounted: skipping masked positions is just a reverse cumulative sum.
+    if long_rows:
+      return jnp.where(m, prefix_sum(xs, reverse=True), 0.0)
     return jnp.where(m, jax.lax.cumsum(xs, axis=x.ndim - 1, reverse=True), 0.0)
+  if python_gamma and 0.0 <= gamma <= 1.0 and long_rows:
+    starts = m & ~jnp.pad(m[..., :-1], [(0, 0)] * (m.ndim - 1) + [(1, 0)])
+    one_run = jnp.all(jnp.sum(starts, axis=-1, dtype=jnp.int32) <= 1)
+    run = lambda xs, m: jnp.where(m, discounted_suffix_sum(xs, float(gamma)), 0.0)
+    return jax.lax.cond(one_run, run, lambda xs, m: _discounted_scan(xs, m, gamma), xs, m)
+  return _discounted_scan(xs, m, gamma)
+
+
+def _discounted_scan(xs: Array, m: Array, gamma: ArrayLike) -> Array:
+  """The masked discounted recurrence by the blocked scan (`xs` already zero off `m`)."""
   coef = jnp.where(m, as_f32(gamma), 1.0)
-  y = _reverse_linear_recurrence(xs, coef)
-  return jnp.where(m, y, 0.0)
+  return jnp.where(m, _reverse_linear_recurrence(xs, coef), 0.0)
 
 
 def next_valid_value(values: ArrayLike, mask: ArrayLike) -> Array:
@@ -305,44 +336,3 @@ def discounted_suffix_sum(x: ArrayLike, gamma: float, *, block: int = PREFIX_BLO
   x = as_f32(x)
   lead, length = x.shape[:-1], x.shape[-1]
   return _discounted_suffix_2d(x.reshape(-1, length), gamma, block).reshape(lead + (length,))
-
-
-# Shortest rows for which `discounted_reverse_cumsum_fast` uses block products.
-FAST_RECURRENCE_MIN_T = 128
-
-
-def discounted_reverse_cumsum_fast(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 1.0) -> Array:
-  """`discounted_reverse_cumsum`, equal up to float32 rounding, faster on long rows.
-
-  When γ is a Python float in [0, 1], rows have at least `FAST_RECURRENCE_MIN_T` positions
-  and the valid positions of every row form one run (a response without observation
-  holes), the return inside the run is the plain discounted suffix sum of the masked
-  rewards (`discounted_suffix_sum`, block products); the batch chooses at run time
-  (`lax.cond`) between that and `discounted_reverse_cumsum`, which any other batch, shorter
-  rows (where the scan is as fast) or a traced γ take. γ = 1 needs no run: the masked
-  rewards' suffix sums (`prefix_sum`) for any mask.
-
-  Args:
-    x: [B,T] per-token rewards (values at masked positions are ignored).
-    mask: [B,T] bool, the positions that take part in the recurrence.
-    gamma: discount.
-
-  Returns:
-    [B,T] float32 returns, zero where mask is 0.
-  """
-  if (not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0
-      or np.shape(x)[-1] < FAST_RECURRENCE_MIN_T):
-    return discounted_reverse_cumsum(x, mask, gamma)
-  x = as_f32(x)
-  m = jnp.asarray(mask).astype(bool)
-  chex.assert_rank([x, m], 2)
-  chex.assert_equal_shape([x, m])
-  if gamma == 1.0:   # masked positions pass the sum through: a suffix sum of any mask
-    return jnp.where(m, prefix_sum(jnp.where(m, x, 0.0), reverse=True), 0.0)
-  starts = m & ~jnp.pad(m[:, :-1], ((0, 0), (1, 0)))
-  one_run = jnp.all(jnp.sum(starts, axis=1, dtype=jnp.int32) <= 1)
-
-  def run(x, m):
-    return jnp.where(m, discounted_suffix_sum(jnp.where(m, x, 0.0), gamma), 0.0)
-
-  return jax.lax.cond(one_run, run, lambda x, m: discounted_reverse_cumsum(x, m, gamma), x, m)

@@ -147,7 +147,7 @@ def opac_advantages(*, reward: ArrayLike, group_id: ArrayLike, response_mask: Ar
   r_BT, unc_BT, w_D = latent_token_rewards(
       reward=reward, response_mask=mask_BT, tokens=tokens, valid=valid_B,
       feature_dim=feature_dim, ridge=ridge, pessimism=pessimism)
-  ret_BT = jax.lax.cumsum(r_BT, axis=1, reverse=True)
+  ret_BT = ops.prefix_sum(r_BT, reverse=True)
   on_BT = mask_BT & valid_B[:, None]
   seg_B = jnp.where(valid_B, gid_B, num_groups)
   tot_ST = jax.ops.segment_sum(jnp.where(on_BT, ret_BT, 0.0), seg_B, num_groups + 1)

@@ -142,8 +142,7 @@ def redippo_advantages(*, reward: ArrayLike, values: ArrayLike, values_ref: Arra
   chex.assert_equal_shape([v_BT, vr_BT])
   gae = ops.gae("redippo_advantages", reward=reward, values=vr_BT, response_mask=response_mask,
                 logprob_old=logprob_old, logprob_ref=logprob_ref, token_reward=token_reward,
-                gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten == "before",
-                fast_recurrence=True)
+                gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten == "before")
   w_BT = redippo_weights(values=v_BT, values_ref=vr_BT, response_mask=response_mask,
                          beta=beta, w_min=w_min, w_max=w_max)
   adv_BT = w_BT * gae.advantages

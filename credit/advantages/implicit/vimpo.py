@@ -214,11 +214,8 @@ def vimpo_advantages(*, reward: ArrayLike, group_id: ArrayLike | None,
   values_BT = jnp.where(tok_BT, base_B[:, None] + bound(before_BT), 0.0)
 
   # Actor: λ-return of the implied TD errors, whitened over every valid token of the batch.
-  if isinstance(gae_lambda, (int, float)) and gae_lambda == 1.0:
-    adv_BT = jnp.where(tok_BT, ops.prefix_sum(delta_BT, reverse=True), 0.0)   # δ = 0 off tok
-  else:
-    lam = gae_lambda if isinstance(gae_lambda, (int, float)) else jnp.asarray(gae_lambda)
-    adv_BT = ops.discounted_reverse_cumsum(delta_BT, tok_BT, lam)
+  lam = gae_lambda if isinstance(gae_lambda, (int, float)) else jnp.asarray(gae_lambda)
+  adv_BT = ops.discounted_reverse_cumsum(delta_BT, tok_BT, lam)
   n_tok = jnp.sum(tok_BT.astype(jnp.float32))
   mean = jnp.sum(jnp.where(tok_BT, adv_BT, 0.0)) / jnp.maximum(n_tok, 1.0)
   cen_BT = jnp.where(tok_BT, adv_BT - mean, 0.0)

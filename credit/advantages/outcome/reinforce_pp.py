@@ -87,8 +87,7 @@ def reinforce_pp_advantages(*, reward: ArrayLike, response_mask: ArrayLike,
     adv_B = ops.weighted_whiten(reward_B, len_B) if whiten else reward_B
     return ops.broadcast_to_tokens(adv_B, mask_BT)
   if x_BT is None:
-    maskf_BT = mask_BT.astype(jnp.float32)
-    after_BT = jax.lax.cumsum(maskf_BT, axis=1, reverse=True) - maskf_BT  # valid tokens after t
+    after_BT = ops.prefix_sum(mask_BT, reverse=True) - mask_BT  # valid tokens after t (int32)
     g = jnp.asarray(gamma, jnp.float32)
     ret_BT = jnp.where(mask_BT, reward_B[:, None] * jnp.power(g, after_BT), 0.0)
   else:

@@ -138,4 +138,4 @@ def pica_advantages(*, reward: ArrayLike, step_reward: ArrayLike, step_mask: Arr
   out_B = jnp.where(row, outcome_scale * as_f32(reward), 0.0)
   return gae("pica_advantages", reward=out_B, values=values, response_mask=mask_BT,
              logprob_old=logprob_old, logprob_ref=logprob_ref, token_reward=step_BT,
-             gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten, fast_recurrence=True)
+             gamma=gamma, lam=lam, kl_coef=kl_coef, whiten=whiten)

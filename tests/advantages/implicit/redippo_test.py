@@ -222,7 +222,7 @@ def test_bad_input_raises_before_tracing():
 
 
 def test_block_recurrence_equals_the_scan():
-  # Rows long enough for the block products of `ops.discounted_reverse_cumsum_fast`.
+  # Rows long enough for the block products of `ops.discounted_reverse_cumsum`.
   from credit import ops
   rng = np.random.default_rng(0)
   b, t = 4, ops.returns.FAST_RECURRENCE_MIN_T + 20

@@ -105,7 +105,7 @@ def test_matches_numpy_reference(seed, kw):
 
 
 def test_suffix_sums_equal_the_cumsum_on_long_rows():
-  # Rows long enough for `ops.discounted_reverse_cumsum_fast`'s block sums (γ = λ = 1).
+  # Rows long enough for the block sums of `ops.discounted_reverse_cumsum` (γ = λ = 1).
   from credit import ops
   rng = np.random.default_rng(0)
   b, k, t = 4, 3, ops.returns.FAST_RECURRENCE_MIN_T + 30
