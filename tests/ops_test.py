@@ -299,12 +299,12 @@ class RecurrenceTest(parameterized.TestCase):
     assert not np.asarray(g[1:]).any()
 
   @parameterized.parameters((48,), (40,), (16,))
-  def test_cumsum_blocked_equals_cumsum(self, t):
-    # Any T: prefix_sum pads a last partial block (40) with zeros.
+  def test_prefix_sum_block_length(self, t):
+    # Any T and block: a last partial block (40) is padded with zeros.
     x = np.random.default_rng(t).uniform(-1, 1, (3, t)).astype(np.float32)
-    got = jax.jit(ops.cumsum_blocked)(x)
+    got = jax.jit(ops.prefix_sum)(x)
     np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), 1), atol=1e-5)
-    np.testing.assert_allclose(ops.cumsum_blocked(x, block=8), got, atol=1e-5)
+    np.testing.assert_allclose(ops.prefix_sum(x, block=8), got, atol=1e-5)
 
   @parameterized.parameters((5,), (16,), (40,), (300,))
   def test_prefix_sum_equals_cumsum(self, t):

@@ -33,7 +33,7 @@ from credit.ops.groups import (SINGLETONS, GroupMoments, GroupRows, SingletonPol
 from credit.ops.masked import (masked_mean, masked_sum, masked_var, masked_whiten, safe_div,
                                safe_sqrt, weighted_whiten)
 from credit.ops.returns import (FAST_RECURRENCE_MIN_T, RECURRENCE_BLOCK, broadcast_to_tokens,
-                                cumsum_blocked, discounted_reverse_cumsum, discounted_suffix_sum,
+                                discounted_reverse_cumsum, discounted_suffix_sum, rows_form_one_run,
                                 last_token_mask, next_valid_value,
                                 outcome_to_token_rewards, prefix_sum,
                                 sequence_lengths)

@@ -23,8 +23,7 @@ from credit.ops.groups import (SINGLETONS, group_count_rows, group_moments_rows,
                                group_normalize, group_rows)
 from credit.ops.masked import masked_var, masked_whiten, safe_sqrt
 from credit.ops.returns import (broadcast_to_tokens, discounted_reverse_cumsum,
-                                next_valid_value,
-                                outcome_to_token_rewards)
+                                next_valid_value, outcome_to_token_rewards, rows_form_one_run)
 
 Array = jax.Array
 
@@ -159,10 +158,8 @@ def _next_value_at_valid(values_BT: Array, mask_BT: Array) -> Array:
   `values_BT` is 0 outside the mask). When the valid positions of every row form one run (a
   response without observation holes), the next valid position after a valid t is t+1 or
   none, so a shift gives it without the cummin and gather (a `lax.cond` on the batch)."""
-  starts_BT = mask_BT & ~jnp.pad(mask_BT[:, :-1], ((0, 0), (1, 0)))
-  one_run = jnp.all(jnp.sum(starts_BT, axis=1, dtype=jnp.int32) <= 1)
   shift = lambda v, m: jnp.pad(v[:, 1:], ((0, 0), (0, 1)))
-  return jax.lax.cond(one_run, shift, next_valid_value, values_BT, mask_BT)
+  return jax.lax.cond(rows_form_one_run(mask_BT), shift, next_valid_value, values_BT, mask_BT)
 
 
 def gae(fn: str, *, reward: ArrayLike, values: ArrayLike, response_mask: ArrayLike,

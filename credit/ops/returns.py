@@ -13,7 +13,7 @@ Array = jax.Array
 
 __all__ = ["broadcast_to_tokens", "sequence_lengths", "last_token_mask",
            "outcome_to_token_rewards", "RECURRENCE_BLOCK", "discounted_reverse_cumsum",
-           "next_valid_value", "cumsum_blocked", "prefix_sum",
+           "next_valid_value", "prefix_sum", "rows_form_one_run",
            "discounted_suffix_sum", "FAST_RECURRENCE_MIN_T"]
 
 
@@ -170,6 +170,14 @@ def _parallel_reverse_recurrence(x_BT: Array, coef_BT: Array) -> Array:
 FAST_RECURRENCE_MIN_T = 128
 
 
+def rows_form_one_run(mask: ArrayLike) -> Array:
+  """Scalar bool: the valid positions of every row (last axis) form one contiguous run (or
+  none), as in a response without observation holes."""
+  m = jnp.asarray(mask).astype(bool)
+  starts = m & ~jnp.pad(m[..., :-1], [(0, 0)] * (m.ndim - 1) + [(1, 0)])
+  return jnp.all(jnp.sum(starts, axis=-1, dtype=jnp.int32) <= 1)
+
+
 def discounted_reverse_cumsum(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 1.0) -> Array:
   """G[t] = x[t] + γ·G[next valid t'], computed only over valid positions.
 
@@ -209,10 +217,9 @@ def discounted_reverse_cumsum(x: ArrayLike, mask: ArrayLike, gamma: ArrayLike = 
       return jnp.where(m, prefix_sum(xs, reverse=True), 0.0)
     return jnp.where(m, jax.lax.cumsum(xs, axis=x.ndim - 1, reverse=True), 0.0)
   if python_gamma and 0.0 <= gamma <= 1.0 and long_rows:
-    starts = m & ~jnp.pad(m[..., :-1], [(0, 0)] * (m.ndim - 1) + [(1, 0)])
-    one_run = jnp.all(jnp.sum(starts, axis=-1, dtype=jnp.int32) <= 1)
     run = lambda xs, m: jnp.where(m, discounted_suffix_sum(xs, float(gamma)), 0.0)
-    return jax.lax.cond(one_run, run, lambda xs, m: _discounted_scan(xs, m, gamma), xs, m)
+    scan = lambda xs, m: _discounted_scan(xs, m, gamma)
+    return jax.lax.cond(rows_form_one_run(m), run, scan, xs, m)
   return _discounted_scan(xs, m, gamma)
 
 
@@ -232,14 +239,6 @@ def next_valid_value(values: ArrayLike, mask: ArrayLike) -> Array:
   nxt = jnp.concatenate([nxt[..., 1:], jnp.full(nxt.shape[:-1] + (1,), T, jnp.int32)], -1)
   padded = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (1,), v.dtype)], -1)
   return jnp.take_along_axis(padded, nxt, axis=-1)
-
-
-def cumsum_blocked(x_BT: ArrayLike, block: int = 16) -> Array:
-  """Forward cumulative sum along the last axis of [B,T], blocked for XLA CPU: `prefix_sum`
-  (block-triangular products), kept under this name for its callers."""
-  x_BT = jnp.asarray(x_BT)
-  chex.assert_rank(x_BT, 2)
-  return prefix_sum(x_BT, block=block)
 
 
 # Block length of `prefix_sum`'s triangular products.
@@ -291,7 +290,6 @@ def prefix_sum(x: ArrayLike, *, reverse: bool = False, block: int = PREFIX_BLOCK
   xf = x.astype(jnp.float32).reshape(-1, length)
   out = _prefix_sum_2d(xf, reverse, block).reshape(lead + (length,))
   return jnp.round(out).astype(jnp.int32) if counts else out
-
 
 
 def _discounted_suffix_2d(x_NL: Array, gamma: float, c: int) -> Array:

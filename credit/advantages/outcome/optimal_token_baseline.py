@@ -162,7 +162,7 @@ def optimal_token_baseline_advantages(
     iw_BT = jnp.asarray(is_weights, jnp.float32)
     chex.assert_equal_shape([iw_BT, mask_BT])
     w_BT = w_BT * jnp.square(jnp.where(mv_BT, iw_BT, 0.0))
-  cumw_BT = jnp.where(mv_BT, ops.cumsum_blocked(jnp.where(mv_BT, w_BT, 0.0)), 0.0)
+  cumw_BT = jnp.where(mv_BT, ops.prefix_sum(jnp.where(mv_BT, w_BT, 0.0)), 0.0)
 
   colsums = _column_sums(mv_BT, valid_B, gid_B, num_groups, group_size, align)
   sums = colsums([gc_BT * cumw_BT, cumw_BT]

@@ -135,9 +135,7 @@ def subtree_sums(tree: TreeRows) -> Array:
   """[B,2]: over the valid rows r in the subtree of each row c (c and the rows below it), the
   sum of their rewards and their number (a [B,B] product with the `exit_columns` paths)."""
   ex = exit_columns(tree, tree.mask.shape[1])       # [r, c]: c is on r's path iff >= 0
-  w_B = tree.valid.astype(jnp.float32)
-  x_B2 = jnp.stack([w_B * tree.reward, w_B], axis=-1)
-  return jnp.matmul((ex >= 0).astype(jnp.float32).T, x_B2,
+  return jnp.matmul((ex >= 0).astype(jnp.float32).T, _own_sums(tree),
                     precision=jax.lax.Precision.HIGHEST)
 
 
